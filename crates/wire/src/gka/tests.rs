@@ -1,0 +1,130 @@
+use super::*;
+use proptest::prelude::*;
+
+fn name() -> impl Strategy<Value = String> {
+    "[a-z0-9#]{1,12}"
+}
+fn elem() -> impl Strategy<Value = Vec<u8>> {
+    proptest::collection::vec(any::<u8>(), 0..40)
+}
+fn names() -> impl Strategy<Value = Vec<String>> {
+    proptest::collection::vec(name(), 0..6)
+}
+fn named() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
+    proptest::collection::vec((name(), elem()), 0..6)
+}
+
+fn gdh() -> impl Strategy<Value = GdhMsg> {
+    prop_oneof![
+        (names(), elem()).prop_map(|(roster, token)| GdhMsg::Upflow { roster, token }),
+        (names(), elem()).prop_map(|(roster, token)| GdhMsg::Downflow { roster, token }),
+        elem().prop_map(|value| GdhMsg::FactorOut { value }),
+        (names(), named()).prop_map(|(roster, partials)| GdhMsg::Partials { roster, partials }),
+    ]
+}
+fn ckd() -> impl Strategy<Value = CkdMsg> {
+    prop_oneof![
+        (elem(), names()).prop_map(|(controller_share, recipients)| CkdMsg::Hello {
+            controller_share,
+            recipients
+        }),
+        elem().prop_map(|member_share| CkdMsg::Response { member_share }),
+        (names(), named()).prop_map(|(roster, entries)| CkdMsg::KeyDist { roster, entries }),
+    ]
+}
+fn tgdh() -> impl Strategy<Value = TgdhMsg> {
+    let node = prop_oneof![
+        (name(), proptest::option::of(elem()))
+            .prop_map(|(member, bk)| WireNode::Leaf { member, bk }),
+        proptest::option::of(elem()).prop_map(|bk| WireNode::Internal { bk }),
+    ];
+    prop_oneof![
+        proptest::collection::vec(node, 0..8).prop_map(|nodes| TgdhMsg::Tree { nodes }),
+        proptest::collection::vec(
+            (proptest::collection::vec(any::<bool>(), 0..20), elem()),
+            0..5
+        )
+        .prop_map(|bks| TgdhMsg::Update { bks }),
+    ]
+}
+fn str_msg() -> impl Strategy<Value = StrMsg> {
+    prop_oneof![
+        (
+            named(),
+            proptest::collection::vec(proptest::option::of(elem()), 0..5)
+        )
+            .prop_map(|(leaves, internal)| StrMsg::Chain { leaves, internal }),
+        (
+            proptest::option::of((any::<u32>(), elem())),
+            proptest::collection::vec((any::<u32>(), elem()), 0..5)
+        )
+            .prop_map(|(leaf, internal)| StrMsg::Update { leaf, internal }),
+    ]
+}
+fn bd() -> impl Strategy<Value = BdMsg> {
+    prop_oneof![
+        elem().prop_map(|z| BdMsg::Z { z }),
+        elem().prop_map(|x| BdMsg::X { x })
+    ]
+}
+
+proptest! {
+    #[test]
+    fn envelope_round_trip(group in name(), sender in name(), view_id: u64, epoch: u64, kind: u8,
+                           body in proptest::collection::vec(any::<u8>(), 0..64),
+                           signature in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let e = Envelope { protocol: ProtocolId::Tgdh, group, view_id, epoch, sender, kind, body, signature };
+        let bytes = e.encode();
+        let (d, signed_len) = Envelope::decode(&bytes).unwrap();
+        prop_assert_eq!(&d, &e);
+        prop_assert_eq!(&bytes[..signed_len], &e.signed_part()[..]);
+    }
+
+    #[test]
+    fn bodies_round_trip(g in gdh(), c in ckd(), t in tgdh(), s in str_msg(), b in bd()) {
+        prop_assert_eq!(GdhMsg::decode(g.kind(), &g.encode()).unwrap(), g);
+        prop_assert_eq!(CkdMsg::decode(c.kind(), &c.encode()).unwrap(), c);
+        prop_assert_eq!(TgdhMsg::decode(t.kind(), &t.encode()).unwrap(), t);
+        prop_assert_eq!(StrMsg::decode(s.kind(), &s.encode()).unwrap(), s);
+        prop_assert_eq!(BdMsg::decode(b.kind(), &b.encode()).unwrap(), b);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(kind: u8, bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = Envelope::decode(&bytes);
+        let _ = GdhMsg::decode(kind, &bytes);
+        let _ = CkdMsg::decode(kind, &bytes);
+        let _ = TgdhMsg::decode(kind, &bytes);
+        let _ = StrMsg::decode(kind, &bytes);
+        let _ = BdMsg::decode(kind, &bytes);
+    }
+
+    #[test]
+    fn truncations_are_errors(g in gdh(), cut in 0usize..1000) {
+        let bytes = g.encode();
+        if cut < bytes.len() {
+            prop_assert!(GdhMsg::decode(g.kind(), &bytes[..cut]).is_err());
+        }
+    }
+}
+
+#[test]
+fn limits_are_enforced_before_allocation() {
+    // A count claiming 2^32-1 names must be refused without trying to allocate.
+    let mut body = vec![0xff, 0xff, 0xff, 0xff];
+    body.extend_from_slice(&[0; 8]);
+    assert!(matches!(
+        GdhMsg::decode(1, &body),
+        Err(DecodeError::TooLong { .. })
+    ));
+    let mut w = Writer::new();
+    w.u8(9);
+    assert_eq!(
+        Envelope::decode(w.as_slice()),
+        Err(DecodeError::BadVersion(9))
+    );
+    let e = BdMsg::Z { z: vec![1, 2, 3] };
+    let mut bytes = e.encode();
+    bytes.push(0);
+    assert_eq!(BdMsg::decode(1, &bytes), Err(DecodeError::Trailing(1)));
+}
