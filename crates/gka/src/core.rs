@@ -1,0 +1,251 @@
+//! Machinery every protocol shares: the run header, signing and checking envelopes, replay
+//! detection, the outbox, counting, and the "side" a member belongs to across cascades.
+//!
+//! # Sides: how every protocol survives cascaded events
+//!
+//! A member's *secure state* is what it kept from the last run it completed (a key tree, a list
+//! of partial keys, pairwise channels). Its *side* is the set of members known to hold the very
+//! same secure state: when a run completes, the side is the whole view; at every new view it
+//! shrinks to `side ∩ transitional set`, because only members that moved together with us
+//! delivered exactly the messages we delivered (virtual synchrony), so only they completed
+//! exactly the runs we completed. Members that move together report equal transitional sets, so
+//! every member of a side computes the same side.
+//!
+//! A new view always abandons the run in progress and starts from the secure state, restricted
+//! to the side. Each side then acts as one of the merging groups of the paper's merge protocol
+//! (a view whose only side is the whole view is a leave, a partition or a plain refresh). So a
+//! view arriving at any round of any protocol is handled the same way as a view arriving
+//! between runs, and no member is ever left waiting for a message of an abandoned run: those
+//! messages carry the old view id and are refused as stale.
+
+use crate::api::{Dest, GkaError, MemberId, Order, SecureView, SharedDirectory, Transmit, View};
+use conclave_crypto::{GroupKey, Identity, Meter};
+use conclave_wire::gka::{Envelope, ProtocolId, MAX_MEMBERS, MAX_NAME_BYTES};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeSet, HashSet, VecDeque};
+
+/// State common to the five protocols.
+pub(crate) struct Core {
+    pub me: MemberId,
+    pub group: String,
+    pub protocol: ProtocolId,
+    pub identity: Identity,
+    pub directory: SharedDirectory,
+    pub meter: Meter,
+    outbox: VecDeque<Transmit>,
+    keys: VecDeque<SecureView>,
+    pub view: Option<View>,
+    /// Members known to share this member's secure state (see the module doc).
+    pub side: BTreeSet<MemberId>,
+    /// Digests of messages already applied in the current run.
+    seen: HashSet<[u8; 32]>,
+    pub in_progress: bool,
+}
+
+/// A checked, authenticated envelope of the current run.
+pub(crate) struct Incoming {
+    pub sender: MemberId,
+    pub kind: u8,
+    pub body: Vec<u8>,
+    digest: [u8; 32],
+}
+
+impl Core {
+    pub fn new(me: MemberId, group: String, protocol: ProtocolId, identity: Identity, directory: SharedDirectory) -> Self {
+        assert!(!me.is_empty() && me.len() <= MAX_NAME_BYTES, "member name length");
+        assert!(!group.is_empty() && group.len() <= MAX_NAME_BYTES, "group name length");
+        Core {
+            me,
+            group,
+            protocol,
+            identity,
+            directory,
+            meter: Meter::default(),
+            outbox: VecDeque::new(),
+            keys: VecDeque::new(),
+            view: None,
+            side: BTreeSet::new(),
+            seen: HashSet::new(),
+            in_progress: false,
+        }
+    }
+
+    /// Validates a view and installs it: drops the old run and narrows the side.
+    /// Returns `true` if this member had a secure state to start from.
+    pub fn install_view(&mut self, view: View) -> Result<(), GkaError> {
+        if view.group != self.group {
+            return Err(GkaError::InvalidView("view is for another group"));
+        }
+        if view.members.is_empty() || view.members.len() > MAX_MEMBERS {
+            return Err(GkaError::InvalidView("member count out of range"));
+        }
+        let set: BTreeSet<&MemberId> = view.members.iter().collect();
+        if set.len() != view.members.len() {
+            return Err(GkaError::InvalidView("duplicate member"));
+        }
+        if view.members.iter().any(|m| m.is_empty() || m.len() > MAX_NAME_BYTES) {
+            return Err(GkaError::InvalidView("member name length"));
+        }
+        if !set.contains(&self.me) {
+            return Err(GkaError::InvalidView("this member is not in the view"));
+        }
+        if !view.transitional.iter().all(|m| set.contains(m)) || !view.transitional.contains(&self.me) {
+            return Err(GkaError::InvalidView("transitional set must be a subset of the view containing this member"));
+        }
+        if let Some(old) = &self.view {
+            if view.view_id <= old.view_id {
+                return Err(GkaError::InvalidView("view id does not increase"));
+            }
+        }
+        let trans: BTreeSet<MemberId> = view.transitional.iter().cloned().collect();
+        self.side = if self.side.is_empty() {
+            BTreeSet::from([self.me.clone()])
+        } else {
+            self.side.intersection(&trans).cloned().collect()
+        };
+        self.side.insert(self.me.clone());
+        self.outbox.retain(|t| t.view_id == view.view_id);
+        self.seen.clear();
+        self.view = Some(view);
+        self.in_progress = true;
+        Ok(())
+    }
+
+    pub fn view(&self) -> Result<&View, GkaError> {
+        self.view.as_ref().ok_or(GkaError::NoView)
+    }
+
+    pub fn view_id(&self) -> u64 {
+        self.view.as_ref().map(|v| v.view_id).unwrap_or(0)
+    }
+
+    /// True when every member of the view shares our secure state: no merge is needed.
+    pub fn single_side(&self) -> bool {
+        self.view.as_ref().is_some_and(|v| v.members.len() == self.side.len())
+    }
+
+    /// Signs and queues a message of the current run.
+    pub fn send(&mut self, dest: Dest, order: Order, kind: u8, body: Vec<u8>) -> Result<(), GkaError> {
+        let view_id = self.view_id();
+        let mut env = Envelope {
+            protocol: self.protocol,
+            group: self.group.clone(),
+            view_id,
+            epoch: view_id,
+            sender: self.me.clone(),
+            kind,
+            body,
+            signature: Vec::new(),
+        };
+        env.signature = self.identity.sign(&env.signed_part()).map_err(|_| GkaError::Sign)?;
+        self.meter.sigs += 1;
+        self.outbox.push_back(Transmit { dest, order, payload: env.encode(), view_id });
+        Ok(())
+    }
+
+    /// Decodes a message and checks everything but the signature: protocol, group, run, sender.
+    /// Cheap, so that a protocol can drop a message it does not need without verifying it.
+    pub fn check(&self, from: &str, bytes: &[u8]) -> Result<(Envelope, usize, [u8; 32]), GkaError> {
+        let view = self.view()?;
+        let (env, signed_len) = Envelope::decode(bytes)?;
+        if env.protocol != self.protocol {
+            return Err(GkaError::WrongProtocol { expected: self.protocol, got: env.protocol });
+        }
+        if env.group != self.group {
+            return Err(GkaError::ForeignGroup(env.group));
+        }
+        if env.view_id < view.view_id {
+            return Err(GkaError::Stale { got: env.view_id, current: view.view_id });
+        }
+        if env.view_id > view.view_id {
+            return Err(GkaError::Future { got: env.view_id, current: view.view_id });
+        }
+        if env.epoch != view.view_id {
+            return Err(GkaError::WrongEpoch { expected: view.view_id, got: env.epoch });
+        }
+        if env.sender != from {
+            return Err(GkaError::SenderMismatch { claimed: env.sender, actual: from.to_owned() });
+        }
+        if env.sender == self.me || !view.members.contains(&env.sender) {
+            return Err(GkaError::NotAMember(env.sender));
+        }
+        let digest: [u8; 32] = Sha256::digest(bytes).into();
+        if self.seen.contains(&digest) {
+            return Err(GkaError::Replay);
+        }
+        Ok((env, signed_len, digest))
+    }
+
+    /// Verifies the signature of a checked envelope.
+    pub fn verify(&mut self, bytes: &[u8], env: Envelope, signed_len: usize, digest: [u8; 32]) -> Result<Incoming, GkaError> {
+        let key = {
+            let dir = self.directory.read().unwrap_or_else(|p| p.into_inner());
+            dir.get(&env.sender).cloned().ok_or_else(|| GkaError::UnknownMember(env.sender.clone()))?
+        };
+        self.meter.verifs += 1;
+        key.verify(&bytes[..signed_len], &env.signature)
+            .map_err(|_| GkaError::BadSignature(env.sender.clone()))?;
+        Ok(Incoming { sender: env.sender, kind: env.kind, body: env.body, digest })
+    }
+
+    /// `check` then `verify`.
+    pub fn open(&mut self, from: &str, bytes: &[u8]) -> Result<Incoming, GkaError> {
+        let (env, len, digest) = self.check(from, bytes)?;
+        self.verify(bytes, env, len, digest)
+    }
+
+    /// Records that a message was applied, so that a replay of it is refused.
+    pub fn applied(&mut self, msg: &Incoming) {
+        self.seen.insert(msg.digest);
+    }
+
+    /// Marks the run complete: the whole view becomes this member's side.
+    pub fn complete(&mut self, secret: &[u8], key_context: &[u8]) -> Result<(), GkaError> {
+        let view = self.view()?.clone();
+        let key = derive_group_key(self.protocol, &view, secret, key_context);
+        let secret_fp = GroupKey::from_bytes(Sha256::digest(secret).into()).fingerprint();
+        self.keys.push_back(SecureView {
+            group: view.group.clone(),
+            view_id: view.view_id,
+            epoch: view.view_id,
+            members: view.members.clone(),
+            key,
+            secret_fingerprint: secret_fp,
+        });
+        self.side = view.members.iter().cloned().collect();
+        self.in_progress = false;
+        Ok(())
+    }
+
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.outbox.pop_front()
+    }
+    pub fn poll_key(&mut self) -> Option<SecureView> {
+        self.keys.pop_front()
+    }
+}
+
+/// The group key of a view: HKDF over the agreed secret, bound to protocol, group, view and
+/// members, so that a key can never be mistaken for another view's even if a secret repeated.
+pub(crate) fn derive_group_key(protocol: ProtocolId, view: &View, secret: &[u8], ctx: &[u8]) -> GroupKey {
+    let mut members = Vec::new();
+    for m in &view.members {
+        members.extend_from_slice(&(m.len() as u32).to_be_bytes());
+        members.extend_from_slice(m.as_bytes());
+    }
+    let info = conclave_crypto::kdf::info(&[
+        b"conclave group key v1",
+        &[protocol as u8],
+        view.group.as_bytes(),
+        &view.view_id.to_be_bytes(),
+        &members,
+        ctx,
+    ]);
+    let okm = conclave_crypto::kdf::derive::<32>(b"conclave", secret, &info);
+    GroupKey::from_bytes(*okm)
+}
+
+/// Position of `m` in `list`, or a typed error.
+pub(crate) fn index_of(list: &[MemberId], m: &str) -> Option<usize> {
+    list.iter().position(|x| x == m)
+}

@@ -1,0 +1,25 @@
+//! Group operations that count themselves in a [`Meter`], so each protocol's cost can be held
+//! against paper 000's Table II.
+
+use conclave_crypto::{Group, GroupError, Meter};
+
+pub(crate) fn exp<G: Group>(m: &mut Meter, b: &G::Element, s: &G::Scalar) -> G::Element {
+    m.exps += 1;
+    G::exp(b, s)
+}
+pub(crate) fn exp_g<G: Group>(m: &mut Meter, s: &G::Scalar) -> G::Element {
+    m.exps += 1;
+    G::exp_g(s)
+}
+/// Decodes a group element received from another member (never the identity).
+pub(crate) fn decode<G: Group>(bytes: &[u8]) -> Result<G::Element, GroupError> {
+    G::decode(bytes, false)
+}
+/// `1/s`; contributions are drawn non-zero, so this never fails for our own scalars.
+pub(crate) fn inv<G: Group>(s: &G::Scalar) -> G::Scalar {
+    G::scalar_inv(s).expect("contributions are non-zero")
+}
+/// Turns a Diffie-Hellman value into the next exponent (a TGDH/STR node key, a CKD channel key).
+pub(crate) fn to_scalar<G: Group>(label: &[u8], e: &G::Element) -> G::Scalar {
+    G::hash_to_scalar(label, e)
+}

@@ -1,0 +1,440 @@
+//! STR, the stretched key tree (paper 000 §4.4, Figs 7-8).
+//!
+//! The chain has members `M_0..M_{n-1}` bottom up. Node 0 is `M_0`'s leaf; node `k >= 1` has
+//! key `K_k = H(g^{K_{k-1} r_k})`, computed by `M_k` as `H(BK_{k-1}^{r_k})` and by members below
+//! as `H(BK(leaf_k)^{K_{k-1}})`; `BK = g^K`. The root key `K_{n-1}` is the group secret.
+//!
+//! A view with one side (leave, partition) removes the departed leaves; the sponsor, the member
+//! just below the lowest departed one (the bottom member if that was the bottom, the top member
+//! for a plain refresh), refreshes its leaf, recomputes the blinded keys up to just below the
+//! root and broadcasts them: one round. A view with several sides is a merge: in round 1 each
+//! side's sponsor refreshes its leaf and broadcasts its side's chain with all blinded keys; the
+//! largest chain stays at the bottom and the others are stacked on it; in round 2 the top member
+//! of the bottom chain computes the new nodes up to just below the root and broadcasts them.
+//!
+//! Departures: when a single leaf is stacked (a join), round 2 has nothing to compute and is
+//! skipped: a join takes one round and two messages (Table I counts 2 rounds, 3 messages).
+//! Receivers never recompute a blinded key a sponsor sent (§5). Cascades restart from the newest
+//! view (see `core`).
+
+use crate::api::{Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View};
+use crate::core::Core;
+use crate::ops;
+use crate::tree::Bk;
+use conclave_crypto::{CryptoRng, Group, Identity, Meter};
+use conclave_wire::gka::{ProtocolId, StrMsg};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+const NODE_LABEL: &[u8] = b"conclave str node";
+
+/// The chain as one member sees it.
+struct Chain<G: Group> {
+    members: Vec<MemberId>,
+    leaf_bk: Vec<Option<Bk>>,
+    /// Blinded keys of nodes 1..n (index 0 unused: node 0 is leaf 0).
+    node_bk: Vec<Option<Bk>>,
+    /// This member's leaf key.
+    leaf_key: Option<G::Scalar>,
+    /// This member's node keys (only at and above its position).
+    node_key: Vec<Option<G::Scalar>>,
+}
+
+impl<G: Group> Clone for Chain<G> {
+    fn clone(&self) -> Self {
+        Chain {
+            members: self.members.clone(),
+            leaf_bk: self.leaf_bk.clone(),
+            node_bk: self.node_bk.clone(),
+            leaf_key: self.leaf_key.clone(),
+            node_key: self.node_key.clone(),
+        }
+    }
+}
+
+impl<G: Group> Chain<G> {
+    fn alone(me: MemberId) -> Self {
+        Chain { members: vec![me], leaf_bk: vec![None], node_bk: vec![None], leaf_key: None, node_key: vec![None] }
+    }
+    fn len(&self) -> usize {
+        self.members.len()
+    }
+    fn pos(&self, m: &str) -> Option<usize> {
+        self.members.iter().position(|x| x == m)
+    }
+    fn bk_of_node(&self, k: usize) -> Option<&Bk> {
+        if k == 0 {
+            self.leaf_bk[0].as_ref()
+        } else {
+            self.node_bk[k].as_ref()
+        }
+    }
+    /// Clears node blinded keys and keys from node `from` up (node 0's blinded key is leaf 0's).
+    fn invalidate_from(&mut self, from: usize) {
+        for k in from.max(1)..self.len() {
+            self.node_bk[k] = None;
+        }
+        for k in from..self.len() {
+            self.node_key[k] = None;
+        }
+    }
+    /// Keeps only `keep`; returns the position from which nodes are invalid (len if none).
+    fn prune(&mut self, keep: &BTreeSet<MemberId>) -> usize {
+        let mut lowest = None;
+        let mut out = Chain::<G> { members: vec![], leaf_bk: vec![], node_bk: vec![], leaf_key: self.leaf_key.clone(), node_key: vec![] };
+        for i in 0..self.len() {
+            if keep.contains(&self.members[i]) {
+                out.members.push(self.members[i].clone());
+                out.leaf_bk.push(self.leaf_bk[i].clone());
+                out.node_bk.push(if lowest.is_none() { self.node_bk[i].clone() } else { None });
+                out.node_key.push(if lowest.is_none() { self.node_key[i].clone() } else { None });
+            } else if lowest.is_none() {
+                lowest = Some(out.members.len());
+            }
+        }
+        *self = out;
+        match lowest {
+            Some(l) => {
+                self.invalidate_from(l.max(1).min(self.len()));
+                l
+            }
+            None => self.len(),
+        }
+    }
+    fn to_wire(&self) -> StrMsg {
+        StrMsg::Chain {
+            leaves: self
+                .members
+                .iter()
+                .zip(&self.leaf_bk)
+                .map(|(m, b)| (m.clone(), b.as_ref().map(|b| b.to_vec()).unwrap_or_default()))
+                .collect(),
+            internal: self.node_bk.iter().skip(1).map(|b| b.as_ref().map(|b| b.to_vec())).collect(),
+        }
+    }
+}
+
+/// Computes this member's node keys as far as possible; if `sponsor`, also the blinded keys of
+/// the nodes it computed, up to just below the root (or the root too, with `top_bk`). Returns the
+/// blinded keys computed.
+fn advance<G: Group>(c: &mut Chain<G>, me: &str, meter: &mut Meter, sponsor: bool, top_bk: bool) -> Result<Vec<(u32, Bk)>, GkaError> {
+    let p = c.pos(me).ok_or(GkaError::Misplaced("member missing from its chain"))?;
+    let leaf_key = c.leaf_key.clone().ok_or(GkaError::Misplaced("no leaf key"))?;
+    let n = c.len();
+    let mut out = Vec::new();
+    for k in p..n {
+        if c.node_key[k].is_none() {
+            let key = if k == 0 {
+                leaf_key.clone()
+            } else if k == p {
+                let Some(b) = c.bk_of_node(k - 1) else { break };
+                ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &ops::decode::<G>(b)?, &leaf_key))
+            } else {
+                let below = c.node_key[k - 1].clone().expect("computed in order");
+                let Some(b) = c.leaf_bk[k].as_ref() else { break };
+                ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &ops::decode::<G>(b)?, &below))
+            };
+            c.node_key[k] = Some(key);
+        }
+        if sponsor && k >= 1 && c.node_bk[k].is_none() && (k + 1 < n || top_bk) {
+            let key = c.node_key[k].clone().expect("just computed");
+            let bk: Bk = Arc::from(G::encode(&ops::exp_g::<G>(meter, &key)).as_slice());
+            c.node_bk[k] = Some(bk.clone());
+            out.push((k as u32, bk));
+        }
+    }
+    Ok(out)
+}
+
+pub struct Str<G: Group> {
+    core: Core,
+    secure: Option<Chain<G>>,
+    run: Option<Run<G>>,
+}
+
+struct Run<G: Group> {
+    chain: Chain<G>,
+    collecting: bool,
+    got_own: bool,
+    foreign: Vec<Chain<G>>,
+    covered: BTreeSet<MemberId>,
+    /// Round 2 sponsor (top of the bottom chain), when a round 2 is needed.
+    round2: Option<MemberId>,
+    done: bool,
+}
+
+impl<G: Group> Str<G> {
+    pub fn new(me: &str, group: &str, identity: Identity, directory: SharedDirectory) -> Self {
+        Str { core: Core::new(me.into(), group.into(), ProtocolId::Str, identity, directory), secure: None, run: None }
+    }
+
+    fn refresh(&mut self, c: &mut Chain<G>, rng: &mut dyn CryptoRng) -> (u32, Bk) {
+        let p = c.pos(&self.core.me).expect("in own chain");
+        let k = G::random_scalar(rng);
+        let bk: Bk = Arc::from(G::encode(&ops::exp_g::<G>(&mut self.core.meter, &k)).as_slice());
+        c.leaf_key = Some(k);
+        c.leaf_bk[p] = Some(bk.clone());
+        c.invalidate_from(p);
+        (p as u32, bk)
+    }
+
+    /// Computes on `chain` and commits it; completes when the root key is known.
+    fn settle(&mut self, mut chain: Chain<G>) -> Result<(), GkaError> {
+        advance(&mut chain, &self.core.me, &mut self.core.meter, false, false)?;
+        let run = self.run.as_mut().expect("run in progress");
+        let root = chain.node_key.last().cloned().flatten();
+        run.chain = chain;
+        if let (Some(root), false) = (root, run.done) {
+            run.done = true;
+            let secret = G::encode_scalar(&root);
+            self.core.complete(&secret, b"")?;
+        }
+        Ok(())
+    }
+
+    fn send_update(&mut self, leaf: Option<(u32, Bk)>, internal: Vec<(u32, Bk)>) -> Result<(), GkaError> {
+        let msg = StrMsg::Update {
+            leaf: leaf.map(|(p, b)| (p, b.to_vec())),
+            internal: internal.into_iter().map(|(k, b)| (k, b.to_vec())).collect(),
+        };
+        self.core.send(Dest::Broadcast, Order::Agreed, 2, msg.encode())
+    }
+
+    fn try_merge(&mut self) -> Result<(), GkaError> {
+        let view_len = self.core.view()?.members.len();
+        let run = self.run.as_ref().expect("run in progress");
+        if !run.collecting || !run.got_own || run.covered.len() + self.core.side.len() != view_len {
+            return Ok(());
+        }
+        let mut chains: Vec<Chain<G>> = run.foreign.clone();
+        chains.push(run.chain.clone());
+        chains.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.members[0].cmp(&b.members[0])));
+        let me = self.core.me.clone();
+        let mut it = chains.into_iter();
+        let mut merged = it.next().expect("at least this member's chain");
+        let base_len = merged.len();
+        let mine_is_base = merged.pos(&me).is_some();
+        if !mine_is_base {
+            merged.leaf_key = None;
+            merged.node_key.iter_mut().for_each(|k| *k = None);
+        }
+        for c in it {
+            let is_mine = c.pos(&me).is_some();
+            for i in 0..c.len() {
+                merged.members.push(c.members[i].clone());
+                merged.leaf_bk.push(c.leaf_bk[i].clone());
+                merged.node_bk.push(None);
+                merged.node_key.push(None);
+            }
+            if is_mine {
+                merged.leaf_key = c.leaf_key.clone();
+            }
+        }
+        let round2 = (merged.len() - base_len >= 2).then(|| merged.members[base_len - 1].clone());
+        let run = self.run.as_mut().expect("run in progress");
+        run.collecting = false;
+        run.foreign.clear();
+        run.round2 = round2.clone();
+        if round2.as_deref() == Some(me.as_str()) {
+            let bks = advance(&mut merged, &me, &mut self.core.meter, true, false)?;
+            let bks: Vec<(u32, Bk)> = bks.into_iter().filter(|(k, _)| *k as usize >= base_len).collect();
+            self.send_update(None, bks)?;
+        }
+        self.settle(merged)
+    }
+}
+
+impl<G: Group> Clone for Run<G> {
+    fn clone(&self) -> Self {
+        Run {
+            chain: self.chain.clone(),
+            collecting: self.collecting,
+            got_own: self.got_own,
+            foreign: self.foreign.clone(),
+            covered: self.covered.clone(),
+            round2: self.round2.clone(),
+            done: self.done,
+        }
+    }
+}
+
+impl<G: Group> KeyAgreement for Str<G> {
+    fn protocol(&self) -> ProtocolId {
+        ProtocolId::Str
+    }
+    fn me(&self) -> &str {
+        &self.core.me
+    }
+
+    fn handle_view(&mut self, rng: &mut dyn CryptoRng, view: View) -> Result<(), GkaError> {
+        self.core.install_view(view)?;
+        if let Some(run) = self.run.take() {
+            if run.done {
+                self.secure = Some(run.chain);
+            }
+        }
+        let me = self.core.me.clone();
+        let side = self.core.side.clone();
+        let mut chain = self.secure.clone().unwrap_or_else(|| Chain::alone(me.clone()));
+        let invalid_from = chain.prune(&side);
+        if chain.len() != side.len() {
+            return Err(GkaError::InvalidView("side is not covered by the secure chain"));
+        }
+        let n = self.core.view()?.members.len();
+        let fresh_run = |chain| Run { chain, collecting: false, got_own: true, foreign: vec![], covered: BTreeSet::new(), round2: None, done: false };
+        if n == 1 {
+            let k = G::random_scalar(rng);
+            let secret = G::encode_scalar(&k);
+            let mut chain = Chain::alone(me);
+            chain.leaf_key = Some(k.clone());
+            chain.node_key[0] = Some(k);
+            self.run = Some(Run { done: true, ..fresh_run(chain) });
+            return self.core.complete(&secret, b"");
+        }
+        // The sponsor: just below the lowest removed member, or the top member.
+        let sponsor_pos = if invalid_from < chain.len() { invalid_from.saturating_sub(1) } else { chain.len() - 1 };
+        let sponsor = chain.members[sponsor_pos].clone();
+        if self.core.single_side() {
+            self.run = Some(fresh_run(Chain::alone(me.clone())));
+            if sponsor == me {
+                let leaf = self.refresh(&mut chain, rng);
+                let bks = advance(&mut chain, &me, &mut self.core.meter, true, false)?;
+                self.send_update(Some(leaf), bks)?;
+            } else {
+                chain.leaf_bk[sponsor_pos] = None;
+                chain.invalidate_from(sponsor_pos);
+            }
+            return self.settle(chain);
+        }
+        // Merge, round 1.
+        if sponsor == me {
+            self.refresh(&mut chain, rng);
+            advance(&mut chain, &me, &mut self.core.meter, true, true)?;
+            self.core.send(Dest::Broadcast, Order::Agreed, 1, chain.to_wire().encode())?;
+        } else {
+            chain.leaf_bk[sponsor_pos] = None;
+            chain.invalidate_from(sponsor_pos);
+        }
+        self.run = Some(Run { chain, collecting: true, got_own: sponsor == me, ..fresh_run(Chain::alone(me.clone())) });
+        Ok(())
+    }
+
+    fn handle_message(&mut self, _rng: &mut dyn CryptoRng, from: &str, bytes: &[u8]) -> Result<(), GkaError> {
+        let inc = self.core.open(from, bytes)?;
+        let msg = StrMsg::decode(inc.kind, &inc.body)?;
+        let me = self.core.me.clone();
+        let members: BTreeSet<MemberId> = self.core.view()?.members.iter().cloned().collect();
+        let side = self.core.side.clone();
+        let saved = self.run.clone().ok_or(GkaError::Misplaced("no STR run in progress"))?;
+        let result = self.apply(msg, &inc.sender, &me, &members, &side);
+        match result {
+            Ok(()) => {
+                self.core.applied(&inc);
+                Ok(())
+            }
+            Err(e) => {
+                self.run = Some(saved);
+                Err(e)
+            }
+        }
+    }
+
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.core.poll_transmit()
+    }
+    fn poll_key(&mut self) -> Option<SecureView> {
+        self.core.poll_key()
+    }
+    fn meter(&self) -> Meter {
+        self.core.meter
+    }
+    fn in_progress(&self) -> bool {
+        self.core.in_progress
+    }
+}
+
+impl<G: Group> Str<G> {
+    fn apply(&mut self, msg: StrMsg, sender: &str, me: &str, members: &BTreeSet<MemberId>, side: &BTreeSet<MemberId>) -> Result<(), GkaError> {
+        let run = self.run.as_ref().expect("checked by caller");
+        let size_ok = |b: &[u8]| b.len() == G::ELEMENT_BYTES;
+        match msg {
+            StrMsg::Chain { leaves, internal } => {
+                if !run.collecting {
+                    return Err(GkaError::Misplaced("chain outside the first round of a merge"));
+                }
+                if leaves.is_empty() || internal.len() + 1 != leaves.len() || !leaves.iter().all(|(_, b)| size_ok(b)) {
+                    return Err(GkaError::Misplaced("malformed chain"));
+                }
+                if internal.iter().flatten().any(|b| !size_ok(b)) {
+                    return Err(GkaError::Misplaced("blinded key of the wrong size"));
+                }
+                let names: Vec<MemberId> = leaves.iter().map(|(m, _)| m.clone()).collect();
+                let distinct: BTreeSet<&MemberId> = names.iter().collect();
+                if distinct.len() != names.len() {
+                    return Err(GkaError::Misplaced("member appears twice in the chain"));
+                }
+                let c = Chain::<G> {
+                    members: names.clone(),
+                    leaf_bk: leaves.iter().map(|(_, b)| Some(Arc::from(b.as_slice()))).collect(),
+                    node_bk: std::iter::once(None).chain(internal.iter().map(|b| b.as_ref().map(|b| Arc::from(b.as_slice())))).collect(),
+                    leaf_key: None,
+                    node_key: vec![None; names.len()],
+                };
+                if side.contains(sender) {
+                    if run.got_own || c.members != run.chain.members {
+                        return Err(GkaError::Misplaced("unexpected chain from this member's own side"));
+                    }
+                    // Keys below the sponsor stay valid (those above were cleared with the view).
+                    let mut mine = c;
+                    mine.leaf_key = run.chain.leaf_key.clone();
+                    mine.node_key = run.chain.node_key.clone();
+                    let run = self.run.as_mut().expect("checked");
+                    run.chain = mine;
+                    run.got_own = true;
+                } else {
+                    if names.iter().any(|m| !members.contains(m) || side.contains(m) || run.covered.contains(m)) {
+                        return Err(GkaError::Misplaced("chain names members outside the view or twice"));
+                    }
+                    let run = self.run.as_mut().expect("checked");
+                    run.covered.extend(names);
+                    run.foreign.push(c);
+                }
+                self.try_merge()
+            }
+            StrMsg::Update { leaf, internal } => {
+                if run.collecting {
+                    return Err(GkaError::Misplaced("update before the chains were merged"));
+                }
+                let mut c = run.chain.clone();
+                let sp = c.pos(sender).ok_or(GkaError::Misplaced("sender not in the chain"))?;
+                let mp = c.pos(me).expect("in own chain");
+                let mut lowest_changed = c.len();
+                if let Some((pos, b)) = &leaf {
+                    if *pos as usize != sp || !size_ok(b) {
+                        return Err(GkaError::Misplaced("leaf update not for the sender's own leaf"));
+                    }
+                    if c.leaf_bk[sp].as_deref() != Some(b.as_slice()) {
+                        c.leaf_bk[sp] = Some(Arc::from(b.as_slice()));
+                        lowest_changed = lowest_changed.min(sp.max(1));
+                    }
+                }
+                for (k, b) in &internal {
+                    let k = *k as usize;
+                    if k == 0 || k >= c.len() || k < sp || !size_ok(b) {
+                        return Err(GkaError::Misplaced("node update the sender cannot have computed"));
+                    }
+                    if c.node_bk[k].as_deref() != Some(b.as_slice()) {
+                        c.node_bk[k] = Some(Arc::from(b.as_slice()));
+                        lowest_changed = lowest_changed.min(k + 1);
+                    }
+                }
+                for k in lowest_changed.max(mp)..c.len() {
+                    if k != 0 {
+                        c.node_key[k] = None;
+                    }
+                }
+                self.settle(c)
+            }
+        }
+    }
+}

@@ -1,0 +1,567 @@
+//! An in-memory group communication layer for key agreement: views, FIFO and agreed delivery
+//! with virtual synchrony, and cost accounting along the critical path. Tests, `conclave gka run`
+//! and the E1 benchmark drive the real protocol code through it.
+//!
+//! Delivery is one global queue (a total order that respects causality), a broadcast is delivered
+//! to all its recipients at once, and a member's own messages count as delivered to it when sent.
+//! When a membership event hits a component, the queued messages of its old view are first
+//! delivered to the recipients that stay with their sender (the VS flush: members that move
+//! together deliver the same messages), replies to them are not sent, and then the new views are
+//! installed. Messages to or from members that split away are dropped.
+//!
+//! Costs: every message carries the cost of the longest chain of computation that led to it
+//! (operations counted by the sender's meter, and measured compute time, each maximized
+//! separately over incoming chains); a view's critical path is the longest chain that ends at a
+//! member's key. This is the serial cost Table II of paper 000 counts.
+
+use crate::api::{Dest, GkaError, KeyAgreement, MemberId, MembershipEvent, SecureView, SharedDirectory, View};
+use crate::script::{Action, Step};
+use crate::{bd, ckd, gdh, str_proto, tgdh};
+use conclave_crypto::{Fingerprint, Group, Identity, Meter, SigScheme};
+use conclave_wire::gka::ProtocolId;
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Instant;
+
+/// Creates one member's protocol state machine.
+pub fn new_member<G: Group>(
+    protocol: ProtocolId,
+    me: &str,
+    group: &str,
+    identity: Identity,
+    directory: SharedDirectory,
+    rng: &mut dyn conclave_crypto::CryptoRng,
+) -> Box<dyn KeyAgreement> {
+    match protocol {
+        ProtocolId::Gdh => Box::new(gdh::Gdh::<G>::new(me, group, identity, directory)),
+        ProtocolId::Ckd => Box::new(ckd::Ckd::<G>::new(me, group, identity, directory, rng)),
+        ProtocolId::Tgdh => Box::new(tgdh::Tgdh::<G>::new(me, group, identity, directory)),
+        ProtocolId::Str => Box::new(str_proto::Str::<G>::new(me, group, identity, directory)),
+        ProtocolId::Bd => Box::new(bd::Bd::<G>::new(me, group, identity, directory)),
+    }
+}
+
+/// The cost of a chain of computation.
+#[derive(Clone, Copy, Debug, Default)]
+struct Path {
+    meter: Meter,
+    time_ns: u64,
+    round: u32,
+}
+
+impl Path {
+    fn join(&mut self, other: &Path) {
+        if other.meter.weight() > self.meter.weight() {
+            self.meter = other.meter;
+        }
+        self.time_ns = self.time_ns.max(other.time_ns);
+        self.round = self.round.max(other.round);
+    }
+}
+
+struct Member {
+    ka: Box<dyn KeyAgreement>,
+    /// The view this member is in.
+    view_id: u64,
+    path: Path,
+}
+
+struct Packet {
+    from: MemberId,
+    to: Vec<MemberId>,
+    view_id: u64,
+    payload: Vec<u8>,
+    path: Path,
+}
+
+/// What happened in one view, as `conclave gka run` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ViewRecord {
+    pub view: u64,
+    pub event: MembershipEvent,
+    pub members: Vec<MemberId>,
+    /// Key fingerprint per member.
+    pub keys: BTreeMap<MemberId, String>,
+    pub rounds: u32,
+    pub messages: u64,
+    pub unicasts: u64,
+    pub broadcasts: u64,
+    /// Totals over all members of the view.
+    pub exps: u64,
+    pub sigs: u64,
+    pub verifs: u64,
+    /// Along the critical path.
+    pub exps_critical: u64,
+    pub sigs_critical: u64,
+    pub verifs_critical: u64,
+    /// Serial computation time along the critical path, in microseconds.
+    pub compute_us: f64,
+    #[serde(skip)]
+    pub secret_fingerprints: BTreeMap<MemberId, Fingerprint>,
+    #[serde(skip)]
+    pub compute_ns: u64,
+}
+
+#[derive(Default)]
+struct ViewStats {
+    event: Option<MembershipEvent>,
+    members: Vec<MemberId>,
+    keys: BTreeMap<MemberId, SecureView>,
+    unicasts: u64,
+    broadcasts: u64,
+    rounds: u32,
+    total: Meter,
+    critical: Path,
+    critical_time_ns: u64,
+    done: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TestbedError {
+    #[error("line {line}: {msg}")]
+    Script { line: usize, msg: String },
+    #[error("identity generation failed")]
+    Identity,
+}
+
+/// The in-memory transport with its members.
+pub struct Testbed<G: Group> {
+    protocol: ProtocolId,
+    scheme: SigScheme,
+    group: String,
+    rng: ChaCha20Rng,
+    directory: SharedDirectory,
+    identities: BTreeMap<MemberId, Identity>,
+    members: BTreeMap<MemberId, Member>,
+    /// Component views: view id -> members in agreed order.
+    components: BTreeMap<u64, Vec<MemberId>>,
+    queue: VecDeque<Packet>,
+    next_view_id: u64,
+    stats: BTreeMap<u64, ViewStats>,
+    /// Completed views, in completion order.
+    pub records: Vec<ViewRecord>,
+    /// Errors returned by protocols on honest input (a correct run has none).
+    pub errors: Vec<(MemberId, GkaError)>,
+    /// Keys every member ever obtained, for the secrecy checks.
+    pub key_log: Vec<(MemberId, SecureView)>,
+    /// Messages delivered so far.
+    pub delivered: u64,
+    /// Whether to measure compute time (off makes tests faster and fully deterministic).
+    pub measure_time: bool,
+    _g: std::marker::PhantomData<G>,
+}
+
+impl<G: Group> Testbed<G> {
+    pub fn new(protocol: ProtocolId, scheme: SigScheme, seed: u64) -> Self {
+        Testbed {
+            protocol,
+            scheme,
+            group: "g".into(),
+            rng: ChaCha20Rng::seed_from_u64(seed),
+            directory: Default::default(),
+            identities: BTreeMap::new(),
+            members: BTreeMap::new(),
+            components: BTreeMap::new(),
+            queue: VecDeque::new(),
+            next_view_id: 1,
+            stats: BTreeMap::new(),
+            records: Vec::new(),
+            errors: Vec::new(),
+            key_log: Vec::new(),
+            delivered: 0,
+            measure_time: true,
+            _g: Default::default(),
+        }
+    }
+
+    /// Pre-generates identities (RSA key generation is slow; benchmarks do it before timing).
+    pub fn provision(&mut self, names: &[MemberId]) -> Result<(), TestbedError> {
+        for n in names {
+            if !self.identities.contains_key(n) {
+                let id = Identity::generate(self.scheme, &mut self.rng).map_err(|_| TestbedError::Identity)?;
+                self.directory.write().unwrap_or_else(|p| p.into_inner()).insert(n.clone(), id.public());
+                self.identities.insert(n.clone(), id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Members of every component, by view id.
+    pub fn components(&self) -> &BTreeMap<u64, Vec<MemberId>> {
+        &self.components
+    }
+
+    pub fn member_names(&self) -> Vec<MemberId> {
+        self.members.keys().cloned().collect()
+    }
+
+    /// Members that started a run and have not finished it.
+    pub fn stuck(&self) -> Vec<MemberId> {
+        self.members.iter().filter(|(_, m)| m.ka.in_progress()).map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Direct access to a member, for tests that inject hostile input.
+    pub fn member_mut(&mut self, name: &str) -> Option<&mut (dyn KeyAgreement + 'static)> {
+        self.members.get_mut(name).map(|m| m.ka.as_mut())
+    }
+
+    pub fn rng(&mut self) -> &mut ChaCha20Rng {
+        &mut self.rng
+    }
+
+    fn create(&mut self, name: &str) -> Result<(), TestbedError> {
+        self.provision(&[name.to_owned()])?;
+        let id = self.identities[name].clone();
+        let ka = new_member::<G>(self.protocol, name, &self.group, id, self.directory.clone(), &mut self.rng);
+        self.members.insert(name.to_owned(), Member { ka, view_id: 0, path: Path::default() });
+        Ok(())
+    }
+
+    fn component_of(&self, name: &str) -> Option<u64> {
+        self.members.get(name).map(|m| m.view_id).filter(|v| self.components.contains_key(v))
+    }
+
+    /// The component the group's events apply to: the largest (oldest on ties).
+    fn main_component(&self) -> Option<u64> {
+        self.components.iter().max_by_key(|(v, m)| (m.len(), std::cmp::Reverse(**v))).map(|(v, _)| *v)
+    }
+
+    /// Runs a whole script.
+    pub fn run_script(&mut self, steps: &[Step]) -> Result<(), TestbedError> {
+        for step in steps {
+            match step.after {
+                None => self.run_until_quiet(),
+                Some(k) => self.run_messages(k),
+            }
+            self.apply(&step.action).map_err(|msg| TestbedError::Script { line: step.line, msg })?;
+        }
+        self.run_until_quiet();
+        Ok(())
+    }
+
+    /// Applies one membership event (flushing the affected components first).
+    pub fn apply(&mut self, action: &Action) -> Result<(), String> {
+        let fresh = |me: &Self, names: &[MemberId]| -> Result<(), String> {
+            let set: BTreeSet<&MemberId> = names.iter().collect();
+            if set.len() != names.len() {
+                return Err("a member is named twice".into());
+            }
+            Ok(if let Some(n) = names.iter().find(|n| me.members.contains_key(*n)) {
+                return Err(format!("{n} is already a member"));
+            })
+        };
+        match action {
+            Action::Init(names) => {
+                fresh(self, names)?;
+                if !self.components.is_empty() {
+                    return Err("init: the group already exists".into());
+                }
+                for n in names {
+                    self.create(n).map_err(|e| e.to_string())?;
+                }
+                self.install(BTreeMap::from([(0, names.clone())]), MembershipEvent::Init);
+            }
+            Action::Join(name) => {
+                fresh(self, std::slice::from_ref(name))?;
+                let main = self.main_component().ok_or("join: no group yet (init first)")?;
+                self.create(name).map_err(|e| e.to_string())?;
+                let mut members = self.components[&main].clone();
+                members.push(name.clone());
+                self.install(BTreeMap::from([(main, members)]), MembershipEvent::Join);
+            }
+            Action::Leave(name) => {
+                let comp = self.component_of(name).ok_or_else(|| format!("leave: {name} is not a member"))?;
+                let members: Vec<MemberId> = self.components[&comp].iter().filter(|m| *m != name).cloned().collect();
+                self.install(BTreeMap::from([(comp, members)]), MembershipEvent::Leave);
+                self.members.remove(name);
+            }
+            Action::Partition(names) => {
+                let set: BTreeSet<&MemberId> = names.iter().collect();
+                let mut changes = BTreeMap::new();
+                for n in names {
+                    let c = self.component_of(n).ok_or_else(|| format!("partition: {n} is not a member"))?;
+                    let rest: Vec<MemberId> = self.components[&c].iter().filter(|m| !set.contains(m)).cloned().collect();
+                    changes.insert(c, rest);
+                }
+                let mut split = names.clone();
+                // Keep the agreed order of the components they come from.
+                split.sort_by_key(|n| {
+                    let c = self.component_of(n).unwrap_or(0);
+                    (c, self.components[&c].iter().position(|m| m == n))
+                });
+                let mut views: BTreeMap<u64, Vec<MemberId>> = changes.into_iter().filter(|(_, m)| !m.is_empty()).collect();
+                views.insert(0, split);
+                self.install(views, MembershipEvent::Partition);
+            }
+            Action::Merge(names) => {
+                let main = self.main_component().ok_or("merge: no group yet (init first)")?;
+                let (new, old): (Vec<MemberId>, Vec<MemberId>) = names.iter().cloned().partition(|n| !self.members.contains_key(n));
+                if old.iter().any(|n| self.component_of(n) == Some(main)) {
+                    return Err("merge: a named member is already in the group".into());
+                }
+                if !new.is_empty() {
+                    // Members never seen before first form their own group, then merge.
+                    fresh(self, &new)?;
+                    for n in &new {
+                        self.create(n).map_err(|e| e.to_string())?;
+                    }
+                    self.install(BTreeMap::from([(0, new.clone())]), MembershipEvent::Init);
+                    self.run_until_quiet();
+                }
+                let set: BTreeSet<&MemberId> = names.iter().collect();
+                let mut views: BTreeMap<u64, Vec<MemberId>> = BTreeMap::new();
+                let mut joining: Vec<MemberId> = Vec::new();
+                let sources: BTreeSet<u64> = names.iter().filter_map(|n| self.component_of(n)).collect();
+                for c in sources {
+                    let comp = self.components[&c].clone();
+                    joining.extend(comp.iter().filter(|m| set.contains(m)).cloned());
+                    let rest: Vec<MemberId> = comp.into_iter().filter(|m| !set.contains(m)).collect();
+                    if !rest.is_empty() {
+                        views.insert(c, rest);
+                    } else {
+                        views.insert(c, Vec::new());
+                    }
+                }
+                let mut members = self.components[&main].clone();
+                members.extend(joining);
+                views.insert(main, members);
+                let views = views.into_iter().filter(|(_, m)| !m.is_empty()).collect();
+                // Components emptied by the merge disappear.
+                self.install(views, MembershipEvent::Merge);
+            }
+        }
+        Ok(())
+    }
+
+    /// Delivers the queued messages of the components about to change to the recipients that stay
+    /// with their sender, without letting anyone reply (the VS flush), then drops the rest.
+    fn flush(&mut self, comps: &[u64], new_comp_of: &BTreeMap<MemberId, u64>) {
+        let comps: BTreeSet<u64> = comps.iter().copied().collect();
+        let old: VecDeque<Packet> = std::mem::take(&mut self.queue);
+        let mut keep = VecDeque::new();
+        for p in old {
+            if !comps.contains(&p.view_id) {
+                keep.push_back(p);
+                continue;
+            }
+            let sender_new = new_comp_of.get(&p.from).copied();
+            let to: Vec<MemberId> = p.to.iter().filter(|m| new_comp_of.get(*m).copied() == sender_new && sender_new != Some(u64::MAX)).cloned().collect();
+            if sender_new.is_some() && !to.is_empty() {
+                self.deliver(Packet { to, ..p }, false);
+            }
+        }
+        self.queue = keep;
+    }
+
+    /// Replaces the given components (old view id -> new member list; 0 for a new component) by
+    /// new views, after the flush.
+    fn install(&mut self, views: BTreeMap<u64, Vec<MemberId>>, event: MembershipEvent) {
+        // Which new component each member of an affected component ends up in.
+        let mut new_comp_of: BTreeMap<MemberId, u64> = BTreeMap::new();
+        for (i, (_, ms)) in views.iter().enumerate() {
+            for m in ms {
+                new_comp_of.insert(m.clone(), i as u64 + 1);
+            }
+        }
+        let mut affected: BTreeSet<u64> = views.keys().copied().filter(|v| *v != 0).collect();
+        for ms in views.values() {
+            for m in ms {
+                if let Some(c) = self.component_of(m) {
+                    affected.insert(c);
+                }
+            }
+        }
+        let affected: Vec<u64> = affected.into_iter().collect();
+        for c in &affected {
+            if let Some(ms) = self.components.get(c) {
+                for m in ms {
+                    new_comp_of.entry(m.clone()).or_insert(u64::MAX);
+                }
+            }
+        }
+        self.flush(&affected, &new_comp_of);
+        for c in &affected {
+            self.components.remove(c);
+        }
+        // Components that go on get their view ids first; a split-off group (key 0) comes last,
+        // so that on a tie the group's events keep applying to the part that went on.
+        let mut ordered: Vec<(u64, Vec<MemberId>)> = views.into_iter().collect();
+        ordered.sort_by_key(|(k, _)| (*k == 0, *k));
+        for (_, members) in ordered {
+            if members.is_empty() {
+                continue;
+            }
+            let view_id = self.next_view_id;
+            self.next_view_id += 1;
+            self.components.insert(view_id, members.clone());
+            self.stats.insert(view_id, ViewStats { event: Some(event), members: members.clone(), ..Default::default() });
+            let prevs: BTreeMap<MemberId, u64> = members.iter().map(|m| (m.clone(), self.members[m].view_id)).collect();
+            for m in &members {
+                let prev = prevs[m];
+                let mut transitional: Vec<MemberId> =
+                    members.iter().filter(|x| prev != 0 && prevs[*x] == prev).cloned().collect();
+                if transitional.is_empty() {
+                    transitional.push(m.clone());
+                }
+                let view = View { group: self.group.clone(), view_id, members: members.clone(), event, transitional };
+                let member = self.members.get_mut(m).expect("member exists");
+                member.view_id = view_id;
+                member.path = Path::default();
+                self.step(m, |ka, rng| ka.handle_view(rng, view));
+            }
+        }
+    }
+
+    /// Runs one input of one member, with cost accounting, then drains its outputs.
+    fn step(&mut self, name: &str, input: impl FnOnce(&mut dyn KeyAgreement, &mut ChaCha20Rng) -> Result<(), GkaError>) {
+        self.step_with(name, None, true, input)
+    }
+
+    fn step_with(
+        &mut self,
+        name: &str,
+        incoming: Option<&Path>,
+        may_send: bool,
+        input: impl FnOnce(&mut dyn KeyAgreement, &mut ChaCha20Rng) -> Result<(), GkaError>,
+    ) {
+        let measure = self.measure_time;
+        let Some(member) = self.members.get_mut(name) else { return };
+        if let Some(p) = incoming {
+            member.path.join(p);
+        }
+        let before = member.ka.meter();
+        let t0 = measure.then(Instant::now);
+        let result = input(member.ka.as_mut(), &mut self.rng);
+        let elapsed = t0.map(|t| t.elapsed().as_nanos() as u64).unwrap_or(0);
+        let after = member.ka.meter();
+        let view_id = member.view_id;
+        let delta = after.since(&before);
+        member.path.meter.add(&delta);
+        member.path.time_ns += elapsed;
+        if let Some(s) = self.stats.get_mut(&view_id) {
+            s.total.add(&delta);
+        }
+        if let Err(e) = result {
+            self.errors.push((name.to_owned(), e));
+        }
+        // Transmits leave with the path as it is now.
+        let member = self.members.get_mut(name).expect("still there");
+        let send_path = Path { round: member.path.round + 1, ..member.path };
+        let mut out = Vec::new();
+        while let Some(t) = member.ka.poll_transmit() {
+            out.push(t);
+        }
+        // Then the member derives its own key, off everyone else's path.
+        let before = member.ka.meter();
+        let t0 = measure.then(Instant::now);
+        let mut keys = Vec::new();
+        while let Some(k) = member.ka.poll_key() {
+            keys.push(k);
+        }
+        let elapsed = t0.map(|t| t.elapsed().as_nanos() as u64).unwrap_or(0);
+        let delta = member.ka.meter().since(&before);
+        member.path.meter.add(&delta);
+        member.path.time_ns += elapsed;
+        let final_path = member.path;
+        if let Some(s) = self.stats.get_mut(&view_id) {
+            s.total.add(&delta);
+        }
+        if may_send {
+            let members = self.components.get(&view_id).cloned().unwrap_or_default();
+            for t in out {
+                if t.view_id != view_id {
+                    continue;
+                }
+                let (to, unicast) = match t.dest {
+                    Dest::Broadcast => (members.iter().filter(|m| *m != name).cloned().collect(), false),
+                    Dest::Unicast(m) => (vec![m], true),
+                };
+                if let Some(s) = self.stats.get_mut(&view_id) {
+                    if unicast {
+                        s.unicasts += 1;
+                    } else {
+                        s.broadcasts += 1;
+                    }
+                    s.rounds = s.rounds.max(send_path.round);
+                }
+                self.queue.push_back(Packet { from: name.to_owned(), to, view_id, payload: t.payload, path: send_path });
+            }
+        }
+        for k in keys {
+            self.key_log.push((name.to_owned(), k.clone()));
+            if let Some(s) = self.stats.get_mut(&k.view_id) {
+                if final_path.meter.weight() > s.critical.meter.weight() {
+                    s.critical.meter = final_path.meter;
+                }
+                s.critical_time_ns = s.critical_time_ns.max(final_path.time_ns);
+                s.keys.insert(name.to_owned(), k);
+            }
+            self.check_view_done(view_id);
+        }
+    }
+
+    fn check_view_done(&mut self, view_id: u64) {
+        let Some(s) = self.stats.get_mut(&view_id) else { return };
+        if s.done || s.keys.len() != s.members.len() {
+            return;
+        }
+        s.done = true;
+        let rec = ViewRecord {
+            view: view_id,
+            event: s.event.unwrap_or(MembershipEvent::Init),
+            members: s.members.clone(),
+            keys: s.keys.iter().map(|(m, k)| (m.clone(), k.key.fingerprint().to_string())).collect(),
+            rounds: s.rounds,
+            messages: s.unicasts + s.broadcasts,
+            unicasts: s.unicasts,
+            broadcasts: s.broadcasts,
+            exps: s.total.exps,
+            sigs: s.total.sigs,
+            verifs: s.total.verifs,
+            exps_critical: s.critical.meter.exps,
+            sigs_critical: s.critical.meter.sigs,
+            verifs_critical: s.critical.meter.verifs,
+            compute_us: s.critical_time_ns as f64 / 1000.0,
+            secret_fingerprints: s.keys.iter().map(|(m, k)| (m.clone(), k.secret_fingerprint)).collect(),
+            compute_ns: s.critical_time_ns,
+        };
+        self.records.push(rec);
+    }
+
+    fn deliver(&mut self, p: Packet, may_send: bool) {
+        self.delivered += 1;
+        for to in &p.to {
+            let Some(m) = self.members.get(to) else { continue };
+            if m.view_id != p.view_id {
+                continue;
+            }
+            let from = p.from.clone();
+            let payload = p.payload.clone();
+            self.step_with(to, Some(&p.path), may_send, |ka, rng| ka.handle_message(rng, &from, &payload));
+        }
+    }
+
+    /// Delivers queued messages until none is left.
+    pub fn run_until_quiet(&mut self) {
+        while let Some(p) = self.queue.pop_front() {
+            self.deliver(p, true);
+        }
+    }
+
+    /// Delivers at most `k` queued messages.
+    pub fn run_messages(&mut self, k: usize) {
+        for _ in 0..k {
+            match self.queue.pop_front() {
+                Some(p) => self.deliver(p, true),
+                None => break,
+            }
+        }
+    }
+
+    /// Messages waiting to be delivered.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+}

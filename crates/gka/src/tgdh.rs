@@ -1,0 +1,365 @@
+//! Tree-based Group Diffie-Hellman (paper 000 §4.3, Figs 5-6).
+//!
+//! Every member keeps the key tree (`tree`): all blinded keys, and the keys on its own path. A
+//! node's key is `K = H(BK_sibling^{K_child})` (the DH value hashed to an exponent, where the
+//! paper uses the DH value mod p directly) and its blinded key `BK = g^K`; the root key is the
+//! group secret.
+//!
+//! A view with one side (leave, partition) prunes the departed leaves; the shallowest rightmost
+//! sponsor refreshes its leaf key. A view with several sides is a merge: each side's sponsor (its
+//! rightmost member) refreshes its leaf and broadcasts its side's tree; every member then merges
+//! the trees, largest first, each inserted at the shallowest rightmost node that does not
+//! increase the height. In both cases members then compute up their paths as far as they can;
+//! a member broadcasts the blinded keys it computed when it is the rightmost member under the
+//! lowest node it newly computed, which makes exactly one sponsor per computable subtree and
+//! repeats until all members hold the root key (one round for a leave, two for a join or merge,
+//! up to `h` for a partition).
+//!
+//! Departures: receivers never recompute a blinded key a sponsor sent (§5's optimization), and
+//! a member computes blinded keys only where it is the sponsor. Table II's TGDH row counts
+//! `3h/2` exponentiations for a join and merge; our critical path also includes the round-1
+//! sponsor's refresh of its whole path (which §4.3 prescribes), so it is bounded by `3h + 2`
+//! instead, with `h` the height after the event. Cascades restart from the newest view
+//! (see `core`).
+
+use crate::api::{Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View};
+use crate::core::Core;
+use crate::ops;
+use crate::tree::{Bk, Node};
+use conclave_crypto::{CryptoRng, Group, Identity, Meter};
+use conclave_wire::gka::{NodePath, ProtocolId, TgdhMsg};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+const NODE_LABEL: &[u8] = b"conclave tgdh node";
+
+pub struct Tgdh<G: Group> {
+    core: Core,
+    /// The tree of the last completed run.
+    secure: Option<Node<G>>,
+    run: Option<Run<G>>,
+}
+
+struct Run<G: Group> {
+    tree: Node<G>,
+    collecting: bool,
+    /// Merge round 1: whether this member has its own side's tree from its sponsor.
+    got_own: bool,
+    foreign: Vec<Node<G>>,
+    covered: BTreeSet<MemberId>,
+    done: bool,
+    /// Whether this member's leaf key was drawn in this run.
+    fresh_leaf: bool,
+}
+
+/// Gives `me` a fresh leaf key; returns the leaf's path and new blinded key.
+fn refresh<G: Group>(tree: &mut Node<G>, me: &str, rng: &mut dyn CryptoRng, meter: &mut conclave_crypto::Meter) -> (NodePath, Bk) {
+    let path = tree.find(me).expect("member is in its own tree");
+    let k = G::random_scalar(rng);
+    let bk: Bk = Arc::from(G::encode(&ops::exp_g::<G>(meter, &k)).as_slice());
+    let leaf = tree.at_mut(&path).expect("found above");
+    leaf.set_key(Some(k));
+    leaf.set_bk(Some(bk.clone()));
+    tree.invalidate_above(&path);
+    (path, bk)
+}
+
+/// Computes keys up `me`'s path as far as the known blinded keys allow. Returns the blinded keys
+/// this member must broadcast (those it newly computed, when it is the rightmost member under
+/// the lowest of them), and whether the root key is known.
+fn advance<G: Group>(tree: &mut Node<G>, me: &str, meter: &mut conclave_crypto::Meter, top_bk: bool) -> Result<(Vec<(NodePath, Bk)>, bool), GkaError> {
+    let path = tree.find(me).ok_or(GkaError::Misplaced("member missing from its tree"))?;
+    let mut computed: Vec<usize> = Vec::new();
+    for d in (0..path.len()).rev() {
+        if let Some(n) = tree.at(&path[..d]) {
+            if n.key().is_some() {
+                // A key known from an earlier run whose blinded key was never needed (an old root).
+                if n.bk().is_none() && (d > 0 || top_bk) {
+                    computed.push(d);
+                }
+                continue;
+            }
+        }
+        let Some(child_key) = tree.at(&path[..d + 1]).and_then(|n| n.key()).cloned() else { break };
+        let mut sib = path[..d].to_vec();
+        sib.push(!path[d]);
+        let Some(sib_bk) = tree.at(&sib).and_then(|n| n.bk()).cloned() else { break };
+        let sib_el = ops::decode::<G>(&sib_bk)?;
+        let key = ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &sib_el, &child_key));
+        let node = tree.at_mut(&path[..d]).expect("ancestor exists");
+        let needs_bk = node.bk().is_none() && (d > 0 || top_bk);
+        node.set_key(Some(key));
+        if needs_bk {
+            computed.push(d);
+        }
+    }
+    let mut out = Vec::new();
+    if let Some(&lowest) = computed.first() {
+        if tree.at(&path[..lowest]).map(|n| n.rightmost() == me).unwrap_or(false) {
+            for d in computed {
+                let node = tree.at_mut(&path[..d]).expect("ancestor exists");
+                let key = node.key().cloned().expect("just computed");
+                let bk: Bk = Arc::from(G::encode(&ops::exp_g::<G>(meter, &key)).as_slice());
+                node.set_bk(Some(bk.clone()));
+                out.push((path[..d].to_vec(), bk));
+            }
+        }
+    }
+    Ok((out, tree.key().is_some()))
+}
+
+impl<G: Group> Tgdh<G> {
+    pub fn new(me: &str, group: &str, identity: Identity, directory: SharedDirectory) -> Self {
+        Tgdh { core: Core::new(me.into(), group.into(), ProtocolId::Tgdh, identity, directory), secure: None, run: None }
+    }
+
+    /// Computes on `tree`, sends what this member is sponsor for, and commits it as the run's tree.
+    fn compute(&mut self, mut tree: Node<G>, mut extra: Vec<(NodePath, Bk)>) -> Result<(), GkaError> {
+        let (bks, root) = advance(&mut tree, &self.core.me, &mut self.core.meter, false)?;
+        extra.extend(bks);
+        if !extra.is_empty() {
+            let bks = extra.into_iter().map(|(p, b)| (p, b.to_vec())).collect();
+            self.core.send(Dest::Broadcast, Order::Agreed, 2, TgdhMsg::Update { bks }.encode())?;
+        }
+        let run = self.run.as_mut().expect("run in progress");
+        run.tree = tree;
+        if root && !run.done {
+            run.done = true;
+            let secret = G::encode_scalar(run.tree.key().expect("root known"));
+            self.core.complete(&secret, b"")?;
+        }
+        Ok(())
+    }
+
+    fn try_merge(&mut self, rng: &mut dyn CryptoRng) -> Result<(), GkaError> {
+        let view_len = self.core.view()?.members.len();
+        let run = self.run.as_ref().expect("run in progress");
+        if !run.collecting || !run.got_own || run.covered.len() + self.core.side.len() != view_len {
+            return Ok(());
+        }
+        let mut trees: Vec<Node<G>> = run.foreign.clone();
+        trees.push(run.tree.clone());
+        trees.sort_by(|a, b| {
+            let (la, lb) = (a.leaves(), b.leaves());
+            lb.len().cmp(&la.len()).then_with(|| la[0].cmp(&lb[0]))
+        });
+        let mut it = trees.into_iter();
+        let mut merged = it.next().expect("at least this member's tree");
+        let mut refresher = None;
+        for t in it {
+            refresher = Some(t.rightmost().clone());
+            merged.insert(t);
+        }
+        // One fresh contribution per run keeps keys from repeating: the rightmost member of the
+        // last inserted tree refreshes its leaf, unless that leaf is new in this run anyway.
+        let me = self.core.me.clone();
+        let run = self.run.as_mut().expect("run in progress");
+        run.collecting = false;
+        run.foreign.clear();
+        let fresh = run.fresh_leaf;
+        let mut extra = Vec::new();
+        if let Some(r) = refresher {
+            let rpath = merged.find(&r).expect("inserted above");
+            merged.invalidate_above(&rpath);
+            if r == me {
+                if fresh {
+                    let bk = merged.at(&rpath).and_then(|n| n.bk().cloned()).expect("a sponsor's leaf has a blinded key");
+                    extra.push((rpath, bk));
+                } else {
+                    extra.push(refresh::<G>(&mut merged, &me, rng, &mut self.core.meter));
+                }
+            } else {
+                merged.at_mut(&rpath).expect("found").set_bk(None);
+            }
+        }
+        self.compute(merged, extra)
+    }
+}
+
+impl<G: Group> Clone for Run<G> {
+    fn clone(&self) -> Self {
+        Run {
+            tree: self.tree.clone(),
+            collecting: self.collecting,
+            got_own: self.got_own,
+            foreign: self.foreign.clone(),
+            covered: self.covered.clone(),
+            done: self.done,
+            fresh_leaf: self.fresh_leaf,
+        }
+    }
+}
+
+impl<G: Group> KeyAgreement for Tgdh<G> {
+    fn protocol(&self) -> ProtocolId {
+        ProtocolId::Tgdh
+    }
+    fn me(&self) -> &str {
+        &self.core.me
+    }
+
+    fn handle_view(&mut self, rng: &mut dyn CryptoRng, view: View) -> Result<(), GkaError> {
+        self.core.install_view(view)?;
+        if let Some(run) = self.run.take() {
+            if run.done {
+                self.secure = Some(run.tree);
+            }
+        }
+        let me = self.core.me.clone();
+        let side = self.core.side.clone();
+        let mut tree = self.secure.clone().and_then(|t| t.prune(&side)).unwrap_or_else(|| Node::leaf(me.clone()));
+        if tree.leaves().len() != side.len() {
+            return Err(GkaError::InvalidView("side is not covered by the secure tree"));
+        }
+        let n = self.core.view()?.members.len();
+        if n == 1 {
+            let k = G::random_scalar(rng);
+            let secret = G::encode_scalar(&k);
+            let tree = Node::Leaf { member: me, bk: None, key: Some(k) };
+            self.run = Some(Run { tree, collecting: false, got_own: true, foreign: vec![], covered: BTreeSet::new(), done: true, fresh_leaf: true });
+            return self.core.complete(&secret, b"");
+        }
+        if self.core.single_side() {
+            // Leave or partition: the shallowest rightmost sponsor refreshes its leaf.
+            let frontier = tree.frontier();
+            let refresher = match frontier.iter().min_by(|a, b| a.len().cmp(&b.len()).then_with(|| b.cmp(a))) {
+                Some(p) => tree.at(p).expect("frontier path").rightmost().clone(),
+                None => tree.rightmost().clone(),
+            };
+            let rpath = tree.find(&refresher).expect("refresher is in the tree");
+            let leaf = tree.at_mut(&rpath).expect("found");
+            leaf.set_bk(None);
+            leaf.set_key(None);
+            tree.invalidate_above(&rpath);
+            let mut extra = Vec::new();
+            if refresher == me {
+                extra.push(refresh::<G>(&mut tree, &me, rng, &mut self.core.meter));
+            }
+            self.run = Some(Run { tree: Node::leaf(me.clone()), collecting: false, got_own: true, foreign: vec![], covered: BTreeSet::new(), done: false, fresh_leaf: false });
+            return self.compute(tree, extra);
+        }
+        // Merge, round 1: each side's rightmost member broadcasts the side's tree, with the blinded
+        // keys it can add (a new member's leaf, the side's old root).
+        let sponsor = tree.rightmost().clone();
+        let mut fresh_leaf = false;
+        if tree.find(&me).and_then(|p| tree.at(&p).and_then(|n| n.key().cloned())).is_none() {
+            let p = tree.find(&me).expect("in own tree");
+            tree.at_mut(&p).expect("found").set_key(Some(G::random_scalar(rng)));
+            fresh_leaf = true;
+        }
+        if sponsor == me {
+            advance(&mut tree, &me, &mut self.core.meter, true)?;
+            if let Some(p) = tree.find(&me) {
+                let leaf = tree.at_mut(&p).expect("found");
+                if leaf.bk().is_none() {
+                    let k = leaf.key().cloned().expect("leaf key set above");
+                    leaf.set_bk(Some(Arc::from(G::encode(&ops::exp_g::<G>(&mut self.core.meter, &k)).as_slice())));
+                }
+            }
+            self.core.send(Dest::Broadcast, Order::Agreed, 1, TgdhMsg::Tree { nodes: tree.to_wire() }.encode())?;
+        }
+        self.run = Some(Run { tree, collecting: true, got_own: sponsor == me, foreign: vec![], covered: BTreeSet::new(), done: false, fresh_leaf });
+        Ok(())
+    }
+
+    fn handle_message(&mut self, rng: &mut dyn CryptoRng, from: &str, bytes: &[u8]) -> Result<(), GkaError> {
+        let inc = self.core.open(from, bytes)?;
+        let msg = TgdhMsg::decode(inc.kind, &inc.body)?;
+        let saved = self.run.clone();
+        let result = self.apply(msg, &inc.sender, rng);
+        match result {
+            Ok(()) => {
+                self.core.applied(&inc);
+                Ok(())
+            }
+            Err(e) => {
+                self.run = saved;
+                Err(e)
+            }
+        }
+    }
+
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.core.poll_transmit()
+    }
+    fn poll_key(&mut self) -> Option<SecureView> {
+        self.core.poll_key()
+    }
+    fn meter(&self) -> Meter {
+        self.core.meter
+    }
+    fn in_progress(&self) -> bool {
+        self.core.in_progress
+    }
+}
+
+impl<G: Group> Tgdh<G> {
+    fn apply(&mut self, msg: TgdhMsg, sender: &str, rng: &mut dyn CryptoRng) -> Result<(), GkaError> {
+        let me = self.core.me.clone();
+        let members: BTreeSet<MemberId> = self.core.view()?.members.iter().cloned().collect();
+        let side = self.core.side.clone();
+        let run = self.run.as_ref().ok_or(GkaError::Misplaced("no TGDH run in progress"))?;
+        match msg {
+            TgdhMsg::Tree { nodes } => {
+                if !run.collecting {
+                    return Err(GkaError::Misplaced("tree outside the first round of a merge"));
+                }
+                let t = Node::<G>::from_wire(&nodes).map_err(GkaError::Misplaced)?;
+                let leaves = t.leaves();
+                if t.rightmost() != sender {
+                    return Err(GkaError::Misplaced("tree not sent by its sponsor"));
+                }
+                if side.contains(sender) {
+                    if run.got_own || !t.same_shape(&run.tree) {
+                        return Err(GkaError::Misplaced("unexpected tree from this member's own side"));
+                    }
+                    // Take the sponsor's blinded keys, keep this member's keys below the sponsor's path.
+                    let mut mine = t;
+                    let my_path = run.tree.find(&me).expect("in own tree");
+                    for d in 0..=my_path.len() {
+                        if let Some(k) = run.tree.at(&my_path[..d]).and_then(|n| n.key()).cloned() {
+                            mine.at_mut(&my_path[..d]).expect("same shape").set_key(Some(k));
+                        }
+                    }
+                    let run = self.run.as_mut().expect("checked");
+                    run.tree = mine;
+                    run.got_own = true;
+                } else {
+                    if leaves.iter().any(|m| !members.contains(m) || side.contains(m) || run.covered.contains(m)) {
+                        return Err(GkaError::Misplaced("tree names members outside the view or twice"));
+                    }
+                    let run = self.run.as_mut().expect("checked");
+                    run.covered.extend(leaves);
+                    run.foreign.push(t);
+                }
+                self.try_merge(rng)
+            }
+            TgdhMsg::Update { bks } => {
+                if run.collecting {
+                    return Err(GkaError::Misplaced("blinded keys before the trees were merged"));
+                }
+                let mut tree = run.tree.clone();
+                let sender_path = tree.find(sender).ok_or(GkaError::Misplaced("sender not in the tree"))?;
+                for (p, bk) in &bks {
+                    if !sender_path.starts_with(p) {
+                        return Err(GkaError::Misplaced("blinded key for a node the sender is not under"));
+                    }
+                    if bk.len() != G::ELEMENT_BYTES {
+                        return Err(GkaError::Misplaced("blinded key of the wrong size"));
+                    }
+                    let node = tree.at_mut(p).ok_or(GkaError::Misplaced("no such node"))?;
+                    if node.bk().map(|b| b.as_ref() != bk.as_slice()).unwrap_or(true) {
+                        node.set_bk(Some(Arc::from(bk.as_slice())));
+                        // Keys computed from the old value are stale.
+                        for d in 0..p.len() {
+                            if let Some(n) = tree.at_mut(&p[..d]) {
+                                n.set_key(None);
+                            }
+                        }
+                    }
+                }
+                self.compute(tree, Vec::new())
+            }
+        }
+    }
+}
