@@ -102,7 +102,10 @@ pub enum GkaError {
     #[error("malformed message: {0}")]
     Malformed(#[from] DecodeError),
     #[error("message is for protocol {got:?}, this group runs {expected:?}")]
-    WrongProtocol { expected: ProtocolId, got: ProtocolId },
+    WrongProtocol {
+        expected: ProtocolId,
+        got: ProtocolId,
+    },
     #[error("message is for group {0:?}")]
     ForeignGroup(String),
     #[error("message of view {got} is stale (current view {current})")]
@@ -142,7 +145,11 @@ pub trait KeyAgreement: Send {
     fn protocol(&self) -> ProtocolId;
     fn me(&self) -> &str;
     /// A new view: abandons any run in progress and starts the run for this view.
-    fn handle_view(&mut self, rng: &mut dyn conclave_crypto::CryptoRng, view: View) -> Result<(), GkaError>;
+    fn handle_view(
+        &mut self,
+        rng: &mut dyn conclave_crypto::CryptoRng,
+        view: View,
+    ) -> Result<(), GkaError>;
     /// A protocol message `from` a member, as delivered by the layer below.
     fn handle_message(
         &mut self,
@@ -158,4 +165,8 @@ pub trait KeyAgreement: Send {
     fn meter(&self) -> Meter;
     /// True while a run has started and not yet produced its key.
     fn in_progress(&self) -> bool;
+    /// Height of the key tree of the current run (TGDH, STR), for cost reports.
+    fn tree_height(&self) -> Option<usize> {
+        None
+    }
 }

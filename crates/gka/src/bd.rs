@@ -13,7 +13,9 @@
 //!   (n'+2 for a view of n' members: "n+3" for a join).
 //! - Cascades: a new view restarts the protocol (it has no state to keep).
 
-use crate::api::{Dest, GkaError, KeyAgreement, Order, SecureView, SharedDirectory, Transmit, View};
+use crate::api::{
+    Dest, GkaError, KeyAgreement, Order, SecureView, SharedDirectory, Transmit, View,
+};
 use crate::core::{index_of, Core};
 use crate::ops;
 use conclave_crypto::{CryptoRng, Group, Identity, Meter};
@@ -41,24 +43,38 @@ struct Run<G: Group> {
 
 impl<G: Group> Bd<G> {
     pub fn new(me: &str, group: &str, identity: Identity, directory: SharedDirectory) -> Self {
-        Bd { core: Core::new(me.into(), group.into(), ProtocolId::Bd, identity, directory), run: None }
+        Bd {
+            core: Core::new(me.into(), group.into(), ProtocolId::Bd, identity, directory),
+            run: None,
+        }
     }
 
     fn try_round2(&mut self) -> Result<(), GkaError> {
-        let Some(run) = self.run.as_mut() else { return Ok(()) };
+        let Some(run) = self.run.as_mut() else {
+            return Ok(());
+        };
         if run.sent_x {
             return Ok(());
         }
-        let (Some(zp), Some(zn)) = (&run.z_prev, &run.z_next) else { return Ok(()) };
+        let (Some(zp), Some(zn)) = (&run.z_prev, &run.z_next) else {
+            return Ok(());
+        };
         let x = ops::exp::<G>(&mut self.core.meter, &G::div(zn, zp), &run.r);
         run.x.insert(run.me, x.clone());
         run.sent_x = true;
-        self.core.send(Dest::Broadcast, Order::Agreed, 2, BdMsg::X { x: G::encode(&x) }.encode())?;
+        self.core.send(
+            Dest::Broadcast,
+            Order::Agreed,
+            2,
+            BdMsg::X { x: G::encode(&x) }.encode(),
+        )?;
         self.try_finish()
     }
 
     fn try_finish(&mut self) -> Result<(), GkaError> {
-        let Some(run) = self.run.as_ref() else { return Ok(()) };
+        let Some(run) = self.run.as_ref() else {
+            return Ok(());
+        };
         if !run.sent_x || run.x.len() < run.n {
             return Ok(());
         }
@@ -108,18 +124,32 @@ impl<G: Group> KeyAgreement for Bd<G> {
             x: BTreeMap::new(),
             sent_x: false,
         });
-        self.core.send(Dest::Broadcast, Order::Agreed, 1, BdMsg::Z { z: G::encode(&z) }.encode())
+        self.core.send(
+            Dest::Broadcast,
+            Order::Agreed,
+            1,
+            BdMsg::Z { z: G::encode(&z) }.encode(),
+        )
     }
 
-    fn handle_message(&mut self, _rng: &mut dyn CryptoRng, from: &str, bytes: &[u8]) -> Result<(), GkaError> {
+    fn handle_message(
+        &mut self,
+        _rng: &mut dyn CryptoRng,
+        from: &str,
+        bytes: &[u8],
+    ) -> Result<(), GkaError> {
         let (env, signed_len, digest) = self.core.check(from, bytes)?;
         let msg = BdMsg::decode(env.kind, &env.body)?;
-        let run = self.run.as_ref().ok_or(GkaError::Misplaced("no BD run in progress"))?;
+        let run = self
+            .run
+            .as_ref()
+            .ok_or(GkaError::Misplaced("no BD run in progress"))?;
         let view = self.core.view()?;
         let j = index_of(&view.members, &env.sender).expect("checked: sender is a member");
         match msg {
             BdMsg::Z { z } => {
-                let needed = (j == run.prev && run.z_prev.is_none()) || (j == run.next && run.z_next.is_none());
+                let needed = (j == run.prev && run.z_prev.is_none())
+                    || (j == run.next && run.z_next.is_none());
                 if !needed {
                     if j == run.prev || j == run.next {
                         return Err(GkaError::Misplaced("second Z from a neighbour"));

@@ -23,7 +23,9 @@
 //!   `n` verifications, against the table's `3n-6` messages (itself inconsistent with its own
 //!   `2n-4` unicasts and 2 multicasts) and `2n-2` signatures. Exponentiations match (`2n-3`).
 
-use crate::api::{Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View};
+use crate::api::{
+    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View,
+};
 use crate::core::Core;
 use crate::ops;
 use conclave_crypto::{CryptoRng, Group, Identity, Meter};
@@ -63,11 +65,23 @@ struct Run<G: Group> {
 }
 
 impl<G: Group> Ckd<G> {
-    pub fn new(me: &str, group: &str, identity: Identity, directory: SharedDirectory, rng: &mut dyn CryptoRng) -> Self {
+    pub fn new(
+        me: &str,
+        group: &str,
+        identity: Identity,
+        directory: SharedDirectory,
+        rng: &mut dyn CryptoRng,
+    ) -> Self {
         let r = G::random_scalar(rng);
         let share = G::exp_g(&r);
         Ckd {
-            core: Core::new(me.into(), group.into(), ProtocolId::Ckd, identity, directory),
+            core: Core::new(
+                me.into(),
+                group.into(),
+                ProtocolId::Ckd,
+                identity,
+                directory,
+            ),
             r,
             share,
             secure: None,
@@ -88,17 +102,32 @@ impl<G: Group> Ckd<G> {
             entries.push((m.clone(), G::encode(&e)));
         }
         if !entries.is_empty() {
-            self.core.send(Dest::Broadcast, Order::Agreed, 3, CkdMsg::KeyDist { roster: view.members.clone(), entries }.encode())?;
+            self.core.send(
+                Dest::Broadcast,
+                Order::Agreed,
+                3,
+                CkdMsg::KeyDist {
+                    roster: view.members.clone(),
+                    entries,
+                }
+                .encode(),
+            )?;
         }
         let run = self.run.take().expect("controller run");
-        self.secure = Some(Secure { controller: run.controller, channels: run.channels });
+        self.secure = Some(Secure {
+            controller: run.controller,
+            channels: run.channels,
+        });
         self.pending = Some(s);
         Ok(())
     }
 
     fn flush_pending(&mut self) {
         if let Some(cs) = self.pending_channel.take() {
-            let k = ops::to_scalar::<G>(CHANNEL_LABEL, &ops::exp::<G>(&mut self.core.meter, &cs, &self.r));
+            let k = ops::to_scalar::<G>(
+                CHANNEL_LABEL,
+                &ops::exp::<G>(&mut self.core.meter, &cs, &self.r),
+            );
             if let Some(run) = self.run.as_mut() {
                 run.channels.insert(run.controller.clone(), k);
             }
@@ -129,41 +158,78 @@ impl<G: Group> KeyAgreement for Ckd<G> {
         let side = self.core.side.clone();
         // Channels that survive: same side, same controller.
         let channels: BTreeMap<MemberId, G::Scalar> = match &self.secure {
-            Some(s) if s.controller == controller && side.contains(&controller) => {
-                s.channels.iter().filter(|(m, _)| side.contains(*m)).map(|(m, k)| (m.clone(), k.clone())).collect()
-            }
+            Some(s) if s.controller == controller && side.contains(&controller) => s
+                .channels
+                .iter()
+                .filter(|(m, _)| side.contains(*m))
+                .map(|(m, k)| (m.clone(), k.clone()))
+                .collect(),
             _ => BTreeMap::new(),
         };
         if controller == me {
-            let need: Vec<MemberId> = view.members.iter().filter(|m| **m != me && !channels.contains_key(*m)).cloned().collect();
-            self.run = Some(Run { controller, channels, waiting: need.iter().cloned().collect(), expect_hello: false });
+            let need: Vec<MemberId> = view
+                .members
+                .iter()
+                .filter(|m| **m != me && !channels.contains_key(*m))
+                .cloned()
+                .collect();
+            self.run = Some(Run {
+                controller,
+                channels,
+                waiting: need.iter().cloned().collect(),
+                expect_hello: false,
+            });
             match need.len() {
                 0 => return self.distribute(rng),
                 1 => {
-                    let msg = CkdMsg::Hello { controller_share: G::encode(&self.share), recipients: need.clone() };
-                    self.core.send(Dest::Unicast(need[0].clone()), Order::Fifo, 1, msg.encode())?;
+                    let msg = CkdMsg::Hello {
+                        controller_share: G::encode(&self.share),
+                        recipients: need.clone(),
+                    };
+                    self.core
+                        .send(Dest::Unicast(need[0].clone()), Order::Fifo, 1, msg.encode())?;
                 }
                 _ => {
-                    let msg = CkdMsg::Hello { controller_share: G::encode(&self.share), recipients: need };
-                    self.core.send(Dest::Broadcast, Order::Agreed, 1, msg.encode())?;
+                    let msg = CkdMsg::Hello {
+                        controller_share: G::encode(&self.share),
+                        recipients: need,
+                    };
+                    self.core
+                        .send(Dest::Broadcast, Order::Agreed, 1, msg.encode())?;
                 }
             }
         } else {
             let expect_hello = !channels.contains_key(&controller);
-            self.run = Some(Run { controller, channels, waiting: BTreeSet::new(), expect_hello });
+            self.run = Some(Run {
+                controller,
+                channels,
+                waiting: BTreeSet::new(),
+                expect_hello,
+            });
         }
         Ok(())
     }
 
-    fn handle_message(&mut self, rng: &mut dyn CryptoRng, from: &str, bytes: &[u8]) -> Result<(), GkaError> {
+    fn handle_message(
+        &mut self,
+        rng: &mut dyn CryptoRng,
+        from: &str,
+        bytes: &[u8],
+    ) -> Result<(), GkaError> {
         self.flush_pending();
         let (env, signed_len, digest) = self.core.check(from, bytes)?;
         let msg = CkdMsg::decode(env.kind, &env.body)?;
         let me = self.core.me.clone();
-        let run = self.run.as_ref().ok_or(GkaError::Misplaced("no CKD run in progress"))?;
+        let run = self
+            .run
+            .as_ref()
+            .ok_or(GkaError::Misplaced("no CKD run in progress"))?;
         let from_controller = env.sender == run.controller;
         match msg {
-            CkdMsg::Hello { controller_share, recipients } => {
+            CkdMsg::Hello {
+                controller_share,
+                recipients,
+            } => {
                 if !from_controller {
                     return Err(GkaError::Misplaced("handshake not from the controller"));
                 }
@@ -181,7 +247,10 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                     Dest::Unicast(controller.clone()),
                     Order::Fifo,
                     2,
-                    CkdMsg::Response { member_share: G::encode(&self.share) }.encode(),
+                    CkdMsg::Response {
+                        member_share: G::encode(&self.share),
+                    }
+                    .encode(),
                 )?;
                 self.pending_channel = Some(cs);
                 self.run.as_mut().expect("checked").expect_hello = false;
@@ -194,7 +263,10 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                 }
                 let ms = ops::decode::<G>(&member_share)?;
                 let inc = self.core.verify(bytes, env, signed_len, digest)?;
-                let k = ops::to_scalar::<G>(CHANNEL_LABEL, &ops::exp::<G>(&mut self.core.meter, &ms, &self.r));
+                let k = ops::to_scalar::<G>(
+                    CHANNEL_LABEL,
+                    &ops::exp::<G>(&mut self.core.meter, &ms, &self.r),
+                );
                 let run = self.run.as_mut().expect("checked");
                 run.waiting.remove(&inc.sender);
                 run.channels.insert(inc.sender.clone(), k);
@@ -207,19 +279,32 @@ impl<G: Group> KeyAgreement for Ckd<G> {
             }
             CkdMsg::KeyDist { roster, entries } => {
                 if !from_controller || run.controller == me {
-                    return Err(GkaError::Misplaced("key distribution not from the controller"));
+                    return Err(GkaError::Misplaced(
+                        "key distribution not from the controller",
+                    ));
                 }
                 if roster != self.core.view()?.members {
-                    return Err(GkaError::Misplaced("key distribution for another membership"));
+                    return Err(GkaError::Misplaced(
+                        "key distribution for another membership",
+                    ));
                 }
-                let k = run.channels.get(&run.controller).ok_or(GkaError::Misplaced("no channel with the controller"))?;
-                let mine = entries.iter().find(|(m, _)| *m == me).ok_or(GkaError::Misplaced("no entry for this member"))?;
+                let k = run
+                    .channels
+                    .get(&run.controller)
+                    .ok_or(GkaError::Misplaced("no channel with the controller"))?;
+                let mine = entries
+                    .iter()
+                    .find(|(m, _)| *m == me)
+                    .ok_or(GkaError::Misplaced("no entry for this member"))?;
                 let e = ops::decode::<G>(&mine.1)?;
                 let k_inv = ops::inv::<G>(k);
                 let inc = self.core.verify(bytes, env, signed_len, digest)?;
                 let ks = ops::exp::<G>(&mut self.core.meter, &e, &k_inv);
                 let run = self.run.take().expect("checked");
-                self.secure = Some(Secure { controller: run.controller, channels: run.channels });
+                self.secure = Some(Secure {
+                    controller: run.controller,
+                    channels: run.channels,
+                });
                 self.core.applied(&inc);
                 self.core.complete(&G::encode(&ks), b"")
             }

@@ -51,9 +51,21 @@ pub(crate) struct Incoming {
 }
 
 impl Core {
-    pub fn new(me: MemberId, group: String, protocol: ProtocolId, identity: Identity, directory: SharedDirectory) -> Self {
-        assert!(!me.is_empty() && me.len() <= MAX_NAME_BYTES, "member name length");
-        assert!(!group.is_empty() && group.len() <= MAX_NAME_BYTES, "group name length");
+    pub fn new(
+        me: MemberId,
+        group: String,
+        protocol: ProtocolId,
+        identity: Identity,
+        directory: SharedDirectory,
+    ) -> Self {
+        assert!(
+            !me.is_empty() && me.len() <= MAX_NAME_BYTES,
+            "member name length"
+        );
+        assert!(
+            !group.is_empty() && group.len() <= MAX_NAME_BYTES,
+            "group name length"
+        );
         Core {
             me,
             group,
@@ -83,14 +95,22 @@ impl Core {
         if set.len() != view.members.len() {
             return Err(GkaError::InvalidView("duplicate member"));
         }
-        if view.members.iter().any(|m| m.is_empty() || m.len() > MAX_NAME_BYTES) {
+        if view
+            .members
+            .iter()
+            .any(|m| m.is_empty() || m.len() > MAX_NAME_BYTES)
+        {
             return Err(GkaError::InvalidView("member name length"));
         }
         if !set.contains(&self.me) {
             return Err(GkaError::InvalidView("this member is not in the view"));
         }
-        if !view.transitional.iter().all(|m| set.contains(m)) || !view.transitional.contains(&self.me) {
-            return Err(GkaError::InvalidView("transitional set must be a subset of the view containing this member"));
+        if !view.transitional.iter().all(|m| set.contains(m))
+            || !view.transitional.contains(&self.me)
+        {
+            return Err(GkaError::InvalidView(
+                "transitional set must be a subset of the view containing this member",
+            ));
         }
         if let Some(old) = &self.view {
             if view.view_id <= old.view_id {
@@ -121,11 +141,19 @@ impl Core {
 
     /// True when every member of the view shares our secure state: no merge is needed.
     pub fn single_side(&self) -> bool {
-        self.view.as_ref().is_some_and(|v| v.members.len() == self.side.len())
+        self.view
+            .as_ref()
+            .is_some_and(|v| v.members.len() == self.side.len())
     }
 
     /// Signs and queues a message of the current run.
-    pub fn send(&mut self, dest: Dest, order: Order, kind: u8, body: Vec<u8>) -> Result<(), GkaError> {
+    pub fn send(
+        &mut self,
+        dest: Dest,
+        order: Order,
+        kind: u8,
+        body: Vec<u8>,
+    ) -> Result<(), GkaError> {
         let view_id = self.view_id();
         let mut env = Envelope {
             protocol: self.protocol,
@@ -137,9 +165,17 @@ impl Core {
             body,
             signature: Vec::new(),
         };
-        env.signature = self.identity.sign(&env.signed_part()).map_err(|_| GkaError::Sign)?;
+        env.signature = self
+            .identity
+            .sign(&env.signed_part())
+            .map_err(|_| GkaError::Sign)?;
         self.meter.sigs += 1;
-        self.outbox.push_back(Transmit { dest, order, payload: env.encode(), view_id });
+        self.outbox.push_back(Transmit {
+            dest,
+            order,
+            payload: env.encode(),
+            view_id,
+        });
         Ok(())
     }
 
@@ -149,22 +185,37 @@ impl Core {
         let view = self.view()?;
         let (env, signed_len) = Envelope::decode(bytes)?;
         if env.protocol != self.protocol {
-            return Err(GkaError::WrongProtocol { expected: self.protocol, got: env.protocol });
+            return Err(GkaError::WrongProtocol {
+                expected: self.protocol,
+                got: env.protocol,
+            });
         }
         if env.group != self.group {
             return Err(GkaError::ForeignGroup(env.group));
         }
         if env.view_id < view.view_id {
-            return Err(GkaError::Stale { got: env.view_id, current: view.view_id });
+            return Err(GkaError::Stale {
+                got: env.view_id,
+                current: view.view_id,
+            });
         }
         if env.view_id > view.view_id {
-            return Err(GkaError::Future { got: env.view_id, current: view.view_id });
+            return Err(GkaError::Future {
+                got: env.view_id,
+                current: view.view_id,
+            });
         }
         if env.epoch != view.view_id {
-            return Err(GkaError::WrongEpoch { expected: view.view_id, got: env.epoch });
+            return Err(GkaError::WrongEpoch {
+                expected: view.view_id,
+                got: env.epoch,
+            });
         }
         if env.sender != from {
-            return Err(GkaError::SenderMismatch { claimed: env.sender, actual: from.to_owned() });
+            return Err(GkaError::SenderMismatch {
+                claimed: env.sender,
+                actual: from.to_owned(),
+            });
         }
         if env.sender == self.me || !view.members.contains(&env.sender) {
             return Err(GkaError::NotAMember(env.sender));
@@ -177,15 +228,28 @@ impl Core {
     }
 
     /// Verifies the signature of a checked envelope.
-    pub fn verify(&mut self, bytes: &[u8], env: Envelope, signed_len: usize, digest: [u8; 32]) -> Result<Incoming, GkaError> {
+    pub fn verify(
+        &mut self,
+        bytes: &[u8],
+        env: Envelope,
+        signed_len: usize,
+        digest: [u8; 32],
+    ) -> Result<Incoming, GkaError> {
         let key = {
             let dir = self.directory.read().unwrap_or_else(|p| p.into_inner());
-            dir.get(&env.sender).cloned().ok_or_else(|| GkaError::UnknownMember(env.sender.clone()))?
+            dir.get(&env.sender)
+                .cloned()
+                .ok_or_else(|| GkaError::UnknownMember(env.sender.clone()))?
         };
         self.meter.verifs += 1;
         key.verify(&bytes[..signed_len], &env.signature)
             .map_err(|_| GkaError::BadSignature(env.sender.clone()))?;
-        Ok(Incoming { sender: env.sender, kind: env.kind, body: env.body, digest })
+        Ok(Incoming {
+            sender: env.sender,
+            kind: env.kind,
+            body: env.body,
+            digest,
+        })
     }
 
     /// `check` then `verify`.
@@ -227,7 +291,12 @@ impl Core {
 
 /// The group key of a view: HKDF over the agreed secret, bound to protocol, group, view and
 /// members, so that a key can never be mistaken for another view's even if a secret repeated.
-pub(crate) fn derive_group_key(protocol: ProtocolId, view: &View, secret: &[u8], ctx: &[u8]) -> GroupKey {
+pub(crate) fn derive_group_key(
+    protocol: ProtocolId,
+    view: &View,
+    secret: &[u8],
+    ctx: &[u8],
+) -> GroupKey {
     let mut members = Vec::new();
     for m in &view.members {
         members.extend_from_slice(&(m.len() as u32).to_be_bytes());

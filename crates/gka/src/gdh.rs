@@ -20,7 +20,9 @@
 //! Cascades restart from the newest view (see `core`); a member's own token is not committed until
 //! the run completes, so an abandoned run changes nothing.
 
-use crate::api::{Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View};
+use crate::api::{
+    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View,
+};
 use crate::core::{index_of, Core};
 use crate::ops;
 use conclave_crypto::{CryptoRng, Group, Identity, Meter};
@@ -56,7 +58,10 @@ enum Stage<G: Group> {
     /// Waiting for the new controller's broadcast of the token.
     ExpectDownflow,
     /// New controller: collecting factor-out tokens.
-    ExpectFactorOuts { token: G::Element, got: BTreeMap<MemberId, G::Element> },
+    ExpectFactorOuts {
+        token: G::Element,
+        got: BTreeMap<MemberId, G::Element>,
+    },
     /// Waiting for the partial keys; `token` is the controller's partial once the downflow is known.
     ExpectPartials { token: Option<G::Element> },
 }
@@ -64,7 +69,13 @@ enum Stage<G: Group> {
 impl<G: Group> Gdh<G> {
     pub fn new(me: &str, group: &str, identity: Identity, directory: SharedDirectory) -> Self {
         Gdh {
-            core: Core::new(me.into(), group.into(), ProtocolId::Gdh, identity, directory),
+            core: Core::new(
+                me.into(),
+                group.into(),
+                ProtocolId::Gdh,
+                identity,
+                directory,
+            ),
             secure: None,
             run: None,
             pending: None,
@@ -79,9 +90,21 @@ impl<G: Group> Gdh<G> {
         }
     }
 
-    fn finish(&mut self, roster: Vec<MemberId>, r: G::Scalar, partials: BTreeMap<MemberId, G::Element>) -> Result<(), GkaError> {
-        let mine = partials.get(&self.core.me).cloned().ok_or(GkaError::Misplaced("no partial key for this member"))?;
-        self.secure = Some(Secure { roster, r: r.clone(), partials });
+    fn finish(
+        &mut self,
+        roster: Vec<MemberId>,
+        r: G::Scalar,
+        partials: BTreeMap<MemberId, G::Element>,
+    ) -> Result<(), GkaError> {
+        let mine = partials
+            .get(&self.core.me)
+            .cloned()
+            .ok_or(GkaError::Misplaced("no partial key for this member"))?;
+        self.secure = Some(Secure {
+            roster,
+            r: r.clone(),
+            partials,
+        });
         self.run = None;
         self.pending = Some((mine, r));
         Ok(())
@@ -95,13 +118,26 @@ impl<G: Group> Gdh<G> {
         }
     }
 
-    fn broadcast_partials(&mut self, roster: Vec<MemberId>, partials: BTreeMap<MemberId, G::Element>) -> Result<(), GkaError> {
+    fn broadcast_partials(
+        &mut self,
+        roster: Vec<MemberId>,
+        partials: BTreeMap<MemberId, G::Element>,
+    ) -> Result<(), GkaError> {
         let list = roster
             .iter()
             .filter(|m| **m != self.core.me)
             .map(|m| (m.clone(), G::encode(&partials[m])))
             .collect();
-        self.core.send(Dest::Broadcast, Order::Agreed, 4, GdhMsg::Partials { roster, partials: list }.encode())
+        self.core.send(
+            Dest::Broadcast,
+            Order::Agreed,
+            4,
+            GdhMsg::Partials {
+                roster,
+                partials: list,
+            }
+            .encode(),
+        )
     }
 }
 
@@ -124,9 +160,16 @@ impl<G: Group> KeyAgreement for Gdh<G> {
             _ => self.alone(rng),
         };
         let me = self.core.me.clone();
-        let base_roster: Vec<MemberId> = secure.roster.iter().filter(|m| side.contains(*m)).cloned().collect();
+        let base_roster: Vec<MemberId> = secure
+            .roster
+            .iter()
+            .filter(|m| side.contains(*m))
+            .cloned()
+            .collect();
         if base_roster.len() != side.len() {
-            return Err(GkaError::InvalidView("side is not covered by the secure state"));
+            return Err(GkaError::InvalidView(
+                "side is not covered by the secure state",
+            ));
         }
 
         if self.core.single_side() {
@@ -138,7 +181,11 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                 let mut partials = BTreeMap::new();
                 for m in &base_roster {
                     let p = &secure.partials[m];
-                    let p = if *m == me { p.clone() } else { ops::exp::<G>(&mut self.core.meter, p, &delta) };
+                    let p = if *m == me {
+                        p.clone()
+                    } else {
+                        ops::exp::<G>(&mut self.core.meter, p, &delta)
+                    };
                     partials.insert(m.clone(), p);
                 }
                 if base_roster.len() > 1 {
@@ -146,7 +193,11 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                 }
                 return self.finish(base_roster, r_new, partials);
             }
-            self.run = Some(Run { roster: Some(base_roster), r: secure.r.clone(), stage: Stage::ExpectPartials { token: None } });
+            self.run = Some(Run {
+                roster: Some(base_roster),
+                r: secure.r.clone(),
+                stage: Stage::ExpectPartials { token: None },
+            });
             self.secure = Some(secure);
             return Ok(());
         }
@@ -154,7 +205,12 @@ impl<G: Group> KeyAgreement for Gdh<G> {
         // Fig 1: merge. The base side holds the view's first member.
         let in_base = side.contains(&view.members[0]);
         if in_base {
-            let chain: Vec<MemberId> = view.members.iter().filter(|m| !side.contains(*m)).cloned().collect();
+            let chain: Vec<MemberId> = view
+                .members
+                .iter()
+                .filter(|m| !side.contains(*m))
+                .cloned()
+                .collect();
             let mut roster = base_roster.clone();
             roster.extend(chain.iter().cloned());
             let controller = base_roster.last().expect("side holds this member").clone();
@@ -165,27 +221,51 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                     Dest::Unicast(chain[0].clone()),
                     Order::Fifo,
                     1,
-                    GdhMsg::Upflow { roster: roster.clone(), token: G::encode(&token) }.encode(),
+                    GdhMsg::Upflow {
+                        roster: roster.clone(),
+                        token: G::encode(&token),
+                    }
+                    .encode(),
                 )?;
-                self.run = Some(Run { roster: Some(roster), r: r_new, stage: Stage::ExpectDownflow });
+                self.run = Some(Run {
+                    roster: Some(roster),
+                    r: r_new,
+                    stage: Stage::ExpectDownflow,
+                });
             } else {
-                self.run = Some(Run { roster: Some(roster), r: secure.r.clone(), stage: Stage::ExpectDownflow });
+                self.run = Some(Run {
+                    roster: Some(roster),
+                    r: secure.r.clone(),
+                    stage: Stage::ExpectDownflow,
+                });
             }
             self.secure = Some(secure);
         } else {
             // A merging member joins with a fresh contribution; its old state is kept until the run
             // completes, so that an abandoned run leaves the side as it was.
-            self.run = Some(Run { roster: None, r: G::random_scalar(rng), stage: Stage::ExpectUpflow });
+            self.run = Some(Run {
+                roster: None,
+                r: G::random_scalar(rng),
+                stage: Stage::ExpectUpflow,
+            });
         }
         Ok(())
     }
 
-    fn handle_message(&mut self, _rng: &mut dyn CryptoRng, from: &str, bytes: &[u8]) -> Result<(), GkaError> {
+    fn handle_message(
+        &mut self,
+        _rng: &mut dyn CryptoRng,
+        from: &str,
+        bytes: &[u8],
+    ) -> Result<(), GkaError> {
         let inc = self.core.open(from, bytes)?;
         let msg = GdhMsg::decode(inc.kind, &inc.body)?;
         let view_members: BTreeSet<MemberId> = self.core.view()?.members.iter().cloned().collect();
         let me = self.core.me.clone();
-        let run = self.run.as_mut().ok_or(GkaError::Misplaced("no GDH run in progress"))?;
+        let run = self
+            .run
+            .as_mut()
+            .ok_or(GkaError::Misplaced("no GDH run in progress"))?;
         match (msg, &mut run.stage) {
             (GdhMsg::Upflow { roster, token }, Stage::ExpectUpflow) => {
                 let set: BTreeSet<MemberId> = roster.iter().cloned().collect();
@@ -194,7 +274,9 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                 }
                 let pos = index_of(&roster, &me).expect("roster equals the view");
                 if pos == 0 || roster[pos - 1] != inc.sender {
-                    return Err(GkaError::Misplaced("upflow from a member that is not my predecessor"));
+                    return Err(GkaError::Misplaced(
+                        "upflow from a member that is not my predecessor",
+                    ));
                 }
                 let token = ops::decode::<G>(&token)?;
                 if pos + 1 < roster.len() {
@@ -202,22 +284,47 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                     let to = roster[pos + 1].clone();
                     run.roster = Some(roster.clone());
                     run.stage = Stage::ExpectDownflow;
-                    self.core.send(Dest::Unicast(to), Order::Fifo, 1, GdhMsg::Upflow { roster, token: G::encode(&next) }.encode())?;
+                    self.core.send(
+                        Dest::Unicast(to),
+                        Order::Fifo,
+                        1,
+                        GdhMsg::Upflow {
+                            roster,
+                            token: G::encode(&next),
+                        }
+                        .encode(),
+                    )?;
                 } else {
                     // The new controller broadcasts the token without its contribution.
                     run.roster = Some(roster.clone());
-                    run.stage = Stage::ExpectFactorOuts { token: token.clone(), got: BTreeMap::new() };
-                    self.core.send(Dest::Broadcast, Order::Agreed, 2, GdhMsg::Downflow { roster, token: G::encode(&token) }.encode())?;
+                    run.stage = Stage::ExpectFactorOuts {
+                        token: token.clone(),
+                        got: BTreeMap::new(),
+                    };
+                    self.core.send(
+                        Dest::Broadcast,
+                        Order::Agreed,
+                        2,
+                        GdhMsg::Downflow {
+                            roster,
+                            token: G::encode(&token),
+                        }
+                        .encode(),
+                    )?;
                 }
             }
             (GdhMsg::Downflow { roster, token }, Stage::ExpectDownflow) => {
                 if let Some(expected) = &run.roster {
                     if *expected != roster {
-                        return Err(GkaError::Misplaced("downflow roster differs from the upflow's"));
+                        return Err(GkaError::Misplaced(
+                            "downflow roster differs from the upflow's",
+                        ));
                     }
                 }
                 if roster.last() != Some(&inc.sender) {
-                    return Err(GkaError::Misplaced("downflow not from the last member of the roster"));
+                    return Err(GkaError::Misplaced(
+                        "downflow not from the last member of the roster",
+                    ));
                 }
                 let set: BTreeSet<MemberId> = roster.iter().cloned().collect();
                 if set != view_members || set.len() != roster.len() {
@@ -227,7 +334,15 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                 let fo = ops::exp::<G>(&mut self.core.meter, &token, &ops::inv::<G>(&run.r));
                 run.roster = Some(roster);
                 run.stage = Stage::ExpectPartials { token: Some(token) };
-                self.core.send(Dest::Unicast(inc.sender.clone()), Order::Fifo, 3, GdhMsg::FactorOut { value: G::encode(&fo) }.encode())?;
+                self.core.send(
+                    Dest::Unicast(inc.sender.clone()),
+                    Order::Fifo,
+                    3,
+                    GdhMsg::FactorOut {
+                        value: G::encode(&fo),
+                    }
+                    .encode(),
+                )?;
             }
             (GdhMsg::FactorOut { value }, Stage::ExpectFactorOuts { token, got }) => {
                 if got.contains_key(&inc.sender) {
@@ -253,7 +368,9 @@ impl<G: Group> KeyAgreement for Gdh<G> {
             (GdhMsg::Partials { roster, partials }, Stage::ExpectPartials { token }) => {
                 let expected = run.roster.as_ref().expect("known in this stage");
                 if *expected != roster || roster.last() != Some(&inc.sender) {
-                    return Err(GkaError::Misplaced("partial keys from the wrong controller or roster"));
+                    return Err(GkaError::Misplaced(
+                        "partial keys from the wrong controller or roster",
+                    ));
                 }
                 let mut map = BTreeMap::new();
                 for (m, p) in &partials {
@@ -269,8 +386,14 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                     Some(t) => t,
                     None => {
                         // Leave/partition: the controller's own partial does not change.
-                        let s = self.secure.as_ref().ok_or(GkaError::Misplaced("no secure state"))?;
-                        s.partials.get(&inc.sender).cloned().ok_or(GkaError::Misplaced("unknown controller"))?
+                        let s = self
+                            .secure
+                            .as_ref()
+                            .ok_or(GkaError::Misplaced("no secure state"))?;
+                        s.partials
+                            .get(&inc.sender)
+                            .cloned()
+                            .ok_or(GkaError::Misplaced("unknown controller"))?
                     }
                 };
                 map.insert(inc.sender.clone(), controller_partial);
@@ -278,7 +401,11 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                 self.core.applied(&inc);
                 return self.finish(roster, r, map);
             }
-            _ => return Err(GkaError::Misplaced("GDH message not expected at this stage")),
+            _ => {
+                return Err(GkaError::Misplaced(
+                    "GDH message not expected at this stage",
+                ))
+            }
         }
         self.core.applied(&inc);
         Ok(())

@@ -8,15 +8,15 @@
 
 pub mod api;
 pub mod bd;
-mod core;
 pub mod ckd;
+mod core;
 pub mod gdh;
+mod ops;
 pub mod script;
 pub mod str_proto;
 pub mod testbed;
 pub mod tgdh;
 mod tree;
-mod ops;
 
 pub use api::*;
 pub use conclave_wire::gka::ProtocolId;

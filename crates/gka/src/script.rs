@@ -45,7 +45,10 @@ pub fn parse(text: &str) -> Result<Vec<Step>, ScriptError> {
         let mut after = None;
         if let Some(w) = words.peek() {
             if let Some(k) = w.strip_prefix('+') {
-                after = Some(k.parse::<usize>().map_err(|_| err(format!("bad cascade prefix {w:?}")))?);
+                after = Some(
+                    k.parse::<usize>()
+                        .map_err(|_| err(format!("bad cascade prefix {w:?}")))?,
+                );
                 words.next();
             }
         }
@@ -53,7 +56,10 @@ pub fn parse(text: &str) -> Result<Vec<Step>, ScriptError> {
         let names: Vec<MemberId> = words.map(str::to_owned).collect();
         for n in &names {
             if n.len() > conclave_wire::gka::MAX_NAME_BYTES {
-                return Err(err(format!("member name {n:?} is longer than {} bytes", conclave_wire::gka::MAX_NAME_BYTES)));
+                return Err(err(format!(
+                    "member name {n:?} is longer than {} bytes",
+                    conclave_wire::gka::MAX_NAME_BYTES
+                )));
             }
         }
         let one = |names: &[MemberId]| -> Result<MemberId, ScriptError> {
@@ -75,12 +81,20 @@ pub fn parse(text: &str) -> Result<Vec<Step>, ScriptError> {
             "leave" => Action::Leave(one(&names)?),
             "merge" => Action::Merge(some(names)?),
             "partition" => Action::Partition(some(names)?),
-            other => return Err(err(format!("unknown event {other:?} (expected init, join, leave, merge or partition)"))),
+            other => {
+                return Err(err(format!(
+                    "unknown event {other:?} (expected init, join, leave, merge or partition)"
+                )))
+            }
         };
         if steps.len() >= MAX_SCRIPT_STEPS {
             return Err(err(format!("more than {MAX_SCRIPT_STEPS} events")));
         }
-        steps.push(Step { after, action, line });
+        steps.push(Step {
+            after,
+            action,
+            line,
+        });
     }
     Ok(steps)
 }
@@ -92,7 +106,10 @@ mod tests {
     fn parses_all_forms() {
         let s = parse("# a comment\ninit a b c d\njoin e # trailing\n+3 leave b\n\nmerge f g\npartition c d\n").unwrap();
         assert_eq!(s.len(), 5);
-        assert_eq!(s[0].action, Action::Init(vec!["a".into(), "b".into(), "c".into(), "d".into()]));
+        assert_eq!(
+            s[0].action,
+            Action::Init(vec!["a".into(), "b".into(), "c".into(), "d".into()])
+        );
         assert_eq!(s[2].after, Some(3));
         assert_eq!(s[2].action, Action::Leave("b".into()));
         assert_eq!(s[4].line, 7);

@@ -17,7 +17,9 @@
 //! Receivers never recompute a blinded key a sponsor sent (§5). Cascades restart from the newest
 //! view (see `core`).
 
-use crate::api::{Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View};
+use crate::api::{
+    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View,
+};
 use crate::core::Core;
 use crate::ops;
 use crate::tree::Bk;
@@ -54,7 +56,13 @@ impl<G: Group> Clone for Chain<G> {
 
 impl<G: Group> Chain<G> {
     fn alone(me: MemberId) -> Self {
-        Chain { members: vec![me], leaf_bk: vec![None], node_bk: vec![None], leaf_key: None, node_key: vec![None] }
+        Chain {
+            members: vec![me],
+            leaf_bk: vec![None],
+            node_bk: vec![None],
+            leaf_key: None,
+            node_key: vec![None],
+        }
     }
     fn len(&self) -> usize {
         self.members.len()
@@ -81,13 +89,27 @@ impl<G: Group> Chain<G> {
     /// Keeps only `keep`; returns the position from which nodes are invalid (len if none).
     fn prune(&mut self, keep: &BTreeSet<MemberId>) -> usize {
         let mut lowest = None;
-        let mut out = Chain::<G> { members: vec![], leaf_bk: vec![], node_bk: vec![], leaf_key: self.leaf_key.clone(), node_key: vec![] };
+        let mut out = Chain::<G> {
+            members: vec![],
+            leaf_bk: vec![],
+            node_bk: vec![],
+            leaf_key: self.leaf_key.clone(),
+            node_key: vec![],
+        };
         for i in 0..self.len() {
             if keep.contains(&self.members[i]) {
                 out.members.push(self.members[i].clone());
                 out.leaf_bk.push(self.leaf_bk[i].clone());
-                out.node_bk.push(if lowest.is_none() { self.node_bk[i].clone() } else { None });
-                out.node_key.push(if lowest.is_none() { self.node_key[i].clone() } else { None });
+                out.node_bk.push(if lowest.is_none() {
+                    self.node_bk[i].clone()
+                } else {
+                    None
+                });
+                out.node_key.push(if lowest.is_none() {
+                    self.node_key[i].clone()
+                } else {
+                    None
+                });
             } else if lowest.is_none() {
                 lowest = Some(out.members.len());
             }
@@ -107,9 +129,19 @@ impl<G: Group> Chain<G> {
                 .members
                 .iter()
                 .zip(&self.leaf_bk)
-                .map(|(m, b)| (m.clone(), b.as_ref().map(|b| b.to_vec()).unwrap_or_default()))
+                .map(|(m, b)| {
+                    (
+                        m.clone(),
+                        b.as_ref().map(|b| b.to_vec()).unwrap_or_default(),
+                    )
+                })
                 .collect(),
-            internal: self.node_bk.iter().skip(1).map(|b| b.as_ref().map(|b| b.to_vec())).collect(),
+            internal: self
+                .node_bk
+                .iter()
+                .skip(1)
+                .map(|b| b.as_ref().map(|b| b.to_vec()))
+                .collect(),
         }
     }
 }
@@ -117,9 +149,20 @@ impl<G: Group> Chain<G> {
 /// Computes this member's node keys as far as possible; if `sponsor`, also the blinded keys of
 /// the nodes it computed, up to just below the root (or the root too, with `top_bk`). Returns the
 /// blinded keys computed.
-fn advance<G: Group>(c: &mut Chain<G>, me: &str, meter: &mut Meter, sponsor: bool, top_bk: bool) -> Result<Vec<(u32, Bk)>, GkaError> {
-    let p = c.pos(me).ok_or(GkaError::Misplaced("member missing from its chain"))?;
-    let leaf_key = c.leaf_key.clone().ok_or(GkaError::Misplaced("no leaf key"))?;
+fn advance<G: Group>(
+    c: &mut Chain<G>,
+    me: &str,
+    meter: &mut Meter,
+    sponsor: bool,
+    top_bk: bool,
+) -> Result<Vec<(u32, Bk)>, GkaError> {
+    let p = c
+        .pos(me)
+        .ok_or(GkaError::Misplaced("member missing from its chain"))?;
+    let leaf_key = c
+        .leaf_key
+        .clone()
+        .ok_or(GkaError::Misplaced("no leaf key"))?;
     let n = c.len();
     let mut out = Vec::new();
     for k in p..n {
@@ -128,11 +171,19 @@ fn advance<G: Group>(c: &mut Chain<G>, me: &str, meter: &mut Meter, sponsor: boo
                 leaf_key.clone()
             } else if k == p {
                 let Some(b) = c.bk_of_node(k - 1) else { break };
-                ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &ops::decode::<G>(b)?, &leaf_key))
+                ops::to_scalar::<G>(
+                    NODE_LABEL,
+                    &ops::exp::<G>(meter, &ops::decode::<G>(b)?, &leaf_key),
+                )
             } else {
                 let below = c.node_key[k - 1].clone().expect("computed in order");
-                let Some(b) = c.leaf_bk[k].as_ref() else { break };
-                ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &ops::decode::<G>(b)?, &below))
+                let Some(b) = c.leaf_bk[k].as_ref() else {
+                    break;
+                };
+                ops::to_scalar::<G>(
+                    NODE_LABEL,
+                    &ops::exp::<G>(meter, &ops::decode::<G>(b)?, &below),
+                )
             };
             c.node_key[k] = Some(key);
         }
@@ -165,7 +216,17 @@ struct Run<G: Group> {
 
 impl<G: Group> Str<G> {
     pub fn new(me: &str, group: &str, identity: Identity, directory: SharedDirectory) -> Self {
-        Str { core: Core::new(me.into(), group.into(), ProtocolId::Str, identity, directory), secure: None, run: None }
+        Str {
+            core: Core::new(
+                me.into(),
+                group.into(),
+                ProtocolId::Str,
+                identity,
+                directory,
+            ),
+            secure: None,
+            run: None,
+        }
     }
 
     fn refresh(&mut self, c: &mut Chain<G>, rng: &mut dyn CryptoRng) -> (u32, Bk) {
@@ -180,11 +241,28 @@ impl<G: Group> Str<G> {
 
     /// Computes on `chain` and commits it; completes when the root key is known.
     fn settle(&mut self, mut chain: Chain<G>) -> Result<(), GkaError> {
-        advance(&mut chain, &self.core.me, &mut self.core.meter, false, false)?;
+        advance(
+            &mut chain,
+            &self.core.me,
+            &mut self.core.meter,
+            false,
+            false,
+        )?;
         let run = self.run.as_mut().expect("run in progress");
         let root = chain.node_key.last().cloned().flatten();
         run.chain = chain;
-        if let (Some(root), false) = (root, run.done) {
+        // Complete only once every blinded key below the root is known, which all members that
+        // move together agree on (see `tgdh`).
+        let all_known = run.chain.leaf_bk.iter().all(Option::is_some)
+            && run
+                .chain
+                .node_bk
+                .iter()
+                .enumerate()
+                .skip(1)
+                .take(run.chain.len().saturating_sub(2))
+                .all(|(_, b)| b.is_some());
+        if let (Some(root), false, true) = (root, run.done, all_known) {
             run.done = true;
             let secret = G::encode_scalar(&root);
             self.core.complete(&secret, b"")?;
@@ -192,12 +270,17 @@ impl<G: Group> Str<G> {
         Ok(())
     }
 
-    fn send_update(&mut self, leaf: Option<(u32, Bk)>, internal: Vec<(u32, Bk)>) -> Result<(), GkaError> {
+    fn send_update(
+        &mut self,
+        leaf: Option<(u32, Bk)>,
+        internal: Vec<(u32, Bk)>,
+    ) -> Result<(), GkaError> {
         let msg = StrMsg::Update {
             leaf: leaf.map(|(p, b)| (p, b.to_vec())),
             internal: internal.into_iter().map(|(k, b)| (k, b.to_vec())).collect(),
         };
-        self.core.send(Dest::Broadcast, Order::Agreed, 2, msg.encode())
+        self.core
+            .send(Dest::Broadcast, Order::Agreed, 2, msg.encode())
     }
 
     fn try_merge(&mut self) -> Result<(), GkaError> {
@@ -208,7 +291,11 @@ impl<G: Group> Str<G> {
         }
         let mut chains: Vec<Chain<G>> = run.foreign.clone();
         chains.push(run.chain.clone());
-        chains.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.members[0].cmp(&b.members[0])));
+        chains.sort_by(|a, b| {
+            b.len()
+                .cmp(&a.len())
+                .then_with(|| a.members[0].cmp(&b.members[0]))
+        });
         let me = self.core.me.clone();
         let mut it = chains.into_iter();
         let mut merged = it.next().expect("at least this member's chain");
@@ -237,7 +324,10 @@ impl<G: Group> Str<G> {
         run.round2 = round2.clone();
         if round2.as_deref() == Some(me.as_str()) {
             let bks = advance(&mut merged, &me, &mut self.core.meter, true, false)?;
-            let bks: Vec<(u32, Bk)> = bks.into_iter().filter(|(k, _)| *k as usize >= base_len).collect();
+            let bks: Vec<(u32, Bk)> = bks
+                .into_iter()
+                .filter(|(k, _)| *k as usize >= base_len)
+                .collect();
             self.send_update(None, bks)?;
         }
         self.settle(merged)
@@ -275,24 +365,44 @@ impl<G: Group> KeyAgreement for Str<G> {
         }
         let me = self.core.me.clone();
         let side = self.core.side.clone();
-        let mut chain = self.secure.clone().unwrap_or_else(|| Chain::alone(me.clone()));
+        let mut chain = self
+            .secure
+            .clone()
+            .unwrap_or_else(|| Chain::alone(me.clone()));
         let invalid_from = chain.prune(&side);
         if chain.len() != side.len() {
-            return Err(GkaError::InvalidView("side is not covered by the secure chain"));
+            return Err(GkaError::InvalidView(
+                "side is not covered by the secure chain",
+            ));
         }
         let n = self.core.view()?.members.len();
-        let fresh_run = |chain| Run { chain, collecting: false, got_own: true, foreign: vec![], covered: BTreeSet::new(), round2: None, done: false };
+        let fresh_run = |chain| Run {
+            chain,
+            collecting: false,
+            got_own: true,
+            foreign: vec![],
+            covered: BTreeSet::new(),
+            round2: None,
+            done: false,
+        };
         if n == 1 {
             let k = G::random_scalar(rng);
             let secret = G::encode_scalar(&k);
             let mut chain = Chain::alone(me);
             chain.leaf_key = Some(k.clone());
             chain.node_key[0] = Some(k);
-            self.run = Some(Run { done: true, ..fresh_run(chain) });
+            self.run = Some(Run {
+                done: true,
+                ..fresh_run(chain)
+            });
             return self.core.complete(&secret, b"");
         }
         // The sponsor: just below the lowest removed member, or the top member.
-        let sponsor_pos = if invalid_from < chain.len() { invalid_from.saturating_sub(1) } else { chain.len() - 1 };
+        let sponsor_pos = if invalid_from < chain.len() {
+            invalid_from.saturating_sub(1)
+        } else {
+            chain.len() - 1
+        };
         let sponsor = chain.members[sponsor_pos].clone();
         if self.core.single_side() {
             self.run = Some(fresh_run(Chain::alone(me.clone())));
@@ -310,22 +420,36 @@ impl<G: Group> KeyAgreement for Str<G> {
         if sponsor == me {
             self.refresh(&mut chain, rng);
             advance(&mut chain, &me, &mut self.core.meter, true, true)?;
-            self.core.send(Dest::Broadcast, Order::Agreed, 1, chain.to_wire().encode())?;
+            self.core
+                .send(Dest::Broadcast, Order::Agreed, 1, chain.to_wire().encode())?;
         } else {
             chain.leaf_bk[sponsor_pos] = None;
             chain.invalidate_from(sponsor_pos);
         }
-        self.run = Some(Run { chain, collecting: true, got_own: sponsor == me, ..fresh_run(Chain::alone(me.clone())) });
+        self.run = Some(Run {
+            chain,
+            collecting: true,
+            got_own: sponsor == me,
+            ..fresh_run(Chain::alone(me.clone()))
+        });
         Ok(())
     }
 
-    fn handle_message(&mut self, _rng: &mut dyn CryptoRng, from: &str, bytes: &[u8]) -> Result<(), GkaError> {
+    fn handle_message(
+        &mut self,
+        _rng: &mut dyn CryptoRng,
+        from: &str,
+        bytes: &[u8],
+    ) -> Result<(), GkaError> {
         let inc = self.core.open(from, bytes)?;
         let msg = StrMsg::decode(inc.kind, &inc.body)?;
         let me = self.core.me.clone();
         let members: BTreeSet<MemberId> = self.core.view()?.members.iter().cloned().collect();
         let side = self.core.side.clone();
-        let saved = self.run.clone().ok_or(GkaError::Misplaced("no STR run in progress"))?;
+        let saved = self
+            .run
+            .clone()
+            .ok_or(GkaError::Misplaced("no STR run in progress"))?;
         let result = self.apply(msg, &inc.sender, &me, &members, &side);
         match result {
             Ok(()) => {
@@ -351,18 +475,33 @@ impl<G: Group> KeyAgreement for Str<G> {
     fn in_progress(&self) -> bool {
         self.core.in_progress
     }
+    fn tree_height(&self) -> Option<usize> {
+        self.run.as_ref().map(|r| r.chain.len() - 1)
+    }
 }
 
 impl<G: Group> Str<G> {
-    fn apply(&mut self, msg: StrMsg, sender: &str, me: &str, members: &BTreeSet<MemberId>, side: &BTreeSet<MemberId>) -> Result<(), GkaError> {
+    fn apply(
+        &mut self,
+        msg: StrMsg,
+        sender: &str,
+        me: &str,
+        members: &BTreeSet<MemberId>,
+        side: &BTreeSet<MemberId>,
+    ) -> Result<(), GkaError> {
         let run = self.run.as_ref().expect("checked by caller");
         let size_ok = |b: &[u8]| b.len() == G::ELEMENT_BYTES;
         match msg {
             StrMsg::Chain { leaves, internal } => {
                 if !run.collecting {
-                    return Err(GkaError::Misplaced("chain outside the first round of a merge"));
+                    return Err(GkaError::Misplaced(
+                        "chain outside the first round of a merge",
+                    ));
                 }
-                if leaves.is_empty() || internal.len() + 1 != leaves.len() || !leaves.iter().all(|(_, b)| size_ok(b)) {
+                if leaves.is_empty()
+                    || internal.len() + 1 != leaves.len()
+                    || !leaves.iter().all(|(_, b)| size_ok(b))
+                {
                     return Err(GkaError::Misplaced("malformed chain"));
                 }
                 if internal.iter().flatten().any(|b| !size_ok(b)) {
@@ -375,14 +514,25 @@ impl<G: Group> Str<G> {
                 }
                 let c = Chain::<G> {
                     members: names.clone(),
-                    leaf_bk: leaves.iter().map(|(_, b)| Some(Arc::from(b.as_slice()))).collect(),
-                    node_bk: std::iter::once(None).chain(internal.iter().map(|b| b.as_ref().map(|b| Arc::from(b.as_slice())))).collect(),
+                    leaf_bk: leaves
+                        .iter()
+                        .map(|(_, b)| Some(Arc::from(b.as_slice())))
+                        .collect(),
+                    node_bk: std::iter::once(None)
+                        .chain(
+                            internal
+                                .iter()
+                                .map(|b| b.as_ref().map(|b| Arc::from(b.as_slice()))),
+                        )
+                        .collect(),
                     leaf_key: None,
                     node_key: vec![None; names.len()],
                 };
                 if side.contains(sender) {
                     if run.got_own || c.members != run.chain.members {
-                        return Err(GkaError::Misplaced("unexpected chain from this member's own side"));
+                        return Err(GkaError::Misplaced(
+                            "unexpected chain from this member's own side",
+                        ));
                     }
                     // Keys below the sponsor stay valid (those above were cleared with the view).
                     let mut mine = c;
@@ -392,8 +542,12 @@ impl<G: Group> Str<G> {
                     run.chain = mine;
                     run.got_own = true;
                 } else {
-                    if names.iter().any(|m| !members.contains(m) || side.contains(m) || run.covered.contains(m)) {
-                        return Err(GkaError::Misplaced("chain names members outside the view or twice"));
+                    if names.iter().any(|m| {
+                        !members.contains(m) || side.contains(m) || run.covered.contains(m)
+                    }) {
+                        return Err(GkaError::Misplaced(
+                            "chain names members outside the view or twice",
+                        ));
                     }
                     let run = self.run.as_mut().expect("checked");
                     run.covered.extend(names);
@@ -406,12 +560,16 @@ impl<G: Group> Str<G> {
                     return Err(GkaError::Misplaced("update before the chains were merged"));
                 }
                 let mut c = run.chain.clone();
-                let sp = c.pos(sender).ok_or(GkaError::Misplaced("sender not in the chain"))?;
+                let sp = c
+                    .pos(sender)
+                    .ok_or(GkaError::Misplaced("sender not in the chain"))?;
                 let mp = c.pos(me).expect("in own chain");
                 let mut lowest_changed = c.len();
                 if let Some((pos, b)) = &leaf {
                     if *pos as usize != sp || !size_ok(b) {
-                        return Err(GkaError::Misplaced("leaf update not for the sender's own leaf"));
+                        return Err(GkaError::Misplaced(
+                            "leaf update not for the sender's own leaf",
+                        ));
                     }
                     if c.leaf_bk[sp].as_deref() != Some(b.as_slice()) {
                         c.leaf_bk[sp] = Some(Arc::from(b.as_slice()));
@@ -421,7 +579,9 @@ impl<G: Group> Str<G> {
                 for (k, b) in &internal {
                     let k = *k as usize;
                     if k == 0 || k >= c.len() || k < sp || !size_ok(b) {
-                        return Err(GkaError::Misplaced("node update the sender cannot have computed"));
+                        return Err(GkaError::Misplaced(
+                            "node update the sender cannot have computed",
+                        ));
                     }
                     if c.node_bk[k].as_deref() != Some(b.as_slice()) {
                         c.node_bk[k] = Some(Arc::from(b.as_slice()));

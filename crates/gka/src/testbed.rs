@@ -14,7 +14,9 @@
 //! separately over incoming chains); a view's critical path is the longest chain that ends at a
 //! member's key. This is the serial cost Table II of paper 000 counts.
 
-use crate::api::{Dest, GkaError, KeyAgreement, MemberId, MembershipEvent, SecureView, SharedDirectory, View};
+use crate::api::{
+    Dest, GkaError, KeyAgreement, MemberId, MembershipEvent, SecureView, SharedDirectory, View,
+};
 use crate::script::{Action, Step};
 use crate::{bd, ckd, gdh, str_proto, tgdh};
 use conclave_crypto::{Fingerprint, Group, Identity, Meter, SigScheme};
@@ -180,8 +182,12 @@ impl<G: Group> Testbed<G> {
     pub fn provision(&mut self, names: &[MemberId]) -> Result<(), TestbedError> {
         for n in names {
             if !self.identities.contains_key(n) {
-                let id = Identity::generate(self.scheme, &mut self.rng).map_err(|_| TestbedError::Identity)?;
-                self.directory.write().unwrap_or_else(|p| p.into_inner()).insert(n.clone(), id.public());
+                let id = Identity::generate(self.scheme, &mut self.rng)
+                    .map_err(|_| TestbedError::Identity)?;
+                self.directory
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(n.clone(), id.public());
                 self.identities.insert(n.clone(), id);
             }
         }
@@ -198,8 +204,17 @@ impl<G: Group> Testbed<G> {
     }
 
     /// Members that started a run and have not finished it.
+    /// The key tree height a member reports (TGDH, STR).
+    pub fn tree_height(&self, name: &str) -> Option<usize> {
+        self.members.get(name).and_then(|m| m.ka.tree_height())
+    }
+
     pub fn stuck(&self) -> Vec<MemberId> {
-        self.members.iter().filter(|(_, m)| m.ka.in_progress()).map(|(n, _)| n.clone()).collect()
+        self.members
+            .iter()
+            .filter(|(_, m)| m.ka.in_progress())
+            .map(|(n, _)| n.clone())
+            .collect()
     }
 
     /// Direct access to a member, for tests that inject hostile input.
@@ -214,18 +229,38 @@ impl<G: Group> Testbed<G> {
     fn create(&mut self, name: &str) -> Result<(), TestbedError> {
         self.provision(&[name.to_owned()])?;
         let id = self.identities[name].clone();
-        let ka = new_member::<G>(self.protocol, name, &self.group, id, self.directory.clone(), &mut self.rng);
-        self.members.insert(name.to_owned(), Member { ka, view_id: 0, path: Path::default() });
+        let ka = new_member::<G>(
+            self.protocol,
+            name,
+            &self.group,
+            id,
+            self.directory.clone(),
+            &mut self.rng,
+        );
+        self.members.insert(
+            name.to_owned(),
+            Member {
+                ka,
+                view_id: 0,
+                path: Path::default(),
+            },
+        );
         Ok(())
     }
 
     fn component_of(&self, name: &str) -> Option<u64> {
-        self.members.get(name).map(|m| m.view_id).filter(|v| self.components.contains_key(v))
+        self.members
+            .get(name)
+            .map(|m| m.view_id)
+            .filter(|v| self.components.contains_key(v))
     }
 
     /// The component the group's events apply to: the largest (oldest on ties).
     fn main_component(&self) -> Option<u64> {
-        self.components.iter().max_by_key(|(v, m)| (m.len(), std::cmp::Reverse(**v))).map(|(v, _)| *v)
+        self.components
+            .iter()
+            .max_by_key(|(v, m)| (m.len(), std::cmp::Reverse(**v)))
+            .map(|(v, _)| *v)
     }
 
     /// Runs a whole script.
@@ -235,7 +270,11 @@ impl<G: Group> Testbed<G> {
                 None => self.run_until_quiet(),
                 Some(k) => self.run_messages(k),
             }
-            self.apply(&step.action).map_err(|msg| TestbedError::Script { line: step.line, msg })?;
+            self.apply(&step.action)
+                .map_err(|msg| TestbedError::Script {
+                    line: step.line,
+                    msg,
+                })?;
         }
         self.run_until_quiet();
         Ok(())
@@ -248,9 +287,11 @@ impl<G: Group> Testbed<G> {
             if set.len() != names.len() {
                 return Err("a member is named twice".into());
             }
-            Ok(if let Some(n) = names.iter().find(|n| me.members.contains_key(*n)) {
-                return Err(format!("{n} is already a member"));
-            })
+            Ok(
+                if let Some(n) = names.iter().find(|n| me.members.contains_key(*n)) {
+                    return Err(format!("{n} is already a member"));
+                },
+            )
         };
         match action {
             Action::Init(names) => {
@@ -265,15 +306,23 @@ impl<G: Group> Testbed<G> {
             }
             Action::Join(name) => {
                 fresh(self, std::slice::from_ref(name))?;
-                let main = self.main_component().ok_or("join: no group yet (init first)")?;
+                let main = self
+                    .main_component()
+                    .ok_or("join: no group yet (init first)")?;
                 self.create(name).map_err(|e| e.to_string())?;
                 let mut members = self.components[&main].clone();
                 members.push(name.clone());
                 self.install(BTreeMap::from([(main, members)]), MembershipEvent::Join);
             }
             Action::Leave(name) => {
-                let comp = self.component_of(name).ok_or_else(|| format!("leave: {name} is not a member"))?;
-                let members: Vec<MemberId> = self.components[&comp].iter().filter(|m| *m != name).cloned().collect();
+                let comp = self
+                    .component_of(name)
+                    .ok_or_else(|| format!("leave: {name} is not a member"))?;
+                let members: Vec<MemberId> = self.components[&comp]
+                    .iter()
+                    .filter(|m| *m != name)
+                    .cloned()
+                    .collect();
                 self.install(BTreeMap::from([(comp, members)]), MembershipEvent::Leave);
                 self.members.remove(name);
             }
@@ -281,8 +330,14 @@ impl<G: Group> Testbed<G> {
                 let set: BTreeSet<&MemberId> = names.iter().collect();
                 let mut changes = BTreeMap::new();
                 for n in names {
-                    let c = self.component_of(n).ok_or_else(|| format!("partition: {n} is not a member"))?;
-                    let rest: Vec<MemberId> = self.components[&c].iter().filter(|m| !set.contains(m)).cloned().collect();
+                    let c = self
+                        .component_of(n)
+                        .ok_or_else(|| format!("partition: {n} is not a member"))?;
+                    let rest: Vec<MemberId> = self.components[&c]
+                        .iter()
+                        .filter(|m| !set.contains(m))
+                        .cloned()
+                        .collect();
                     changes.insert(c, rest);
                 }
                 let mut split = names.clone();
@@ -291,13 +346,19 @@ impl<G: Group> Testbed<G> {
                     let c = self.component_of(n).unwrap_or(0);
                     (c, self.components[&c].iter().position(|m| m == n))
                 });
-                let mut views: BTreeMap<u64, Vec<MemberId>> = changes.into_iter().filter(|(_, m)| !m.is_empty()).collect();
+                let mut views: BTreeMap<u64, Vec<MemberId>> =
+                    changes.into_iter().filter(|(_, m)| !m.is_empty()).collect();
                 views.insert(0, split);
                 self.install(views, MembershipEvent::Partition);
             }
             Action::Merge(names) => {
-                let main = self.main_component().ok_or("merge: no group yet (init first)")?;
-                let (new, old): (Vec<MemberId>, Vec<MemberId>) = names.iter().cloned().partition(|n| !self.members.contains_key(n));
+                let main = self
+                    .main_component()
+                    .ok_or("merge: no group yet (init first)")?;
+                let (new, old): (Vec<MemberId>, Vec<MemberId>) = names
+                    .iter()
+                    .cloned()
+                    .partition(|n| !self.members.contains_key(n));
                 if old.iter().any(|n| self.component_of(n) == Some(main)) {
                     return Err("merge: a named member is already in the group".into());
                 }
@@ -313,11 +374,13 @@ impl<G: Group> Testbed<G> {
                 let set: BTreeSet<&MemberId> = names.iter().collect();
                 let mut views: BTreeMap<u64, Vec<MemberId>> = BTreeMap::new();
                 let mut joining: Vec<MemberId> = Vec::new();
-                let sources: BTreeSet<u64> = names.iter().filter_map(|n| self.component_of(n)).collect();
+                let sources: BTreeSet<u64> =
+                    names.iter().filter_map(|n| self.component_of(n)).collect();
                 for c in sources {
                     let comp = self.components[&c].clone();
                     joining.extend(comp.iter().filter(|m| set.contains(m)).cloned());
-                    let rest: Vec<MemberId> = comp.into_iter().filter(|m| !set.contains(m)).collect();
+                    let rest: Vec<MemberId> =
+                        comp.into_iter().filter(|m| !set.contains(m)).collect();
                     if !rest.is_empty() {
                         views.insert(c, rest);
                     } else {
@@ -335,24 +398,34 @@ impl<G: Group> Testbed<G> {
         Ok(())
     }
 
-    /// Delivers the queued messages of the components about to change to the recipients that stay
-    /// with their sender, without letting anyone reply (the VS flush), then drops the rest.
+    /// The VS flush: delivers the queued messages of the components about to change to the
+    /// recipients that stay with their sender, and what those deliveries make them send, until
+    /// nothing is left (a member acknowledges a flush only after sending what its last input
+    /// made it send); messages between members that part are dropped.
     fn flush(&mut self, comps: &[u64], new_comp_of: &BTreeMap<MemberId, u64>) {
         let comps: BTreeSet<u64> = comps.iter().copied().collect();
-        let old: VecDeque<Packet> = std::mem::take(&mut self.queue);
-        let mut keep = VecDeque::new();
-        for p in old {
-            if !comps.contains(&p.view_id) {
-                keep.push_back(p);
-                continue;
+        loop {
+            let (work, keep): (VecDeque<Packet>, VecDeque<Packet>) =
+                std::mem::take(&mut self.queue)
+                    .into_iter()
+                    .partition(|p| comps.contains(&p.view_id));
+            self.queue = keep;
+            if work.is_empty() {
+                break;
             }
-            let sender_new = new_comp_of.get(&p.from).copied();
-            let to: Vec<MemberId> = p.to.iter().filter(|m| new_comp_of.get(*m).copied() == sender_new && sender_new != Some(u64::MAX)).cloned().collect();
-            if sender_new.is_some() && !to.is_empty() {
-                self.deliver(Packet { to, ..p }, false);
+            for p in work {
+                let sender_new = new_comp_of.get(&p.from).copied().filter(|c| *c != u64::MAX);
+                let to: Vec<MemberId> = p
+                    .to
+                    .iter()
+                    .filter(|m| sender_new.is_some() && new_comp_of.get(*m).copied() == sender_new)
+                    .cloned()
+                    .collect();
+                if !to.is_empty() {
+                    self.deliver(Packet { to, ..p });
+                }
             }
         }
-        self.queue = keep;
     }
 
     /// Replaces the given components (old view id -> new member list; 0 for a new component) by
@@ -396,16 +469,35 @@ impl<G: Group> Testbed<G> {
             let view_id = self.next_view_id;
             self.next_view_id += 1;
             self.components.insert(view_id, members.clone());
-            self.stats.insert(view_id, ViewStats { event: Some(event), members: members.clone(), ..Default::default() });
-            let prevs: BTreeMap<MemberId, u64> = members.iter().map(|m| (m.clone(), self.members[m].view_id)).collect();
+            self.stats.insert(
+                view_id,
+                ViewStats {
+                    event: Some(event),
+                    members: members.clone(),
+                    ..Default::default()
+                },
+            );
+            let prevs: BTreeMap<MemberId, u64> = members
+                .iter()
+                .map(|m| (m.clone(), self.members[m].view_id))
+                .collect();
             for m in &members {
                 let prev = prevs[m];
-                let mut transitional: Vec<MemberId> =
-                    members.iter().filter(|x| prev != 0 && prevs[*x] == prev).cloned().collect();
+                let mut transitional: Vec<MemberId> = members
+                    .iter()
+                    .filter(|x| prev != 0 && prevs[*x] == prev)
+                    .cloned()
+                    .collect();
                 if transitional.is_empty() {
                     transitional.push(m.clone());
                 }
-                let view = View { group: self.group.clone(), view_id, members: members.clone(), event, transitional };
+                let view = View {
+                    group: self.group.clone(),
+                    view_id,
+                    members: members.clone(),
+                    event,
+                    transitional,
+                };
                 let member = self.members.get_mut(m).expect("member exists");
                 member.view_id = view_id;
                 member.path = Path::default();
@@ -415,19 +507,24 @@ impl<G: Group> Testbed<G> {
     }
 
     /// Runs one input of one member, with cost accounting, then drains its outputs.
-    fn step(&mut self, name: &str, input: impl FnOnce(&mut dyn KeyAgreement, &mut ChaCha20Rng) -> Result<(), GkaError>) {
-        self.step_with(name, None, true, input)
+    fn step(
+        &mut self,
+        name: &str,
+        input: impl FnOnce(&mut dyn KeyAgreement, &mut ChaCha20Rng) -> Result<(), GkaError>,
+    ) {
+        self.step_with(name, None, input)
     }
 
     fn step_with(
         &mut self,
         name: &str,
         incoming: Option<&Path>,
-        may_send: bool,
         input: impl FnOnce(&mut dyn KeyAgreement, &mut ChaCha20Rng) -> Result<(), GkaError>,
     ) {
         let measure = self.measure_time;
-        let Some(member) = self.members.get_mut(name) else { return };
+        let Some(member) = self.members.get_mut(name) else {
+            return;
+        };
         if let Some(p) = incoming {
             member.path.join(p);
         }
@@ -448,7 +545,10 @@ impl<G: Group> Testbed<G> {
         }
         // Transmits leave with the path as it is now.
         let member = self.members.get_mut(name).expect("still there");
-        let send_path = Path { round: member.path.round + 1, ..member.path };
+        let send_path = Path {
+            round: member.path.round + 1,
+            ..member.path
+        };
         let mut out = Vec::new();
         while let Some(t) = member.ka.poll_transmit() {
             out.push(t);
@@ -468,14 +568,17 @@ impl<G: Group> Testbed<G> {
         if let Some(s) = self.stats.get_mut(&view_id) {
             s.total.add(&delta);
         }
-        if may_send {
+        {
             let members = self.components.get(&view_id).cloned().unwrap_or_default();
             for t in out {
                 if t.view_id != view_id {
                     continue;
                 }
                 let (to, unicast) = match t.dest {
-                    Dest::Broadcast => (members.iter().filter(|m| *m != name).cloned().collect(), false),
+                    Dest::Broadcast => (
+                        members.iter().filter(|m| *m != name).cloned().collect(),
+                        false,
+                    ),
                     Dest::Unicast(m) => (vec![m], true),
                 };
                 if let Some(s) = self.stats.get_mut(&view_id) {
@@ -486,7 +589,13 @@ impl<G: Group> Testbed<G> {
                     }
                     s.rounds = s.rounds.max(send_path.round);
                 }
-                self.queue.push_back(Packet { from: name.to_owned(), to, view_id, payload: t.payload, path: send_path });
+                self.queue.push_back(Packet {
+                    from: name.to_owned(),
+                    to,
+                    view_id,
+                    payload: t.payload,
+                    path: send_path,
+                });
             }
         }
         for k in keys {
@@ -503,7 +612,9 @@ impl<G: Group> Testbed<G> {
     }
 
     fn check_view_done(&mut self, view_id: u64) {
-        let Some(s) = self.stats.get_mut(&view_id) else { return };
+        let Some(s) = self.stats.get_mut(&view_id) else {
+            return;
+        };
         if s.done || s.keys.len() != s.members.len() {
             return;
         }
@@ -512,7 +623,11 @@ impl<G: Group> Testbed<G> {
             view: view_id,
             event: s.event.unwrap_or(MembershipEvent::Init),
             members: s.members.clone(),
-            keys: s.keys.iter().map(|(m, k)| (m.clone(), k.key.fingerprint().to_string())).collect(),
+            keys: s
+                .keys
+                .iter()
+                .map(|(m, k)| (m.clone(), k.key.fingerprint().to_string()))
+                .collect(),
             rounds: s.rounds,
             messages: s.unicasts + s.broadcasts,
             unicasts: s.unicasts,
@@ -524,29 +639,37 @@ impl<G: Group> Testbed<G> {
             sigs_critical: s.critical.meter.sigs,
             verifs_critical: s.critical.meter.verifs,
             compute_us: s.critical_time_ns as f64 / 1000.0,
-            secret_fingerprints: s.keys.iter().map(|(m, k)| (m.clone(), k.secret_fingerprint)).collect(),
+            secret_fingerprints: s
+                .keys
+                .iter()
+                .map(|(m, k)| (m.clone(), k.secret_fingerprint))
+                .collect(),
             compute_ns: s.critical_time_ns,
         };
         self.records.push(rec);
     }
 
-    fn deliver(&mut self, p: Packet, may_send: bool) {
+    fn deliver(&mut self, p: Packet) {
         self.delivered += 1;
         for to in &p.to {
-            let Some(m) = self.members.get(to) else { continue };
+            let Some(m) = self.members.get(to) else {
+                continue;
+            };
             if m.view_id != p.view_id {
                 continue;
             }
             let from = p.from.clone();
             let payload = p.payload.clone();
-            self.step_with(to, Some(&p.path), may_send, |ka, rng| ka.handle_message(rng, &from, &payload));
+            self.step_with(to, Some(&p.path), |ka, rng| {
+                ka.handle_message(rng, &from, &payload)
+            });
         }
     }
 
     /// Delivers queued messages until none is left.
     pub fn run_until_quiet(&mut self) {
         while let Some(p) = self.queue.pop_front() {
-            self.deliver(p, true);
+            self.deliver(p);
         }
     }
 
@@ -554,7 +677,7 @@ impl<G: Group> Testbed<G> {
     pub fn run_messages(&mut self, k: usize) {
         for _ in 0..k {
             match self.queue.pop_front() {
-                Some(p) => self.deliver(p, true),
+                Some(p) => self.deliver(p),
                 None => break,
             }
         }

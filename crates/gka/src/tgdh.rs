@@ -22,7 +22,9 @@
 //! instead, with `h` the height after the event. Cascades restart from the newest view
 //! (see `core`).
 
-use crate::api::{Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View};
+use crate::api::{
+    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View,
+};
 use crate::core::Core;
 use crate::ops;
 use crate::tree::{Bk, Node};
@@ -53,7 +55,12 @@ struct Run<G: Group> {
 }
 
 /// Gives `me` a fresh leaf key; returns the leaf's path and new blinded key.
-fn refresh<G: Group>(tree: &mut Node<G>, me: &str, rng: &mut dyn CryptoRng, meter: &mut conclave_crypto::Meter) -> (NodePath, Bk) {
+fn refresh<G: Group>(
+    tree: &mut Node<G>,
+    me: &str,
+    rng: &mut dyn CryptoRng,
+    meter: &mut conclave_crypto::Meter,
+) -> (NodePath, Bk) {
     let path = tree.find(me).expect("member is in its own tree");
     let k = G::random_scalar(rng);
     let bk: Bk = Arc::from(G::encode(&ops::exp_g::<G>(meter, &k)).as_slice());
@@ -67,8 +74,15 @@ fn refresh<G: Group>(tree: &mut Node<G>, me: &str, rng: &mut dyn CryptoRng, mete
 /// Computes keys up `me`'s path as far as the known blinded keys allow. Returns the blinded keys
 /// this member must broadcast (those it newly computed, when it is the rightmost member under
 /// the lowest of them), and whether the root key is known.
-fn advance<G: Group>(tree: &mut Node<G>, me: &str, meter: &mut conclave_crypto::Meter, top_bk: bool) -> Result<(Vec<(NodePath, Bk)>, bool), GkaError> {
-    let path = tree.find(me).ok_or(GkaError::Misplaced("member missing from its tree"))?;
+fn advance<G: Group>(
+    tree: &mut Node<G>,
+    me: &str,
+    meter: &mut conclave_crypto::Meter,
+    top_bk: bool,
+) -> Result<(Vec<(NodePath, Bk)>, bool), GkaError> {
+    let path = tree
+        .find(me)
+        .ok_or(GkaError::Misplaced("member missing from its tree"))?;
     let mut computed: Vec<usize> = Vec::new();
     for d in (0..path.len()).rev() {
         if let Some(n) = tree.at(&path[..d]) {
@@ -80,10 +94,14 @@ fn advance<G: Group>(tree: &mut Node<G>, me: &str, meter: &mut conclave_crypto::
                 continue;
             }
         }
-        let Some(child_key) = tree.at(&path[..d + 1]).and_then(|n| n.key()).cloned() else { break };
+        let Some(child_key) = tree.at(&path[..d + 1]).and_then(|n| n.key()).cloned() else {
+            break;
+        };
         let mut sib = path[..d].to_vec();
         sib.push(!path[d]);
-        let Some(sib_bk) = tree.at(&sib).and_then(|n| n.bk()).cloned() else { break };
+        let Some(sib_bk) = tree.at(&sib).and_then(|n| n.bk()).cloned() else {
+            break;
+        };
         let sib_el = ops::decode::<G>(&sib_bk)?;
         let key = ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &sib_el, &child_key));
         let node = tree.at_mut(&path[..d]).expect("ancestor exists");
@@ -95,7 +113,11 @@ fn advance<G: Group>(tree: &mut Node<G>, me: &str, meter: &mut conclave_crypto::
     }
     let mut out = Vec::new();
     if let Some(&lowest) = computed.first() {
-        if tree.at(&path[..lowest]).map(|n| n.rightmost() == me).unwrap_or(false) {
+        if tree
+            .at(&path[..lowest])
+            .map(|n| n.rightmost() == me)
+            .unwrap_or(false)
+        {
             for d in computed {
                 let node = tree.at_mut(&path[..d]).expect("ancestor exists");
                 let key = node.key().cloned().expect("just computed");
@@ -110,20 +132,42 @@ fn advance<G: Group>(tree: &mut Node<G>, me: &str, meter: &mut conclave_crypto::
 
 impl<G: Group> Tgdh<G> {
     pub fn new(me: &str, group: &str, identity: Identity, directory: SharedDirectory) -> Self {
-        Tgdh { core: Core::new(me.into(), group.into(), ProtocolId::Tgdh, identity, directory), secure: None, run: None }
+        Tgdh {
+            core: Core::new(
+                me.into(),
+                group.into(),
+                ProtocolId::Tgdh,
+                identity,
+                directory,
+            ),
+            secure: None,
+            run: None,
+        }
     }
 
     /// Computes on `tree`, sends what this member is sponsor for, and commits it as the run's tree.
-    fn compute(&mut self, mut tree: Node<G>, mut extra: Vec<(NodePath, Bk)>) -> Result<(), GkaError> {
+    fn compute(
+        &mut self,
+        mut tree: Node<G>,
+        mut extra: Vec<(NodePath, Bk)>,
+    ) -> Result<(), GkaError> {
         let (bks, root) = advance(&mut tree, &self.core.me, &mut self.core.meter, false)?;
         extra.extend(bks);
         if !extra.is_empty() {
             let bks = extra.into_iter().map(|(p, b)| (p, b.to_vec())).collect();
-            self.core.send(Dest::Broadcast, Order::Agreed, 2, TgdhMsg::Update { bks }.encode())?;
+            self.core.send(
+                Dest::Broadcast,
+                Order::Agreed,
+                2,
+                TgdhMsg::Update { bks }.encode(),
+            )?;
         }
         let run = self.run.as_mut().expect("run in progress");
         run.tree = tree;
-        if root && !run.done {
+        // Complete only once every blinded key below the root is known: that depends only on the
+        // broadcasts delivered, which members that move together share, so they all agree on
+        // whether this run completed (a member could often compute the root earlier).
+        if root && !run.done && run.tree.all_bks_known() {
             run.done = true;
             let secret = G::encode_scalar(run.tree.key().expect("root known"));
             self.core.complete(&secret, b"")?;
@@ -163,7 +207,10 @@ impl<G: Group> Tgdh<G> {
             merged.invalidate_above(&rpath);
             if r == me {
                 if fresh {
-                    let bk = merged.at(&rpath).and_then(|n| n.bk().cloned()).expect("a sponsor's leaf has a blinded key");
+                    let bk = merged
+                        .at(&rpath)
+                        .and_then(|n| n.bk().cloned())
+                        .expect("a sponsor's leaf has a blinded key");
                     extra.push((rpath, bk));
                 } else {
                     extra.push(refresh::<G>(&mut merged, &me, rng, &mut self.core.meter));
@@ -207,22 +254,43 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
         }
         let me = self.core.me.clone();
         let side = self.core.side.clone();
-        let mut tree = self.secure.clone().and_then(|t| t.prune(&side)).unwrap_or_else(|| Node::leaf(me.clone()));
+        let mut tree = self
+            .secure
+            .clone()
+            .and_then(|t| t.prune(&side))
+            .unwrap_or_else(|| Node::leaf(me.clone()));
         if tree.leaves().len() != side.len() {
-            return Err(GkaError::InvalidView("side is not covered by the secure tree"));
+            return Err(GkaError::InvalidView(
+                "side is not covered by the secure tree",
+            ));
         }
         let n = self.core.view()?.members.len();
         if n == 1 {
             let k = G::random_scalar(rng);
             let secret = G::encode_scalar(&k);
-            let tree = Node::Leaf { member: me, bk: None, key: Some(k) };
-            self.run = Some(Run { tree, collecting: false, got_own: true, foreign: vec![], covered: BTreeSet::new(), done: true, fresh_leaf: true });
+            let tree = Node::Leaf {
+                member: me,
+                bk: None,
+                key: Some(k),
+            };
+            self.run = Some(Run {
+                tree,
+                collecting: false,
+                got_own: true,
+                foreign: vec![],
+                covered: BTreeSet::new(),
+                done: true,
+                fresh_leaf: true,
+            });
             return self.core.complete(&secret, b"");
         }
         if self.core.single_side() {
             // Leave or partition: the shallowest rightmost sponsor refreshes its leaf.
             let frontier = tree.frontier();
-            let refresher = match frontier.iter().min_by(|a, b| a.len().cmp(&b.len()).then_with(|| b.cmp(a))) {
+            let refresher = match frontier
+                .iter()
+                .min_by(|a, b| a.len().cmp(&b.len()).then_with(|| b.cmp(a)))
+            {
                 Some(p) => tree.at(p).expect("frontier path").rightmost().clone(),
                 None => tree.rightmost().clone(),
             };
@@ -235,16 +303,30 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
             if refresher == me {
                 extra.push(refresh::<G>(&mut tree, &me, rng, &mut self.core.meter));
             }
-            self.run = Some(Run { tree: Node::leaf(me.clone()), collecting: false, got_own: true, foreign: vec![], covered: BTreeSet::new(), done: false, fresh_leaf: false });
+            self.run = Some(Run {
+                tree: Node::leaf(me.clone()),
+                collecting: false,
+                got_own: true,
+                foreign: vec![],
+                covered: BTreeSet::new(),
+                done: false,
+                fresh_leaf: false,
+            });
             return self.compute(tree, extra);
         }
         // Merge, round 1: each side's rightmost member broadcasts the side's tree, with the blinded
         // keys it can add (a new member's leaf, the side's old root).
         let sponsor = tree.rightmost().clone();
         let mut fresh_leaf = false;
-        if tree.find(&me).and_then(|p| tree.at(&p).and_then(|n| n.key().cloned())).is_none() {
+        if tree
+            .find(&me)
+            .and_then(|p| tree.at(&p).and_then(|n| n.key().cloned()))
+            .is_none()
+        {
             let p = tree.find(&me).expect("in own tree");
-            tree.at_mut(&p).expect("found").set_key(Some(G::random_scalar(rng)));
+            tree.at_mut(&p)
+                .expect("found")
+                .set_key(Some(G::random_scalar(rng)));
             fresh_leaf = true;
         }
         if sponsor == me {
@@ -253,16 +335,39 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
                 let leaf = tree.at_mut(&p).expect("found");
                 if leaf.bk().is_none() {
                     let k = leaf.key().cloned().expect("leaf key set above");
-                    leaf.set_bk(Some(Arc::from(G::encode(&ops::exp_g::<G>(&mut self.core.meter, &k)).as_slice())));
+                    leaf.set_bk(Some(Arc::from(
+                        G::encode(&ops::exp_g::<G>(&mut self.core.meter, &k)).as_slice(),
+                    )));
                 }
             }
-            self.core.send(Dest::Broadcast, Order::Agreed, 1, TgdhMsg::Tree { nodes: tree.to_wire() }.encode())?;
+            self.core.send(
+                Dest::Broadcast,
+                Order::Agreed,
+                1,
+                TgdhMsg::Tree {
+                    nodes: tree.to_wire(),
+                }
+                .encode(),
+            )?;
         }
-        self.run = Some(Run { tree, collecting: true, got_own: sponsor == me, foreign: vec![], covered: BTreeSet::new(), done: false, fresh_leaf });
+        self.run = Some(Run {
+            tree,
+            collecting: true,
+            got_own: sponsor == me,
+            foreign: vec![],
+            covered: BTreeSet::new(),
+            done: false,
+            fresh_leaf,
+        });
         Ok(())
     }
 
-    fn handle_message(&mut self, rng: &mut dyn CryptoRng, from: &str, bytes: &[u8]) -> Result<(), GkaError> {
+    fn handle_message(
+        &mut self,
+        rng: &mut dyn CryptoRng,
+        from: &str,
+        bytes: &[u8],
+    ) -> Result<(), GkaError> {
         let inc = self.core.open(from, bytes)?;
         let msg = TgdhMsg::decode(inc.kind, &inc.body)?;
         let saved = self.run.clone();
@@ -291,18 +396,34 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
     fn in_progress(&self) -> bool {
         self.core.in_progress
     }
+    fn tree_height(&self) -> Option<usize> {
+        self.run
+            .as_ref()
+            .map(|r| r.tree.height())
+            .or_else(|| self.secure.as_ref().map(|t| t.height()))
+    }
 }
 
 impl<G: Group> Tgdh<G> {
-    fn apply(&mut self, msg: TgdhMsg, sender: &str, rng: &mut dyn CryptoRng) -> Result<(), GkaError> {
+    fn apply(
+        &mut self,
+        msg: TgdhMsg,
+        sender: &str,
+        rng: &mut dyn CryptoRng,
+    ) -> Result<(), GkaError> {
         let me = self.core.me.clone();
         let members: BTreeSet<MemberId> = self.core.view()?.members.iter().cloned().collect();
         let side = self.core.side.clone();
-        let run = self.run.as_ref().ok_or(GkaError::Misplaced("no TGDH run in progress"))?;
+        let run = self
+            .run
+            .as_ref()
+            .ok_or(GkaError::Misplaced("no TGDH run in progress"))?;
         match msg {
             TgdhMsg::Tree { nodes } => {
                 if !run.collecting {
-                    return Err(GkaError::Misplaced("tree outside the first round of a merge"));
+                    return Err(GkaError::Misplaced(
+                        "tree outside the first round of a merge",
+                    ));
                 }
                 let t = Node::<G>::from_wire(&nodes).map_err(GkaError::Misplaced)?;
                 let leaves = t.leaves();
@@ -311,22 +432,30 @@ impl<G: Group> Tgdh<G> {
                 }
                 if side.contains(sender) {
                     if run.got_own || !t.same_shape(&run.tree) {
-                        return Err(GkaError::Misplaced("unexpected tree from this member's own side"));
+                        return Err(GkaError::Misplaced(
+                            "unexpected tree from this member's own side",
+                        ));
                     }
                     // Take the sponsor's blinded keys, keep this member's keys below the sponsor's path.
                     let mut mine = t;
                     let my_path = run.tree.find(&me).expect("in own tree");
                     for d in 0..=my_path.len() {
                         if let Some(k) = run.tree.at(&my_path[..d]).and_then(|n| n.key()).cloned() {
-                            mine.at_mut(&my_path[..d]).expect("same shape").set_key(Some(k));
+                            mine.at_mut(&my_path[..d])
+                                .expect("same shape")
+                                .set_key(Some(k));
                         }
                     }
                     let run = self.run.as_mut().expect("checked");
                     run.tree = mine;
                     run.got_own = true;
                 } else {
-                    if leaves.iter().any(|m| !members.contains(m) || side.contains(m) || run.covered.contains(m)) {
-                        return Err(GkaError::Misplaced("tree names members outside the view or twice"));
+                    if leaves.iter().any(|m| {
+                        !members.contains(m) || side.contains(m) || run.covered.contains(m)
+                    }) {
+                        return Err(GkaError::Misplaced(
+                            "tree names members outside the view or twice",
+                        ));
                     }
                     let run = self.run.as_mut().expect("checked");
                     run.covered.extend(leaves);
@@ -336,19 +465,29 @@ impl<G: Group> Tgdh<G> {
             }
             TgdhMsg::Update { bks } => {
                 if run.collecting {
-                    return Err(GkaError::Misplaced("blinded keys before the trees were merged"));
+                    return Err(GkaError::Misplaced(
+                        "blinded keys before the trees were merged",
+                    ));
                 }
                 let mut tree = run.tree.clone();
-                let sender_path = tree.find(sender).ok_or(GkaError::Misplaced("sender not in the tree"))?;
+                let sender_path = tree
+                    .find(sender)
+                    .ok_or(GkaError::Misplaced("sender not in the tree"))?;
                 for (p, bk) in &bks {
                     if !sender_path.starts_with(p) {
-                        return Err(GkaError::Misplaced("blinded key for a node the sender is not under"));
+                        return Err(GkaError::Misplaced(
+                            "blinded key for a node the sender is not under",
+                        ));
                     }
                     if bk.len() != G::ELEMENT_BYTES {
                         return Err(GkaError::Misplaced("blinded key of the wrong size"));
                     }
                     let node = tree.at_mut(p).ok_or(GkaError::Misplaced("no such node"))?;
-                    if node.bk().map(|b| b.as_ref() != bk.as_slice()).unwrap_or(true) {
+                    if node
+                        .bk()
+                        .map(|b| b.as_ref() != bk.as_slice())
+                        .unwrap_or(true)
+                    {
                         node.set_bk(Some(Arc::from(bk.as_slice())));
                         // Keys computed from the old value are stale.
                         for d in 0..p.len() {

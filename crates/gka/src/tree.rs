@@ -15,24 +15,49 @@ use std::sync::Arc;
 pub(crate) type Bk = Arc<[u8]>;
 
 pub(crate) enum Node<G: Group> {
-    Leaf { member: MemberId, bk: Option<Bk>, key: Option<G::Scalar> },
-    Internal { bk: Option<Bk>, key: Option<G::Scalar>, left: Box<Node<G>>, right: Box<Node<G>> },
+    Leaf {
+        member: MemberId,
+        bk: Option<Bk>,
+        key: Option<G::Scalar>,
+    },
+    Internal {
+        bk: Option<Bk>,
+        key: Option<G::Scalar>,
+        left: Box<Node<G>>,
+        right: Box<Node<G>>,
+    },
 }
 
 impl<G: Group> Clone for Node<G> {
     fn clone(&self) -> Self {
         match self {
-            Node::Leaf { member, bk, key } => Node::Leaf { member: member.clone(), bk: bk.clone(), key: key.clone() },
-            Node::Internal { bk, key, left, right } => {
-                Node::Internal { bk: bk.clone(), key: key.clone(), left: left.clone(), right: right.clone() }
-            }
+            Node::Leaf { member, bk, key } => Node::Leaf {
+                member: member.clone(),
+                bk: bk.clone(),
+                key: key.clone(),
+            },
+            Node::Internal {
+                bk,
+                key,
+                left,
+                right,
+            } => Node::Internal {
+                bk: bk.clone(),
+                key: key.clone(),
+                left: left.clone(),
+                right: right.clone(),
+            },
         }
     }
 }
 
 impl<G: Group> Node<G> {
     pub fn leaf(member: MemberId) -> Self {
-        Node::Leaf { member, bk: None, key: None }
+        Node::Leaf {
+            member,
+            bk: None,
+            key: None,
+        }
     }
     pub fn bk(&self) -> Option<&Bk> {
         match self {
@@ -139,14 +164,27 @@ impl<G: Group> Node<G> {
                     (None, true)
                 }
             }
-            Node::Internal { bk, key, left, right } => {
+            Node::Internal {
+                bk,
+                key,
+                left,
+                right,
+            } => {
                 let (l, lc) = left.prune_inner(keep);
                 let (r, rc) = right.prune_inner(keep);
                 match (l, r) {
                     (Some(l), Some(r)) => {
                         let changed = lc || rc;
                         let (bk, key) = if changed { (None, None) } else { (bk, key) };
-                        (Some(Node::Internal { bk, key, left: Box::new(l), right: Box::new(r) }), changed)
+                        (
+                            Some(Node::Internal {
+                                bk,
+                                key,
+                                left: Box::new(l),
+                                right: Box::new(r),
+                            }),
+                            changed,
+                        )
                     }
                     (Some(x), None) | (None, Some(x)) => (Some(x), true),
                     (None, None) => (None, true),
@@ -162,7 +200,10 @@ impl<G: Group> Node<G> {
         out
     }
     fn frontier_inner(&self, at: &mut NodePath, out: &mut Vec<NodePath>) {
-        if let Node::Internal { bk, left, right, .. } = self {
+        if let Node::Internal {
+            bk, left, right, ..
+        } = self
+        {
             if bk.is_none() && left.bk().is_some() && right.bk().is_some() {
                 out.push(at.clone());
             }
@@ -208,7 +249,12 @@ impl<G: Group> Node<G> {
         let path = best.unwrap_or_default();
         let slot = self.at_mut(&path).expect("path found in this tree");
         let old = std::mem::replace(slot, Node::leaf(String::new()));
-        *slot = Node::Internal { bk: None, key: None, left: Box::new(old), right: Box::new(other) };
+        *slot = Node::Internal {
+            bk: None,
+            key: None,
+            left: Box::new(old),
+            right: Box::new(other),
+        };
         self.invalidate_above(&path);
         path
     }
@@ -220,9 +266,16 @@ impl<G: Group> Node<G> {
     }
     fn to_wire_inner(&self, out: &mut Vec<WireNode>) {
         match self {
-            Node::Leaf { member, bk, .. } => out.push(WireNode::Leaf { member: member.clone(), bk: bk.as_ref().map(|b| b.to_vec()) }),
-            Node::Internal { bk, left, right, .. } => {
-                out.push(WireNode::Internal { bk: bk.as_ref().map(|b| b.to_vec()) });
+            Node::Leaf { member, bk, .. } => out.push(WireNode::Leaf {
+                member: member.clone(),
+                bk: bk.as_ref().map(|b| b.to_vec()),
+            }),
+            Node::Internal {
+                bk, left, right, ..
+            } => {
+                out.push(WireNode::Internal {
+                    bk: bk.as_ref().map(|b| b.to_vec()),
+                });
                 left.to_wire_inner(out);
                 right.to_wire_inner(out);
             }
@@ -261,7 +314,11 @@ impl<G: Group> Node<G> {
                     if !seen.insert(member.clone()) {
                         return Err("member appears twice in the tree");
                     }
-                    Node::Leaf { member: member.clone(), bk: check(bk)?, key: None }
+                    Node::Leaf {
+                        member: member.clone(),
+                        bk: check(bk)?,
+                        key: None,
+                    }
                 }
             };
             loop {
@@ -275,20 +332,48 @@ impl<G: Group> Node<G> {
                         break;
                     }
                     Some(Frame::Half(bk, left)) => {
-                        finished = Node::Internal { bk, key: None, left: Box::new(left), right: Box::new(finished) };
+                        finished = Node::Internal {
+                            bk,
+                            key: None,
+                            left: Box::new(left),
+                            right: Box::new(finished),
+                        };
                     }
                 }
             }
         }
         done.ok_or("incomplete tree")
     }
+    /// True if every node but the root has a blinded key.
+    pub fn all_bks_known(&self) -> bool {
+        fn below<G: Group>(n: &Node<G>) -> bool {
+            n.bk().is_some() && children_ok(n)
+        }
+        fn children_ok<G: Group>(n: &Node<G>) -> bool {
+            match n {
+                Node::Leaf { .. } => true,
+                Node::Internal { left, right, .. } => below(left) && below(right),
+            }
+        }
+        children_ok(self)
+    }
+
     /// True if both trees have the same shape and members.
     pub fn same_shape(&self, other: &Node<G>) -> bool {
         match (self, other) {
             (Node::Leaf { member: a, .. }, Node::Leaf { member: b, .. }) => a == b,
-            (Node::Internal { left: la, right: ra, .. }, Node::Internal { left: lb, right: rb, .. }) => {
-                la.same_shape(lb) && ra.same_shape(rb)
-            }
+            (
+                Node::Internal {
+                    left: la,
+                    right: ra,
+                    ..
+                },
+                Node::Internal {
+                    left: lb,
+                    right: rb,
+                    ..
+                },
+            ) => la.same_shape(lb) && ra.same_shape(rb),
             _ => false,
         }
     }

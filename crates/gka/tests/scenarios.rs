@@ -8,7 +8,11 @@ use common::*;
 #[test]
 fn basic_story_for_every_protocol() {
     for p in ALL {
-        run(p, "init a b c d\njoin e\nleave b\nmerge f g\npartition c d\n", 1);
+        run(
+            p,
+            "init a b c d\njoin e\nleave b\nmerge f g\npartition c d\n",
+            1,
+        );
     }
 }
 
@@ -31,7 +35,11 @@ fn controller_and_sponsor_leave() {
 #[test]
 fn partition_and_merge_back() {
     for p in ALL {
-        let tb = run(p, "init a b c d e f g h\npartition a c e g\nmerge a c e g\n", 4);
+        let tb = run(
+            p,
+            "init a b c d e f g h\npartition a c e g\nmerge a c e g\n",
+            4,
+        );
         let last = last(&tb);
         assert_eq!(last.members.len(), 8, "{p:?}");
     }
@@ -40,6 +48,10 @@ fn partition_and_merge_back() {
 #[test]
 fn single_member_views() {
     for p in ALL {
-        run(p, "init a\njoin b\nleave a\njoin c\npartition c\nmerge c\n", 5);
+        run(
+            p,
+            "init a\njoin b\nleave a\njoin c\npartition c\nmerge c\n",
+            5,
+        );
     }
 }

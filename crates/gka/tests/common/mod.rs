@@ -8,7 +8,13 @@ use conclave_gka::testbed::{Testbed, ViewRecord};
 use conclave_gka::ProtocolId;
 use std::collections::{BTreeMap, BTreeSet};
 
-pub const ALL: [ProtocolId; 5] = [ProtocolId::Gdh, ProtocolId::Ckd, ProtocolId::Tgdh, ProtocolId::Str, ProtocolId::Bd];
+pub const ALL: [ProtocolId; 5] = [
+    ProtocolId::Gdh,
+    ProtocolId::Ckd,
+    ProtocolId::Tgdh,
+    ProtocolId::Str,
+    ProtocolId::Bd,
+];
 
 pub fn testbed(p: ProtocolId, seed: u64) -> Testbed<Ristretto255> {
     let mut tb = Testbed::<Ristretto255>::new(p, SigScheme::Ed25519, seed);
@@ -22,21 +28,42 @@ pub fn testbed(p: ProtocolId, seed: u64) -> Testbed<Ristretto255> {
 pub fn run(p: ProtocolId, script: &str, seed: u64) -> Testbed<Ristretto255> {
     let steps = parse(script).expect("script parses");
     let mut tb = testbed(p, seed);
-    tb.run_script(&steps).expect("script runs");
+    if let Err(e) = tb.run_script(&steps) {
+        panic!("{p:?} script failed: {e}\n{script}");
+    }
     check(p, &tb, script);
     tb
 }
 
 pub fn check(p: ProtocolId, tb: &Testbed<Ristretto255>, what: &str) {
-    assert!(tb.errors.is_empty(), "{p:?} {what}: protocol errors {:?}", tb.errors);
-    assert!(tb.stuck().is_empty(), "{p:?} {what}: stuck members {:?}", tb.stuck());
+    assert!(
+        tb.errors.is_empty(),
+        "{p:?} {what}: protocol errors {:?}",
+        tb.errors
+    );
+    assert!(
+        tb.stuck().is_empty(),
+        "{p:?} {what}: stuck members {:?}",
+        tb.stuck()
+    );
     let mut seen_keys = BTreeMap::new();
     let mut seen_secrets = BTreeMap::new();
     for r in &tb.records {
         let fps: BTreeSet<&String> = r.keys.values().collect();
-        assert_eq!(fps.len(), 1, "{p:?} {what}: view {} members disagree: {:?}", r.view, r.keys);
+        assert_eq!(
+            fps.len(),
+            1,
+            "{p:?} {what}: view {} members disagree: {:?}",
+            r.view,
+            r.keys
+        );
         let secrets: BTreeSet<_> = r.secret_fingerprints.values().collect();
-        assert_eq!(secrets.len(), 1, "{p:?} {what}: view {} raw secrets disagree", r.view);
+        assert_eq!(
+            secrets.len(),
+            1,
+            "{p:?} {what}: view {} raw secrets disagree",
+            r.view
+        );
         let fp = fps.into_iter().next().unwrap().clone();
         if let Some(v) = seen_keys.insert(fp, r.view) {
             panic!("{p:?} {what}: views {v} and {} share a key", r.view);
@@ -49,18 +76,33 @@ pub fn check(p: ProtocolId, tb: &Testbed<Ristretto255>, what: &str) {
     // Every current component view has completed.
     for (view, members) in tb.components() {
         let rec = tb.records.iter().find(|r| r.view == *view);
-        let rec = rec.unwrap_or_else(|| panic!("{p:?} {what}: final view {view} {members:?} never completed"));
+        let rec = rec.unwrap_or_else(|| {
+            panic!("{p:?} {what}: final view {view} {members:?} never completed")
+        });
         assert_eq!(&rec.members, members);
     }
     // Nobody ever holds the key of a view it is not a member of.
     for (m, k) in &tb.key_log {
-        assert!(k.members.contains(m), "{p:?} {what}: {m} got the key of view {} {:?}", k.view_id, k.members);
+        assert!(
+            k.members.contains(m),
+            "{p:?} {what}: {m} got the key of view {} {:?}",
+            k.view_id,
+            k.members
+        );
     }
     // A key is held only by members of its view: no outsider's log shows that key.
-    let by_fp: BTreeMap<String, &ViewRecord> = tb.records.iter().map(|r| (r.keys.values().next().unwrap().clone(), r)).collect();
+    let by_fp: BTreeMap<String, &ViewRecord> = tb
+        .records
+        .iter()
+        .map(|r| (r.keys.values().next().unwrap().clone(), r))
+        .collect();
     for (m, k) in &tb.key_log {
         if let Some(r) = by_fp.get(&k.key.fingerprint().to_string()) {
-            assert!(r.members.contains(m), "{p:?} {what}: outsider {m} holds the key of view {}", r.view);
+            assert!(
+                r.members.contains(m),
+                "{p:?} {what}: outsider {m} holds the key of view {}",
+                r.view
+            );
         }
     }
 }
