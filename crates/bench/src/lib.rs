@@ -1,1 +1,5 @@
+//! Conclave's experiments. Each writes JSON lines (one object per measurement) and can draw SVG
+//! plots; they measure, they never assert.
 
+pub mod gka;
+pub mod plot;

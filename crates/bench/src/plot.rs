@@ -25,9 +25,9 @@ const LEFT: f64 = 80.0;
 const RIGHT: f64 = W - 20.0;
 const TOP: f64 = 50.0;
 const BOTTOM: f64 = H - 60.0;
-const MIDDLE: &str = "text-anchor=\"middle\" ";
-const END: &str = "text-anchor=\"end\" dominant-baseline=\"middle\"";
-const START: &str = "text-anchor=\"start\" dominant-baseline=\"middle\"";
+const MIDDLE: &str = "text-anchor='middle'";
+const END: &str = "text-anchor='end' dominant-baseline='middle'";
+const START: &str = "text-anchor='start' dominant-baseline='middle'";
 const PALETTE: [&str; 10] = [
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf",
@@ -41,10 +41,6 @@ struct Axis {
 }
 
 impl Axis {
-    fn new(lo: f64, hi: f64, ticks: Vec<(f64, String)>) -> Self {
-        Axis { lo, hi, ticks }
-    }
-
     /// Maps a plotting-space value onto the pixel range `a..b`.
     fn map(&self, v: f64, a: f64, b: f64) -> f64 {
         a + (v - self.lo) / (self.hi - self.lo) * (b - a)
@@ -63,26 +59,22 @@ impl Chart {
             })
             .collect();
         let all = || data.iter().flatten();
-        let (xmin, xmax) = min_max(all().map(|p| p.0)).unwrap_or((0.0, 1.0));
-        let xa = linear_axis(xmin, xmax);
-        let ya = match (min_max(all().map(|p| p.1)), log) {
-            (Some((a, b)), true) => log_axis(a, b),
-            (None, true) => log_axis(1.0, 10.0),
-            (r, false) => {
-                let (a, b) = r.unwrap_or((0.0, 1.0));
-                linear_axis(a, b)
-            }
+        let xa = linear_axis(min_max(all().map(|p| p.0)).unwrap_or((0.0, 1.0)));
+        let y_range = min_max(all().map(|p| p.1));
+        let ya = match log {
+            true => log_axis(y_range.unwrap_or((1.0, 10.0))),
+            false => linear_axis(y_range.unwrap_or((0.0, 1.0))),
         };
         let px = |x: f64| xa.map(x, LEFT, RIGHT);
         let py = |y: f64| ya.map(if log { y.log10() } else { y }, BOTTOM, TOP);
 
         let mut s = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
-             viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+            "<svg xmlns='http://www.w3.org/2000/svg' width='{W}' height='{H}' \
+             viewBox='0 0 {W} {H}' font-family='sans-serif' font-size='12'>\n"
         );
-        rect(&mut s, 0.0, 0.0, W, H, "fill=\"white\"");
-        text(&mut s, W / 2.0, 28.0, "font-size=\"18\"", &self.title);
-        let grid = "stroke=\"#e0e0e0\"";
+        rect(&mut s, 0.0, 0.0, W, H, "fill='white'");
+        text(&mut s, W / 2.0, 28.0, "font-size='18'", &self.title);
+        let grid = "stroke='#e0e0e0'";
         for (v, label) in &xa.ticks {
             let x = xa.map(*v, LEFT, RIGHT);
             line(&mut s, x, TOP, x, BOTTOM, grid);
@@ -93,7 +85,7 @@ impl Chart {
             line(&mut s, LEFT, y, RIGHT, y, grid);
             text(&mut s, LEFT - 8.0, y, END, label);
         }
-        let frame = "fill=\"none\" stroke=\"black\"";
+        let frame = "fill='none' stroke='black'";
         rect(&mut s, LEFT, TOP, RIGHT - LEFT, BOTTOM - TOP, frame);
         for (i, pts) in data.iter().enumerate() {
             let c = PALETTE[i % PALETTE.len()];
@@ -102,10 +94,10 @@ impl Chart {
                 .collect();
             if coords.len() > 1 {
                 let pts = coords.join(" ");
-                s += &format!("<polyline points=\"{pts}\" fill=\"none\" {}/>\n", stroke(c));
+                s += &format!("<polyline points='{pts}' fill='none' {}/>\n", stroke(c));
             }
             for &(x, y) in pts {
-                circle(&mut s, px(x), py(y), c, " class=\"pt\"");
+                circle(&mut s, px(x), py(y), c, " class='pt'");
             }
         }
         if !self.series.is_empty() {
@@ -114,7 +106,7 @@ impl Chart {
             let (lx, ly) = (LEFT + 10.0, TOP + 10.0);
             let w = longest.unwrap_or(0) as f64 * 7.0 + 40.0;
             let h = self.series.len() as f64 * 18.0 + 8.0;
-            let bg = "fill=\"white\" fill-opacity=\"0.8\" stroke=\"#bbbbbb\"";
+            let bg = "fill='white' fill-opacity='0.8' stroke='#bbbbbb'";
             rect(&mut s, lx, ly, w, h, bg);
             for (i, series) in self.series.iter().enumerate() {
                 let c = PALETTE[i % PALETTE.len()];
@@ -125,8 +117,8 @@ impl Chart {
             }
         }
         let (cx, cy) = ((LEFT + RIGHT) / 2.0, (TOP + BOTTOM) / 2.0);
-        text(&mut s, cx, H - 15.0, "font-size=\"14\"", &self.x_label);
-        let rot = format!("font-size=\"14\" transform=\"rotate(-90 20 {})\"", num(cy));
+        text(&mut s, cx, H - 15.0, "font-size='14'", &self.x_label);
+        let rot = format!("font-size='14' transform='rotate(-90 20 {})'", num(cy));
         text(&mut s, 20.0, cy, &rot, &self.y_label);
         s.push_str("</svg>\n");
         s
@@ -134,41 +126,32 @@ impl Chart {
 }
 
 fn stroke(colour: &str) -> String {
-    format!("stroke=\"{colour}\" stroke-width=\"2\"")
+    format!("stroke='{colour}' stroke-width='2'")
 }
 
 fn line(s: &mut String, x1: f64, y1: f64, x2: f64, y2: f64, style: &str) {
     let (x1, y1, x2, y2) = (num(x1), num(y1), num(x2), num(y2));
-    s.push_str(&format!(
-        "<line x1=\"{x1}\" y1=\"{y1}\" x2=\"{x2}\" y2=\"{y2}\" {style}/>\n"
-    ));
+    *s += &format!("<line x1='{x1}' y1='{y1}' x2='{x2}' y2='{y2}' {style}/>\n");
 }
 
 fn rect(s: &mut String, x: f64, y: f64, w: f64, h: f64, style: &str) {
     let (x, y, w, h) = (num(x), num(y), num(w), num(h));
-    s.push_str(&format!(
-        "<rect x=\"{x}\" y=\"{y}\" width=\"{w}\" height=\"{h}\" {style}/>\n"
-    ));
+    *s += &format!("<rect x='{x}' y='{y}' width='{w}' height='{h}' {style}/>\n");
 }
 
 fn circle(s: &mut String, x: f64, y: f64, colour: &str, extra: &str) {
     let (x, y) = (num(x), num(y));
-    s.push_str(&format!(
-        "<circle{extra} cx=\"{x}\" cy=\"{y}\" r=\"3\" fill=\"{colour}\"/>\n"
-    ));
+    *s += &format!("<circle{extra} cx='{x}' cy='{y}' r='3' fill='{colour}'/>\n");
 }
 
 /// Text is centred unless `attrs` sets its own anchor, since most labels sit under a point.
 fn text(s: &mut String, x: f64, y: f64, attrs: &str, body: &str) {
     let (x, y, body) = (num(x), num(y), esc(body));
-    let anchor = if attrs.contains("text-anchor") {
-        ""
-    } else {
-        MIDDLE
+    let attrs = match attrs.contains("text-anchor") {
+        true => attrs.to_string(),
+        false => format!("{MIDDLE} {attrs}"),
     };
-    s.push_str(&format!(
-        "<text x=\"{x}\" y=\"{y}\" {anchor}{attrs}>{body}</text>\n"
-    ));
+    *s += &format!("<text x='{x}' y='{y}' {}>{body}</text>\n", attrs.trim_end());
 }
 
 fn min_max(it: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
@@ -179,7 +162,7 @@ fn min_max(it: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
 }
 
 /// Picks a 1/2/5 x 10^k step giving 5-8 ticks and widens the domain to whole steps.
-fn linear_axis(mut lo: f64, mut hi: f64) -> Axis {
+fn linear_axis((mut lo, mut hi): (f64, f64)) -> Axis {
     if hi - lo <= f64::EPSILON * lo.abs().max(hi.abs()) {
         // A flat line still needs a visible band around it.
         let pad = if lo == 0.0 { 1.0 } else { lo.abs() * 0.1 };
@@ -188,8 +171,8 @@ fn linear_axis(mut lo: f64, mut hi: f64) -> Axis {
     }
     let span = hi - lo;
     if !(span.is_finite() && span > 0.0) {
-        // Only reachable near f64::MAX; plot unlabelled rather than risk overflow.
-        return Axis::new(-1.0, 1.0, Vec::new());
+        // Only reachable near f64::MAX; a placeholder axis beats overflowing.
+        return linear_axis((-1.0, 1.0));
     }
     let k0 = (span / 6.0).log10().floor() as i32;
     let mut best: Option<(f64, f64, f64, f64)> = None; // (score, step, first, last)
@@ -209,7 +192,7 @@ fn linear_axis(mut lo: f64, mut hi: f64) -> Axis {
         }
     }
     let Some((_, step, first, last)) = best else {
-        return Axis::new(lo, hi, Vec::new());
+        return linear_axis((-1.0, 1.0));
     };
     let ticks = (0..=(last - first) as i64)
         .map(|i| {
@@ -219,11 +202,12 @@ fn linear_axis(mut lo: f64, mut hi: f64) -> Axis {
             (v, label(v, step))
         })
         .collect();
-    Axis::new(first * step, last * step, ticks)
+    let (lo, hi) = (first * step, last * step);
+    Axis { lo, hi, ticks }
 }
 
 /// Log axis over positive `min..=max`; the domain is in log10 units.
-fn log_axis(mut min: f64, mut max: f64) -> Axis {
+fn log_axis((mut min, mut max): (f64, f64)) -> Axis {
     if max / min < 1.0001 {
         min /= 3.0;
         max *= 3.0;
@@ -243,7 +227,8 @@ fn log_axis(mut min: f64, mut max: f64) -> Axis {
                 .filter(|v| **v >= lo && **v <= hi)
                 .map(|&v| (v.log10(), label(v, v)))
                 .collect();
-            return Axis::new(lo.log10(), hi.log10(), ticks);
+            let (lo, hi) = (lo.log10(), hi.log10());
+            return Axis { lo, hi, ticks };
         }
     }
     let (lo, hi) = (a.floor() as i32, b.ceil() as i32);
@@ -255,7 +240,8 @@ fn log_axis(mut min: f64, mut max: f64) -> Axis {
         .filter(|(_, v)| v.is_finite() && *v > 0.0)
         .map(|(d, v)| (d, label(v, v)))
         .collect();
-    Axis::new(lo as f64, hi as f64, ticks)
+    let (lo, hi) = (lo as f64, hi as f64);
+    Axis { lo, hi, ticks }
 }
 
 /// Compact tick label; `step` is the tick spacing, which decides how many decimals matter.
@@ -282,11 +268,7 @@ fn label(v: f64, step: f64) -> String {
 }
 
 fn decimals(step: f64) -> usize {
-    if step >= 1.0 {
-        0
-    } else {
-        (-step.log10() - 1e-9).ceil().clamp(0.0, 20.0) as usize
-    }
+    (-step.log10() - 1e-9).ceil().clamp(0.0, 20.0) as usize
 }
 
 /// Strips trailing zeros so labels and coordinates stay short.
@@ -305,16 +287,10 @@ fn num(v: f64) -> String {
     trim(&format!("{:.2}", if v.is_finite() { v } else { 0.0 }))
 }
 
+/// Text content only; attributes never carry user text, so `'` needs no escaping.
 fn esc(s: &str) -> String {
-    let pairs = [
-        ('&', "&amp;"),
-        ('<', "&lt;"),
-        ('>', "&gt;"),
-        ('"', "&quot;"),
-    ];
-    pairs
-        .iter()
-        .fold(s.to_string(), |t, (c, e)| t.replace(*c, e))
+    let s = s.replace('&', "&amp;").replace('<', "&lt;");
+    s.replace('>', "&gt;").replace('"', "&quot;")
 }
 
 #[cfg(test)]
@@ -344,15 +320,12 @@ mod tests {
     }
 
     fn markers(svg: &str) -> usize {
-        svg.matches("class=\"pt\"").count()
+        svg.matches("class='pt'").count()
     }
 
     #[test]
     fn names_and_escaping() {
-        let two = vec![
-            ("alpha", vec![(1.0, 2.0), (2.0, 3.0)]),
-            ("b\"<", vec![(1.0, 1.0)]),
-        ];
+        let two = vec![("alpha", vec![(1.0, 2.0)]), ("b\"<", vec![])];
         let svg = render("T", false, two);
         assert!(svg.contains(">alpha<") && svg.contains(">b&quot;&lt;<"));
         assert!(render("a<&>b", false, vec![]).contains(">a&lt;&amp;&gt;b<"));
@@ -361,19 +334,12 @@ mod tests {
     #[test]
     fn edge_cases() {
         let flat = vec![(1.0, 5.0), (2.0, 5.0), (3.0, 5.0)];
-        let bad = vec![
-            (f64::NAN, 1.0),
-            (1.0, f64::INFINITY),
-            (2.0, 3.0),
-            (-f64::INFINITY, 2.0),
-        ];
+        let bad = vec![(f64::NAN, 1.0), (1.0, f64::INFINITY), (2.0, 3.0)];
         let huge = vec![(-f64::MAX, f64::MAX), (f64::MAX, f64::MIN_POSITIVE)];
         for log in [false, true] {
             render("", log, vec![]);
-            assert_eq!(
-                markers(&render("", log, vec![("one", vec![(3.0, 7.0)])])),
-                1
-            );
+            let one = vec![("one", vec![(3.0, 7.0)])];
+            assert_eq!(markers(&render("", log, one)), 1);
             assert_eq!(markers(&render("", log, vec![("flat", flat.clone())])), 3);
             render("", log, vec![("same x", vec![(1.0, 1.0), (1.0, 2.0)])]);
             render("", log, vec![("zeros", vec![(0.0, 0.0), (0.0, 0.0)])]);
@@ -393,24 +359,21 @@ mod tests {
 
     #[test]
     fn ticks_are_nice() {
-        let cases = [
-            (0.0, 10.0),
-            (3.0, 97.0),
-            (0.001, 0.0042),
-            (-5.0, 1234.0),
-            (1e6, 1.3e6),
-        ];
+        let cases = [(0.0, 10.0), (3.0, 97.0), (1e-3, 4.2e-3), (-5.0, 1234.0)];
         for (lo, hi) in cases {
-            let n = linear_axis(lo, hi).ticks.len();
+            let n = linear_axis((lo, hi)).ticks.len();
             assert!((5..=8).contains(&n), "{lo}..{hi}: {n}");
         }
         assert_eq!(label(1500.0, 500.0), "1.5k");
         assert_eq!(label(2e6, 1e6), "2M");
         assert_eq!(label(0.5, 0.1), "0.5");
         assert_eq!(label(12.0, 2.0), "12");
-        let t: Vec<String> = log_axis(1.0, 1e4).ticks.into_iter().map(|t| t.1).collect();
-        assert_eq!(t, ["1", "10", "100", "1k", "10k"]);
-        let short: Vec<String> = log_axis(3.0, 40.0).ticks.into_iter().map(|t| t.1).collect();
-        assert_eq!(short, ["2", "5", "10", "20", "50"]);
+        let labels = |a: Axis| a.ticks.into_iter().map(|t| t.1).collect::<Vec<_>>();
+        assert_eq!(
+            labels(log_axis((1.0, 1e4))),
+            ["1", "10", "100", "1k", "10k"]
+        );
+        // Under two decades the 2x and 5x steps appear too.
+        assert_eq!(labels(log_axis((3.0, 40.0))), ["2", "5", "10", "20", "50"]);
     }
 }

@@ -1,1 +1,44 @@
-fn main() {}
+//! `conclave`: the one binary. Subcommands: `demo`, `gka run`, `bench gka`.
+
+mod bench_cmd;
+mod demo;
+mod gka_cmd;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "conclave",
+    version,
+    about = "Secure group communication: ordered group messaging with group keys"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Tell the story of a group's keys: it forms, a member joins, one leaves, it partitions and merges.
+    Demo(demo::DemoArgs),
+    /// Group key agreement tools.
+    Gka {
+        #[command(subcommand)]
+        command: gka_cmd::GkaCommand,
+    },
+    /// Run an experiment and print JSON lines (and plots).
+    Bench {
+        #[command(subcommand)]
+        command: bench_cmd::BenchCommand,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Gka { command } => gka_cmd::run(command),
+        Command::Bench { command } => bench_cmd::run(command),
+    }
+}

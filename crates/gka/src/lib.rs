@@ -11,6 +11,7 @@ pub mod bd;
 pub mod ckd;
 mod core;
 pub mod gdh;
+pub mod kat;
 mod ops;
 pub mod script;
 pub mod str_proto;
@@ -20,3 +21,9 @@ mod tree;
 
 pub use api::*;
 pub use conclave_wire::gka::ProtocolId;
+
+/// Limits a caller may want to check before building a group.
+pub mod api_limits {
+    /// Largest group a run supports (a message lists at most this many members).
+    pub const MAX_GROUP: usize = conclave_wire::gka::MAX_MEMBERS;
+}

@@ -683,6 +683,28 @@ impl<G: Group> Testbed<G> {
         }
     }
 
+    /// The queued messages as (sender, recipients, bytes), for tests that replay or tamper.
+    pub fn queue_snapshot(&self) -> Vec<(MemberId, Vec<MemberId>, Vec<u8>)> {
+        self.queue
+            .iter()
+            .map(|p| (p.from.clone(), p.to.clone(), p.payload.clone()))
+            .collect()
+    }
+
+    /// Hands `bytes` to member `to` as if `from` had sent them, outside the transport. Returns the
+    /// protocol's verdict and how many messages it wanted to send in answer.
+    pub fn inject(&mut self, to: &str, from: &str, bytes: &[u8]) -> (Result<(), GkaError>, usize) {
+        let Some(m) = self.members.get_mut(to) else {
+            return (Err(GkaError::NoView), 0);
+        };
+        let r = m.ka.handle_message(&mut self.rng, from, bytes);
+        let mut n = 0;
+        while m.ka.poll_transmit().is_some() {
+            n += 1;
+        }
+        (r, n)
+    }
+
     /// Messages waiting to be delivered.
     pub fn queued(&self) -> usize {
         self.queue.len()

@@ -1,0 +1,169 @@
+//! Hostile input: stale, replayed, foreign, misplaced, forged and malformed messages are typed
+//! errors, produce no answer, and leave the member's state as it was: the run then completes
+//! with exactly the keys of an undisturbed run on the same seed.
+
+mod common;
+use common::*;
+use conclave_gka::script::Action;
+use conclave_gka::GkaError;
+use conclave_wire::gka::Envelope;
+use proptest::prelude::*;
+
+fn final_keys(tb: &conclave_gka::testbed::Testbed<conclave_crypto::Ristretto255>) -> Vec<String> {
+    tb.records
+        .iter()
+        .map(|r| r.keys.values().next().unwrap().clone())
+        .collect()
+}
+
+fn reencode(bytes: &[u8], f: impl FnOnce(&mut Envelope)) -> Vec<u8> {
+    let (mut e, _) = Envelope::decode(bytes).unwrap();
+    f(&mut e);
+    e.encode()
+}
+
+#[test]
+fn hostile_messages_are_typed_errors_and_change_nothing() {
+    for p in ALL {
+        let control = run(p, "init a b c d\njoin e\n", 5);
+
+        let mut tb = testbed(p, 5);
+        tb.apply(&action("init a b c d")).unwrap();
+        let stale = tb.queue_snapshot();
+        tb.run_until_quiet();
+        tb.apply(&action("join e")).unwrap();
+        // Deliver one message, then attack a recipient of the next one.
+        tb.run_messages(1);
+        let queued = tb.queue_snapshot();
+        let (from, to, bytes) = queued
+            .first()
+            .cloned()
+            .expect("the join run has more messages");
+        let victim = to[0].clone();
+        let (old_from, _, old_bytes) = stale.first().cloned().expect("init sent something");
+
+        let expect = |tb: &mut conclave_gka::testbed::Testbed<_>,
+                      sender: &str,
+                      b: &[u8],
+                      what: &str,
+                      ok: fn(&GkaError) -> bool| {
+            let (r, sent) = tb.inject(&victim, sender, b);
+            let e = r.expect_err(what);
+            assert!(ok(&e), "{p:?} {what}: unexpected {e:?}");
+            assert_eq!(sent, 0, "{p:?} {what}: answered a hostile message");
+        };
+        expect(&mut tb, &old_from, &old_bytes, "stale", |e| {
+            matches!(e, GkaError::Stale { .. })
+        });
+        expect(
+            &mut tb,
+            &from,
+            &bytes[..bytes.len() / 2],
+            "truncated",
+            |e| matches!(e, GkaError::Malformed(_)),
+        );
+        expect(&mut tb, &from, &[0xff; 40], "garbage", |e| {
+            matches!(e, GkaError::Malformed(_))
+        });
+        let foreign = reencode(&bytes, |e| e.group = "other".into());
+        expect(&mut tb, &from, &foreign, "foreign", |e| {
+            matches!(e, GkaError::ForeignGroup(_))
+        });
+        let future = reencode(&bytes, |e| e.view_id += 5);
+        expect(&mut tb, &from, &future, "future", |e| {
+            matches!(e, GkaError::Future { .. })
+        });
+        let epoch = reencode(&bytes, |e| e.epoch += 1);
+        expect(&mut tb, &from, &epoch, "epoch", |e| {
+            matches!(e, GkaError::WrongEpoch { .. })
+        });
+        expect(&mut tb, "mallory", &bytes, "spoofed sender", |e| {
+            matches!(e, GkaError::SenderMismatch { .. })
+        });
+        let outsider = reencode(&bytes, |e| e.sender = "mallory".into());
+        expect(&mut tb, "mallory", &outsider, "outsider", |e| {
+            matches!(e, GkaError::NotAMember(_))
+        });
+        let forged = reencode(&bytes, |e| {
+            if let Some(b) = e.body.last_mut() {
+                *b ^= 1;
+            }
+        });
+        // Content may be checked before the signature: either way a typed error.
+        expect(&mut tb, &from, &forged, "forged", |e| {
+            matches!(
+                e,
+                GkaError::BadSignature(_)
+                    | GkaError::BadElement(_)
+                    | GkaError::Malformed(_)
+                    | GkaError::Misplaced(_)
+            )
+        });
+        let resigned_by_other = reencode(&bytes, |e| e.signature[0] ^= 0x40);
+        expect(&mut tb, &from, &resigned_by_other, "bad signature", |e| {
+            matches!(e, GkaError::BadSignature(_))
+        });
+
+        // The genuine message, delivered by the transport, then once more: a replay.
+        tb.run_messages(1);
+        expect(&mut tb, &from, &bytes, "replay", |e| {
+            matches!(e, GkaError::Replay)
+        });
+        tb.run_until_quiet();
+        let keys = final_keys(&tb);
+        assert_eq!(
+            keys,
+            final_keys(&control),
+            "{p:?}: hostile input changed the outcome"
+        );
+        assert!(tb.stuck().is_empty(), "{p:?}: stuck after hostile input");
+    }
+}
+
+#[test]
+fn misplaced_messages_are_refused() {
+    // A genuine message of this run handed to a member it was not meant for, or at a stage where it
+    // does not fit, is refused without changing anything.
+    for p in ALL {
+        let mut tb = testbed(p, 9);
+        tb.apply(&action("init a b c d e")).unwrap();
+        tb.run_until_quiet();
+        tb.apply(&action("leave c")).unwrap();
+        let q = tb.queue_snapshot();
+        for (from, to, bytes) in &q {
+            for m in tb.member_names() {
+                if m == *from || to.contains(&m) {
+                    continue;
+                }
+                let (r, sent) = tb.inject(&m, from, bytes);
+                if let Err(e) = r {
+                    assert!(!matches!(e, GkaError::BadSignature(_)), "{p:?}: {e:?}");
+                }
+                assert_eq!(sent, 0, "{p:?}: answered a message not meant for it");
+            }
+        }
+        tb.run_until_quiet();
+        check(p, &tb, "misplaced");
+        let _ = Action::Leave("c".into());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    /// Random bytes and random corruptions of genuine messages never panic a member.
+    #[test]
+    fn no_input_panics(garbage in proptest::collection::vec(any::<u8>(), 0..300), flip in any::<usize>(), p_idx in 0usize..5) {
+        let p = ALL[p_idx];
+        let mut tb = testbed(p, 3);
+        tb.apply(&action("init a b c")).unwrap();
+        let q = tb.queue_snapshot();
+        for (from, to, bytes) in q {
+            let _ = tb.inject(&to[0], &from, &garbage);
+            let mut b = bytes.clone();
+            let i = flip % b.len();
+            b[i] ^= 1 << (flip % 8);
+            let _ = tb.inject(&to[0], &from, &b);
+        }
+        tb.run_until_quiet();
+    }
+}
