@@ -60,6 +60,20 @@ pub trait Group: Clone + Send + Sync + 'static {
     fn hash_to_scalar(domain: &[u8], e: &Self::Element) -> Self::Scalar;
 
     fn encode(e: &Self::Element) -> Vec<u8>;
+    /// `b^s` for every base, with the results' encodings: what a controller does before
+    /// broadcasting a list of values. Implementations may share work across the batch.
+    fn exp_batch(bases: &[&Self::Element], s: &Self::Scalar) -> (Vec<Self::Element>, Vec<Vec<u8>>) {
+        let elems: Vec<Self::Element> = bases.iter().map(|b| Self::exp(b, s)).collect();
+        let enc = elems.iter().map(Self::encode).collect();
+        (elems, enc)
+    }
+    /// The encodings of `g^{s_i}`, batched as [`Group::exp_batch`].
+    fn exp_g_batch_encoded(scalars: &[Self::Scalar]) -> Vec<Vec<u8>> {
+        scalars
+            .iter()
+            .map(|s| Self::encode(&Self::exp_g(s)))
+            .collect()
+    }
     /// Decodes and checks membership in the prime-order group. Rejects the identity unless
     /// `allow_identity`.
     fn decode(bytes: &[u8], allow_identity: bool) -> Result<Self::Element, GroupError>;

@@ -231,6 +231,14 @@ mod tests {
         let ga = G::exp_g(&a);
         let gb = G::exp_g(&b);
         assert_eq!(G::exp(&ga, &b), G::exp(&gb, &a));
+        // batched exponentiations agree with single ones
+        let (els, enc) = G::exp_batch(&[&ga, &gb], &b);
+        assert_eq!(els, vec![G::exp(&ga, &b), G::exp(&gb, &b)]);
+        assert_eq!(enc, vec![G::encode(&els[0]), G::encode(&els[1])]);
+        assert_eq!(
+            G::exp_g_batch_encoded(&[a.clone(), b.clone()]),
+            vec![G::encode(&ga), G::encode(&gb)]
+        );
         // inverse exponents factor out
         let ainv = G::scalar_inv(&a).unwrap();
         assert_eq!(G::exp(&G::exp(&gb, &a), &ainv), gb);

@@ -138,7 +138,7 @@ impl<G: Group> KeyAgreement for Bd<G> {
         from: &str,
         bytes: &[u8],
     ) -> Result<(), GkaError> {
-        let (env, signed_len, digest) = self.core.check(from, bytes)?;
+        let (env, signed_len) = self.core.check(from, bytes)?;
         let msg = BdMsg::decode(env.kind, &env.body)?;
         let run = self
             .run
@@ -158,7 +158,7 @@ impl<G: Group> KeyAgreement for Bd<G> {
                     return Ok(());
                 }
                 let z = ops::decode::<G>(&z)?;
-                let inc = self.core.verify(bytes, env, signed_len, digest)?;
+                let inc = self.core.verify(bytes, env, signed_len)?;
                 let run = self.run.as_mut().expect("run checked above");
                 if j == run.prev {
                     run.z_prev = Some(z.clone());
@@ -175,7 +175,7 @@ impl<G: Group> KeyAgreement for Bd<G> {
                 }
                 // With two members X is always the identity.
                 let x = G::decode(&x, true)?;
-                let inc = self.core.verify(bytes, env, signed_len, digest)?;
+                let inc = self.core.verify(bytes, env, signed_len)?;
                 self.run.as_mut().expect("run checked above").x.insert(j, x);
                 self.core.applied(&inc);
                 self.try_finish()

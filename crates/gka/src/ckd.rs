@@ -95,12 +95,21 @@ impl<G: Group> Ckd<G> {
         let view = self.core.view()?.clone();
         let run = self.run.as_ref().expect("controller run");
         let s = G::random_scalar(rng);
-        let mut entries = Vec::with_capacity(view.members.len());
-        for m in view.members.iter().filter(|m| **m != self.core.me) {
-            let k = &run.channels[m];
-            let e = ops::exp_g::<G>(&mut self.core.meter, &G::scalar_mul(&s, k));
-            entries.push((m.clone(), G::encode(&e)));
-        }
+        let others: Vec<&MemberId> = view
+            .members
+            .iter()
+            .filter(|m| **m != self.core.me)
+            .collect();
+        let exps: Vec<G::Scalar> = others
+            .iter()
+            .map(|m| G::scalar_mul(&s, &run.channels[*m]))
+            .collect();
+        self.core.meter.exps += exps.len() as u64;
+        let entries: Vec<(MemberId, Vec<u8>)> = others
+            .into_iter()
+            .cloned()
+            .zip(G::exp_g_batch_encoded(&exps))
+            .collect();
         if !entries.is_empty() {
             self.core.send(
                 Dest::Broadcast,
@@ -217,7 +226,7 @@ impl<G: Group> KeyAgreement for Ckd<G> {
         bytes: &[u8],
     ) -> Result<(), GkaError> {
         self.flush_pending();
-        let (env, signed_len, digest) = self.core.check(from, bytes)?;
+        let (env, signed_len) = self.core.check(from, bytes)?;
         let msg = CkdMsg::decode(env.kind, &env.body)?;
         let me = self.core.me.clone();
         let run = self
@@ -241,7 +250,7 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                     return Err(GkaError::Misplaced("handshake already done"));
                 }
                 let cs = ops::decode::<G>(&controller_share)?;
-                let inc = self.core.verify(bytes, env, signed_len, digest)?;
+                let inc = self.core.verify(bytes, env, signed_len)?;
                 let controller = run.controller.clone();
                 self.core.send(
                     Dest::Unicast(controller.clone()),
@@ -262,7 +271,7 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                     return Err(GkaError::Misplaced("handshake answer not expected"));
                 }
                 let ms = ops::decode::<G>(&member_share)?;
-                let inc = self.core.verify(bytes, env, signed_len, digest)?;
+                let inc = self.core.verify(bytes, env, signed_len)?;
                 let k = ops::to_scalar::<G>(
                     CHANNEL_LABEL,
                     &ops::exp::<G>(&mut self.core.meter, &ms, &self.r),
@@ -298,7 +307,7 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                     .ok_or(GkaError::Misplaced("no entry for this member"))?;
                 let e = ops::decode::<G>(&mine.1)?;
                 let k_inv = ops::inv::<G>(k);
-                let inc = self.core.verify(bytes, env, signed_len, digest)?;
+                let inc = self.core.verify(bytes, env, signed_len)?;
                 let ks = ops::exp::<G>(&mut self.core.meter, &e, &k_inv);
                 let run = self.run.take().expect("checked");
                 self.secure = Some(Secure {

@@ -37,8 +37,10 @@ pub(crate) struct Core {
     pub view: Option<View>,
     /// Members known to share this member's secure state (see the module doc).
     pub side: BTreeSet<MemberId>,
-    /// Digests of messages already applied in the current run.
-    seen: HashSet<[u8; 32]>,
+    /// Signatures of the messages already applied in the current run. Both schemes sign
+    /// deterministically, so a replayed message carries a signature seen before, and a signature
+    /// identifies its message without hashing the whole message again.
+    seen: HashSet<Vec<u8>>,
     pub in_progress: bool,
 }
 
@@ -47,7 +49,7 @@ pub(crate) struct Incoming {
     pub sender: MemberId,
     pub kind: u8,
     pub body: Vec<u8>,
-    digest: [u8; 32],
+    signature: Vec<u8>,
 }
 
 impl Core {
@@ -181,7 +183,7 @@ impl Core {
 
     /// Decodes a message and checks everything but the signature: protocol, group, run, sender.
     /// Cheap, so that a protocol can drop a message it does not need without verifying it.
-    pub fn check(&self, from: &str, bytes: &[u8]) -> Result<(Envelope, usize, [u8; 32]), GkaError> {
+    pub fn check(&self, from: &str, bytes: &[u8]) -> Result<(Envelope, usize), GkaError> {
         let view = self.view()?;
         let (env, signed_len) = Envelope::decode(bytes)?;
         if env.protocol != self.protocol {
@@ -220,11 +222,10 @@ impl Core {
         if env.sender == self.me || !view.members.contains(&env.sender) {
             return Err(GkaError::NotAMember(env.sender));
         }
-        let digest: [u8; 32] = Sha256::digest(bytes).into();
-        if self.seen.contains(&digest) {
+        if self.seen.contains(&env.signature) {
             return Err(GkaError::Replay);
         }
-        Ok((env, signed_len, digest))
+        Ok((env, signed_len))
     }
 
     /// Verifies the signature of a checked envelope.
@@ -233,7 +234,6 @@ impl Core {
         bytes: &[u8],
         env: Envelope,
         signed_len: usize,
-        digest: [u8; 32],
     ) -> Result<Incoming, GkaError> {
         let key = {
             let dir = self.directory.read().unwrap_or_else(|p| p.into_inner());
@@ -248,19 +248,19 @@ impl Core {
             sender: env.sender,
             kind: env.kind,
             body: env.body,
-            digest,
+            signature: env.signature,
         })
     }
 
     /// `check` then `verify`.
     pub fn open(&mut self, from: &str, bytes: &[u8]) -> Result<Incoming, GkaError> {
-        let (env, len, digest) = self.check(from, bytes)?;
-        self.verify(bytes, env, len, digest)
+        let (env, len) = self.check(from, bytes)?;
+        self.verify(bytes, env, len)
     }
 
     /// Records that a message was applied, so that a replay of it is refused.
     pub fn applied(&mut self, msg: &Incoming) {
-        self.seen.insert(msg.digest);
+        self.seen.insert(msg.signature.clone());
     }
 
     /// Marks the run complete: the whole view becomes this member's side.

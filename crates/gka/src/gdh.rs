@@ -41,7 +41,38 @@ pub struct Gdh<G: Group> {
 struct Secure<G: Group> {
     roster: Vec<MemberId>,
     r: G::Scalar,
-    partials: BTreeMap<MemberId, G::Element>,
+    partials: BTreeMap<MemberId, Partial<G>>,
+}
+
+/// A partial key as received, decoded only when used: a member needs its own at once, the
+/// others only if it becomes the controller, so most members of a large group never decode them.
+#[derive(Clone)]
+struct Partial<G: Group> {
+    elem: Option<G::Element>,
+    bytes: Option<Vec<u8>>,
+}
+
+impl<G: Group> Partial<G> {
+    fn elem(e: G::Element) -> Self {
+        Partial {
+            elem: Some(e),
+            bytes: None,
+        }
+    }
+    fn get(&self) -> Result<G::Element, GkaError> {
+        match (&self.elem, &self.bytes) {
+            (Some(e), _) => Ok(e.clone()),
+            (None, Some(b)) => Ok(ops::decode::<G>(b)?),
+            (None, None) => Err(GkaError::Misplaced("empty partial key")),
+        }
+    }
+    fn encode(&self) -> Vec<u8> {
+        match (&self.bytes, &self.elem) {
+            (Some(b), _) => b.clone(),
+            (None, Some(e)) => G::encode(e),
+            (None, None) => Vec::new(),
+        }
+    }
 }
 
 struct Run<G: Group> {
@@ -66,6 +97,31 @@ enum Stage<G: Group> {
     ExpectPartials { token: Option<G::Element> },
 }
 
+/// Raises every base to `s` (counting one exponentiation each) and keeps the encodings, which a
+/// batch computes more cheaply than one by one.
+fn exp_partials<G: Group>(
+    meter: &mut Meter,
+    bases: &[(MemberId, G::Element)],
+    s: &G::Scalar,
+) -> BTreeMap<MemberId, Partial<G>> {
+    meter.exps += bases.len() as u64;
+    let refs: Vec<&G::Element> = bases.iter().map(|(_, b)| b).collect();
+    let (elems, enc) = G::exp_batch(&refs, s);
+    bases
+        .iter()
+        .zip(elems.into_iter().zip(enc))
+        .map(|((m, _), (e, b))| {
+            (
+                m.clone(),
+                Partial {
+                    elem: Some(e),
+                    bytes: Some(b),
+                },
+            )
+        })
+        .collect()
+}
+
 impl<G: Group> Gdh<G> {
     pub fn new(me: &str, group: &str, identity: Identity, directory: SharedDirectory) -> Self {
         Gdh {
@@ -86,7 +142,10 @@ impl<G: Group> Gdh<G> {
         Secure {
             roster: vec![self.core.me.clone()],
             r: G::random_scalar(rng),
-            partials: BTreeMap::from([(self.core.me.clone(), G::exp_g(&G::scalar_from_u64(1)))]),
+            partials: BTreeMap::from([(
+                self.core.me.clone(),
+                Partial::elem(G::exp_g(&G::scalar_from_u64(1))),
+            )]),
         }
     }
 
@@ -94,12 +153,12 @@ impl<G: Group> Gdh<G> {
         &mut self,
         roster: Vec<MemberId>,
         r: G::Scalar,
-        partials: BTreeMap<MemberId, G::Element>,
+        partials: BTreeMap<MemberId, Partial<G>>,
     ) -> Result<(), GkaError> {
         let mine = partials
             .get(&self.core.me)
-            .cloned()
-            .ok_or(GkaError::Misplaced("no partial key for this member"))?;
+            .ok_or(GkaError::Misplaced("no partial key for this member"))?
+            .get()?;
         self.secure = Some(Secure {
             roster,
             r: r.clone(),
@@ -121,12 +180,12 @@ impl<G: Group> Gdh<G> {
     fn broadcast_partials(
         &mut self,
         roster: Vec<MemberId>,
-        partials: BTreeMap<MemberId, G::Element>,
+        partials: BTreeMap<MemberId, Partial<G>>,
     ) -> Result<(), GkaError> {
         let list = roster
             .iter()
             .filter(|m| **m != self.core.me)
-            .map(|m| (m.clone(), G::encode(&partials[m])))
+            .map(|m| (m.clone(), partials[m].encode()))
             .collect();
         self.core.send(
             Dest::Broadcast,
@@ -178,16 +237,12 @@ impl<G: Group> KeyAgreement for Gdh<G> {
             if controller == me {
                 let r_new = G::random_scalar(rng);
                 let delta = G::scalar_mul(&r_new, &ops::inv::<G>(&secure.r));
-                let mut partials = BTreeMap::new();
-                for m in &base_roster {
-                    let p = &secure.partials[m];
-                    let p = if *m == me {
-                        p.clone()
-                    } else {
-                        ops::exp::<G>(&mut self.core.meter, p, &delta)
-                    };
-                    partials.insert(m.clone(), p);
+                let mut others = Vec::with_capacity(base_roster.len());
+                for m in base_roster.iter().filter(|m| **m != me) {
+                    others.push((m.clone(), secure.partials[m].get()?));
                 }
+                let mut partials = exp_partials::<G>(&mut self.core.meter, &others, &delta);
+                partials.insert(me.clone(), secure.partials[&me].clone());
                 if base_roster.len() > 1 {
                     self.broadcast_partials(base_roster.clone(), partials.clone())?;
                 }
@@ -216,7 +271,8 @@ impl<G: Group> KeyAgreement for Gdh<G> {
             let controller = base_roster.last().expect("side holds this member").clone();
             if controller == me {
                 let r_new = G::random_scalar(rng);
-                let token = ops::exp::<G>(&mut self.core.meter, &secure.partials[&me], &r_new);
+                let token =
+                    ops::exp::<G>(&mut self.core.meter, &secure.partials[&me].get()?, &r_new);
                 self.core.send(
                     Dest::Unicast(chain[0].clone()),
                     Order::Fifo,
@@ -355,11 +411,9 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                     let token = token.clone();
                     let got = std::mem::take(got);
                     let r = run.r.clone();
-                    let mut partials = BTreeMap::new();
-                    for (m, fo) in &got {
-                        partials.insert(m.clone(), ops::exp::<G>(&mut self.core.meter, fo, &r));
-                    }
-                    partials.insert(me, token);
+                    let fos: Vec<(MemberId, G::Element)> = got.into_iter().collect();
+                    let mut partials = exp_partials::<G>(&mut self.core.meter, &fos, &r);
+                    partials.insert(me, Partial::elem(token));
                     self.broadcast_partials(roster.clone(), partials.clone())?;
                     self.core.applied(&inc);
                     return self.finish(roster, r, partials);
@@ -377,13 +431,23 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                     if !view_members.contains(m) || *m == inc.sender || map.contains_key(m) {
                         return Err(GkaError::Misplaced("partial key list names a wrong member"));
                     }
-                    map.insert(m.clone(), ops::decode::<G>(p)?);
+                    let partial = if *m == me {
+                        Partial::elem(ops::decode::<G>(p)?)
+                    } else if p.len() == G::ELEMENT_BYTES {
+                        Partial {
+                            elem: None,
+                            bytes: Some(p.clone()),
+                        }
+                    } else {
+                        return Err(GkaError::Misplaced("partial key of the wrong size"));
+                    };
+                    map.insert(m.clone(), partial);
                 }
                 if map.len() + 1 != roster.len() {
                     return Err(GkaError::Misplaced("partial key list is incomplete"));
                 }
                 let controller_partial = match token.take() {
-                    Some(t) => t,
+                    Some(t) => Partial::elem(t),
                     None => {
                         // Leave/partition: the controller's own partial does not change.
                         let s = self

@@ -184,14 +184,15 @@ impl<G: Group> Tgdh<G> {
         let mut trees: Vec<Node<G>> = run.foreign.clone();
         trees.push(run.tree.clone());
         trees.sort_by(|a, b| {
-            let (la, lb) = (a.leaves(), b.leaves());
-            lb.len().cmp(&la.len()).then_with(|| la[0].cmp(&lb[0]))
+            b.size()
+                .cmp(&a.size())
+                .then_with(|| a.leftmost().cmp(b.leftmost()))
         });
         let mut it = trees.into_iter();
         let mut merged = it.next().expect("at least this member's tree");
         let mut refresher = None;
         for t in it {
-            refresher = Some(t.rightmost().clone());
+            refresher = Some(t.rightmost().to_owned());
             merged.insert(t);
         }
         // One fresh contribution per run keeps keys from repeating: the rightmost member of the
@@ -258,8 +259,8 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
             .secure
             .clone()
             .and_then(|t| t.prune(&side))
-            .unwrap_or_else(|| Node::leaf(me.clone()));
-        if tree.leaves().len() != side.len() {
+            .unwrap_or_else(|| Node::leaf(&me));
+        if tree.size() != side.len() {
             return Err(GkaError::InvalidView(
                 "side is not covered by the secure tree",
             ));
@@ -269,7 +270,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
             let k = G::random_scalar(rng);
             let secret = G::encode_scalar(&k);
             let tree = Node::Leaf {
-                member: me,
+                member: std::sync::Arc::from(me.as_str()),
                 bk: None,
                 key: Some(k),
             };
@@ -291,8 +292,8 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
                 .iter()
                 .min_by(|a, b| a.len().cmp(&b.len()).then_with(|| b.cmp(a)))
             {
-                Some(p) => tree.at(p).expect("frontier path").rightmost().clone(),
-                None => tree.rightmost().clone(),
+                Some(p) => tree.at(p).expect("frontier path").rightmost().to_owned(),
+                None => tree.rightmost().to_owned(),
             };
             let rpath = tree.find(&refresher).expect("refresher is in the tree");
             let leaf = tree.at_mut(&rpath).expect("found");
@@ -304,7 +305,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
                 extra.push(refresh::<G>(&mut tree, &me, rng, &mut self.core.meter));
             }
             self.run = Some(Run {
-                tree: Node::leaf(me.clone()),
+                tree: Node::leaf(&me),
                 collecting: false,
                 got_own: true,
                 foreign: vec![],
@@ -316,7 +317,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
         }
         // Merge, round 1: each side's rightmost member broadcasts the side's tree, with the blinded
         // keys it can add (a new member's leaf, the side's old root).
-        let sponsor = tree.rightmost().clone();
+        let sponsor = tree.rightmost().to_owned();
         let mut fresh_leaf = false;
         if tree
             .find(&me)

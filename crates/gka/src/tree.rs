@@ -1,9 +1,11 @@
 //! The binary key tree of TGDH (paper 000 §4.3): structure, node paths and blinded keys, kept
 //! apart from the protocol logic.
 //!
-//! A node is addressed by its [`NodePath`] from the root (`false` = left). Blinded keys are kept as
-//! received (encoded) and decoded only when a member uses them, so that a member of a large group
-//! decodes `O(h)` elements per run, not `O(n)`.
+//! A node is addressed by its [`NodePath`] from the root (`false` = left). Internal nodes cache
+//! their subtree's height and leaf count, so that choosing an insertion point, comparing trees and
+//! counting members take `O(h)`, not `O(n)`. Blinded keys are kept as received (encoded) and
+//! decoded only when a member uses them, so that a member of a large group decodes `O(h)`
+//! elements per run, not `O(n)`.
 
 use crate::api::MemberId;
 use conclave_crypto::Group;
@@ -16,7 +18,7 @@ pub(crate) type Bk = Arc<[u8]>;
 
 pub(crate) enum Node<G: Group> {
     Leaf {
-        member: MemberId,
+        member: Arc<str>,
         bk: Option<Bk>,
         key: Option<G::Scalar>,
     },
@@ -25,6 +27,8 @@ pub(crate) enum Node<G: Group> {
         key: Option<G::Scalar>,
         left: Box<Node<G>>,
         right: Box<Node<G>>,
+        height: u32,
+        size: u32,
     },
 }
 
@@ -41,22 +45,42 @@ impl<G: Group> Clone for Node<G> {
                 key,
                 left,
                 right,
+                height,
+                size,
             } => Node::Internal {
                 bk: bk.clone(),
                 key: key.clone(),
                 left: left.clone(),
                 right: right.clone(),
+                height: *height,
+                size: *size,
             },
         }
     }
 }
 
 impl<G: Group> Node<G> {
-    pub fn leaf(member: MemberId) -> Self {
+    pub fn leaf(member: &str) -> Self {
         Node::Leaf {
-            member,
+            member: Arc::from(member),
             bk: None,
             key: None,
+        }
+    }
+    /// A new internal node over two subtrees, without keys.
+    pub fn join(left: Node<G>, right: Node<G>) -> Self {
+        Self::join_with(None, None, left, right)
+    }
+    fn join_with(bk: Option<Bk>, key: Option<G::Scalar>, left: Node<G>, right: Node<G>) -> Self {
+        let height = 1 + left.height().max(right.height()) as u32;
+        let size = (left.size() + right.size()) as u32;
+        Node::Internal {
+            bk,
+            key,
+            left: Box::new(left),
+            right: Box::new(right),
+            height,
+            size,
         }
     }
     pub fn bk(&self) -> Option<&Bk> {
@@ -79,47 +103,66 @@ impl<G: Group> Node<G> {
             Node::Leaf { key, .. } | Node::Internal { key, .. } => *key = v,
         }
     }
+    pub fn height(&self) -> usize {
+        match self {
+            Node::Leaf { .. } => 0,
+            Node::Internal { height, .. } => *height as usize,
+        }
+    }
+    /// Number of leaves.
+    pub fn size(&self) -> usize {
+        match self {
+            Node::Leaf { .. } => 1,
+            Node::Internal { size, .. } => *size as usize,
+        }
+    }
     pub fn leaves(&self) -> Vec<MemberId> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.size());
         self.collect_leaves(&mut out);
         out
     }
     fn collect_leaves(&self, out: &mut Vec<MemberId>) {
         match self {
-            Node::Leaf { member, .. } => out.push(member.clone()),
+            Node::Leaf { member, .. } => out.push(member.to_string()),
             Node::Internal { left, right, .. } => {
                 left.collect_leaves(out);
                 right.collect_leaves(out);
             }
         }
     }
-    pub fn height(&self) -> usize {
-        match self {
-            Node::Leaf { .. } => 0,
-            Node::Internal { left, right, .. } => 1 + left.height().max(right.height()),
-        }
-    }
-    pub fn rightmost(&self) -> &MemberId {
+    pub fn rightmost(&self) -> &str {
         match self {
             Node::Leaf { member, .. } => member,
             Node::Internal { right, .. } => right.rightmost(),
         }
     }
-    pub fn find(&self, member: &str) -> Option<NodePath> {
+    pub fn leftmost(&self) -> &str {
         match self {
-            Node::Leaf { member: m, .. } => (m == member).then(Vec::new),
-            Node::Internal { left, right, .. } => {
-                if let Some(mut p) = left.find(member) {
-                    p.insert(0, false);
-                    Some(p)
-                } else if let Some(mut p) = right.find(member) {
-                    p.insert(0, true);
-                    Some(p)
-                } else {
-                    None
+            Node::Leaf { member, .. } => member,
+            Node::Internal { left, .. } => left.leftmost(),
+        }
+    }
+    pub fn find(&self, member: &str) -> Option<NodePath> {
+        fn walk<G: Group>(n: &Node<G>, member: &str, path: &mut NodePath) -> bool {
+            match n {
+                Node::Leaf { member: m, .. } => &**m == member,
+                Node::Internal { left, right, .. } => {
+                    path.push(false);
+                    if walk(left, member, path) {
+                        return true;
+                    }
+                    path.pop();
+                    path.push(true);
+                    if walk(right, member, path) {
+                        return true;
+                    }
+                    path.pop();
+                    false
                 }
             }
         }
+        let mut path = Vec::new();
+        walk(self, member, &mut path).then_some(path)
     }
     pub fn at(&self, path: &[bool]) -> Option<&Node<G>> {
         let mut n = self;
@@ -143,10 +186,13 @@ impl<G: Group> Node<G> {
     }
     /// Clears keys and blinded keys of every proper ancestor of the node at `path`.
     pub fn invalidate_above(&mut self, path: &[bool]) {
-        for d in 0..path.len() {
-            if let Some(n) = self.at_mut(&path[..d]) {
-                n.set_bk(None);
-                n.set_key(None);
+        let mut n = self;
+        for &b in path {
+            n.set_bk(None);
+            n.set_key(None);
+            match n {
+                Node::Internal { left, right, .. } => n = if b { right } else { left },
+                Node::Leaf { .. } => return,
             }
         }
     }
@@ -158,7 +204,7 @@ impl<G: Group> Node<G> {
     fn prune_inner(self, keep: &BTreeSet<MemberId>) -> (Option<Node<G>>, bool) {
         match self {
             Node::Leaf { ref member, .. } => {
-                if keep.contains(member) {
+                if keep.contains(&**member) {
                     (Some(self), false)
                 } else {
                     (None, true)
@@ -169,6 +215,7 @@ impl<G: Group> Node<G> {
                 key,
                 left,
                 right,
+                ..
             } => {
                 let (l, lc) = left.prune_inner(keep);
                 let (r, rc) = right.prune_inner(keep);
@@ -176,15 +223,7 @@ impl<G: Group> Node<G> {
                     (Some(l), Some(r)) => {
                         let changed = lc || rc;
                         let (bk, key) = if changed { (None, None) } else { (bk, key) };
-                        (
-                            Some(Node::Internal {
-                                bk,
-                                key,
-                                left: Box::new(l),
-                                right: Box::new(r),
-                            }),
-                            changed,
-                        )
+                        (Some(Node::join_with(bk, key, l, r)), changed)
                     }
                     (Some(x), None) | (None, Some(x)) => (Some(x), true),
                     (None, None) => (None, true),
@@ -204,7 +243,11 @@ impl<G: Group> Node<G> {
             bk, left, right, ..
         } = self
         {
-            if bk.is_none() && left.bk().is_some() && right.bk().is_some() {
+            if bk.is_some() {
+                // A node with a blinded key has an intact subtree: nothing below needs work.
+                return;
+            }
+            if left.bk().is_some() && right.bk().is_some() {
                 out.push(at.clone());
             }
             at.push(false);
@@ -221,9 +264,11 @@ impl<G: Group> Node<G> {
     pub fn insert(&mut self, other: Node<G>) -> NodePath {
         let h = self.height();
         let ho = other.height();
+        // Breadth-first, right to left: the first fit is the shallowest rightmost. A subtree is
+        // only searched if a fit can lie in it: not too deep, and not perfect (in a perfect
+        // subtree every node lies on a longest path).
         let mut best: Option<NodePath> = None;
-        // Breadth-first, right to left: the first fit is the shallowest rightmost.
-        let mut level: Vec<(NodePath, &Node<G>)> = vec![(Vec::new(), self)];
+        let mut level: Vec<(NodePath, &Node<G>)> = vec![(Vec::new(), &*self)];
         let mut depth = 0;
         'search: while !level.is_empty() {
             for (p, n) in level.iter().rev() {
@@ -232,9 +277,22 @@ impl<G: Group> Node<G> {
                     break 'search;
                 }
             }
+            if depth + 2 + ho > h {
+                break;
+            }
             let mut next = Vec::new();
             for (p, n) in &level {
-                if let Node::Internal { left, right, .. } = n {
+                if let Node::Internal {
+                    left,
+                    right,
+                    height,
+                    size,
+                    ..
+                } = n
+                {
+                    if (*size as u64) == 1u64 << (*height).min(63) {
+                        continue;
+                    }
                     let mut pl = p.clone();
                     pl.push(false);
                     next.push((pl, left.as_ref()));
@@ -248,26 +306,43 @@ impl<G: Group> Node<G> {
         }
         let path = best.unwrap_or_default();
         let slot = self.at_mut(&path).expect("path found in this tree");
-        let old = std::mem::replace(slot, Node::leaf(String::new()));
-        *slot = Node::Internal {
-            bk: None,
-            key: None,
-            left: Box::new(old),
-            right: Box::new(other),
-        };
+        let old = std::mem::replace(slot, Node::leaf(""));
+        *slot = Node::join(old, other);
         self.invalidate_above(&path);
+        self.update_meta(&path);
         path
+    }
+    /// Recomputes cached heights and sizes along `path` after a change below it.
+    fn update_meta(&mut self, path: &[bool]) {
+        if let Node::Internal {
+            left,
+            right,
+            height,
+            size,
+            ..
+        } = self
+        {
+            if let Some((&b, rest)) = path.split_first() {
+                if b {
+                    right.update_meta(rest);
+                } else {
+                    left.update_meta(rest);
+                }
+            }
+            *height = 1 + left.height().max(right.height()) as u32;
+            *size = (left.size() + right.size()) as u32;
+        }
     }
     /// Preorder wire form (blinded keys only; keys never leave the member).
     pub fn to_wire(&self) -> Vec<WireNode> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(2 * self.size());
         self.to_wire_inner(&mut out);
         out
     }
     fn to_wire_inner(&self, out: &mut Vec<WireNode>) {
         match self {
             Node::Leaf { member, bk, .. } => out.push(WireNode::Leaf {
-                member: member.clone(),
+                member: member.to_string(),
                 bk: bk.as_ref().map(|b| b.to_vec()),
             }),
             Node::Internal {
@@ -311,11 +386,11 @@ impl<G: Group> Node<G> {
                     continue;
                 }
                 WireNode::Leaf { member, bk } => {
-                    if !seen.insert(member.clone()) {
+                    if !seen.insert(member.as_str()) {
                         return Err("member appears twice in the tree");
                     }
                     Node::Leaf {
-                        member: member.clone(),
+                        member: Arc::from(member.as_str()),
                         bk: check(bk)?,
                         key: None,
                     }
@@ -332,12 +407,7 @@ impl<G: Group> Node<G> {
                         break;
                     }
                     Some(Frame::Half(bk, left)) => {
-                        finished = Node::Internal {
-                            bk,
-                            key: None,
-                            left: Box::new(left),
-                            right: Box::new(finished),
-                        };
+                        finished = Node::join_with(bk, None, left, finished);
                     }
                 }
             }
@@ -357,7 +427,6 @@ impl<G: Group> Node<G> {
         }
         children_ok(self)
     }
-
     /// True if both trees have the same shape and members.
     pub fn same_shape(&self, other: &Node<G>) -> bool {
         match (self, other) {
@@ -376,5 +445,70 @@ impl<G: Group> Node<G> {
             ) => la.same_shape(lb) && ra.same_shape(rb),
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use conclave_crypto::Ristretto255;
+    type N = Node<Ristretto255>;
+
+    fn build(names: &[&str]) -> N {
+        let mut t = N::leaf(names[0]);
+        for n in &names[1..] {
+            t.insert(N::leaf(n));
+        }
+        t
+    }
+
+    #[test]
+    fn insertion_keeps_the_tree_balanced() {
+        let names: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let t = build(&refs);
+        assert_eq!(t.size(), 100);
+        assert_eq!(t.leaves().len(), 100);
+        // Inserting one leaf at a time at the shallowest fitting node gives the minimal height.
+        assert_eq!(t.height(), 7);
+        for n in &refs {
+            let p = t.find(n).unwrap();
+            assert!(matches!(t.at(&p), Some(Node::Leaf { member, .. }) if &**member == *n));
+        }
+    }
+
+    #[test]
+    fn prune_promotes_siblings_and_clears_ancestors() {
+        let mut t = build(&["a", "b", "c", "d"]);
+        for p in [vec![], vec![false], vec![true]] {
+            t.at_mut(&p)
+                .unwrap()
+                .set_bk(Some(Arc::from(&[1u8; 32][..])));
+        }
+        let keep: BTreeSet<MemberId> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let t = t.prune(&keep).unwrap();
+        assert_eq!(t.size(), 3);
+        assert!(t.bk().is_none());
+        assert!(t.find("d").is_none());
+        // The untouched half keeps its blinded key.
+        let a = t.find("a").unwrap();
+        assert!(t.at(&a[..1]).unwrap().bk().is_some() || t.at(&a[..1]).unwrap().size() == 1);
+    }
+
+    #[test]
+    fn wire_round_trip_and_rejections() {
+        let t = build(&["a", "b", "c", "d", "e"]);
+        let w = t.to_wire();
+        let back = N::from_wire(&w).unwrap();
+        assert!(back.same_shape(&t));
+        assert_eq!(back.size(), 5);
+        assert!(N::from_wire(&w[..w.len() - 1]).is_err());
+        let mut dup = w.clone();
+        dup.push(WireNode::Leaf {
+            member: "a".into(),
+            bk: None,
+        });
+        assert!(N::from_wire(&dup).is_err());
+        assert!(N::from_wire(&[]).is_err());
     }
 }

@@ -1,0 +1,42 @@
+use conclave_crypto::{Group, Ristretto255};
+use std::time::Instant;
+fn t<F: FnMut()>(name: &str, n: usize, mut f: F) {
+    let s = Instant::now();
+    for _ in 0..n {
+        f()
+    }
+    println!(
+        "{name}: {:.2} us",
+        s.elapsed().as_secs_f64() * 1e6 / n as f64
+    );
+}
+fn main() {
+    use rand_chacha::rand_core::SeedableRng;
+    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(1);
+    let s = Ristretto255::random_scalar(&mut rng);
+    let p = Ristretto255::exp_g(&s);
+    let e = Ristretto255::encode(&p);
+    t("exp", 2000, || {
+        std::hint::black_box(Ristretto255::exp(&p, &s));
+    });
+    t("exp_g", 2000, || {
+        std::hint::black_box(Ristretto255::exp_g(&s));
+    });
+    t("compress", 2000, || {
+        std::hint::black_box(Ristretto255::encode(&p));
+    });
+    t("decompress", 2000, || {
+        std::hint::black_box(Ristretto255::decode(&e, false).unwrap());
+    });
+    t("invert", 2000, || {
+        std::hint::black_box(Ristretto255::scalar_inv(&s));
+    });
+    t("hash_to_scalar", 2000, || {
+        std::hint::black_box(Ristretto255::hash_to_scalar(b"x", &p));
+    });
+    let big = vec![1u8; 75_000];
+    t("sha256 75KB", 200, || {
+        use sha2::Digest;
+        std::hint::black_box(sha2::Sha256::digest(&big));
+    });
+}
