@@ -28,6 +28,9 @@ pub enum BenchCommand {
         /// Events to run (comma separated; default all).
         #[arg(long, value_delimiter = ',')]
         events: Vec<String>,
+        /// Runs per configuration up to n = 64 (the median is reported); one run beyond.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
         /// Directory for the SVG plots (one per event and suite).
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
@@ -58,6 +61,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             suite,
             protocols,
             events,
+            repeat,
             out,
         } => {
             let sizes = if sizes.is_empty() {
@@ -118,7 +122,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             let mut rows: Vec<E1Row> = Vec::new();
             let mut stdout = std::io::stdout().lock();
             for s in suites {
-                gka::run_suite(s, &sizes, &protocols, &events, |r| {
+                gka::run_suite(s, &sizes, &protocols, &events, repeat, |r| {
                     bar.set_message(format!("{} {} {} n={}", r.suite, r.protocol, r.event, r.n));
                     bar.inc(1);
                     let _ = writeln!(

@@ -165,6 +165,10 @@ pub trait KeyAgreement: Send {
     fn meter(&self) -> Meter;
     /// True while a run has started and not yet produced its key.
     fn in_progress(&self) -> bool;
+    /// Work that delays nobody, for when the member has no input to handle: preparing values that
+    /// only a later run may need. The layer above calls it when it is idle; skipping it is
+    /// harmless (the work is then done when needed).
+    fn handle_idle(&mut self) {}
     /// Height of the key tree of the current run (TGDH, STR), for cost reports.
     fn tree_height(&self) -> Option<usize> {
         None

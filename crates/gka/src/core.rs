@@ -35,8 +35,10 @@ pub(crate) struct Core {
     outbox: VecDeque<Transmit>,
     keys: VecDeque<SecureView>,
     pub view: Option<View>,
+    /// The current view's members as a set, built once per view.
+    pub member_set: std::sync::Arc<BTreeSet<MemberId>>,
     /// Members known to share this member's secure state (see the module doc).
-    pub side: BTreeSet<MemberId>,
+    pub side: std::sync::Arc<BTreeSet<MemberId>>,
     /// Signatures of the messages already applied in the current run. Both schemes sign
     /// deterministically, so a replayed message carries a signature seen before, and a signature
     /// identifies its message without hashing the whole message again.
@@ -78,7 +80,8 @@ impl Core {
             outbox: VecDeque::new(),
             keys: VecDeque::new(),
             view: None,
-            side: BTreeSet::new(),
+            member_set: Default::default(),
+            side: Default::default(),
             seen: HashSet::new(),
             in_progress: false,
         }
@@ -120,14 +123,16 @@ impl Core {
             }
         }
         let trans: BTreeSet<MemberId> = view.transitional.iter().cloned().collect();
-        self.side = if self.side.is_empty() {
+        let mut side: BTreeSet<MemberId> = if self.side.is_empty() {
             BTreeSet::from([self.me.clone()])
         } else {
             self.side.intersection(&trans).cloned().collect()
         };
-        self.side.insert(self.me.clone());
+        side.insert(self.me.clone());
+        self.side = std::sync::Arc::new(side);
         self.outbox.retain(|t| t.view_id == view.view_id);
         self.seen.clear();
+        self.member_set = std::sync::Arc::new(set.into_iter().cloned().collect());
         self.view = Some(view);
         self.in_progress = true;
         Ok(())
@@ -219,7 +224,7 @@ impl Core {
                 actual: from.to_owned(),
             });
         }
-        if env.sender == self.me || !view.members.contains(&env.sender) {
+        if env.sender == self.me || !self.member_set.contains(&env.sender) {
             return Err(GkaError::NotAMember(env.sender));
         }
         if self.seen.contains(&env.signature) {
@@ -276,7 +281,7 @@ impl Core {
             key,
             secret_fingerprint: secret_fp,
         });
-        self.side = view.members.iter().cloned().collect();
+        self.side = std::sync::Arc::new(view.members.iter().cloned().collect());
         self.in_progress = false;
         Ok(())
     }

@@ -316,7 +316,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
     ) -> Result<(), GkaError> {
         let inc = self.core.open(from, bytes)?;
         let msg = GdhMsg::decode(inc.kind, &inc.body)?;
-        let view_members: BTreeSet<MemberId> = self.core.view()?.members.iter().cloned().collect();
+        let view_members = self.core.member_set.clone();
         let me = self.core.me.clone();
         let run = self
             .run
@@ -325,7 +325,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
         match (msg, &mut run.stage) {
             (GdhMsg::Upflow { roster, token }, Stage::ExpectUpflow) => {
                 let set: BTreeSet<MemberId> = roster.iter().cloned().collect();
-                if set != view_members || set.len() != roster.len() {
+                if set != *view_members || set.len() != roster.len() {
                     return Err(GkaError::Misplaced("upflow roster is not the view"));
                 }
                 let pos = index_of(&roster, &me).expect("roster equals the view");
@@ -383,7 +383,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                     ));
                 }
                 let set: BTreeSet<MemberId> = roster.iter().cloned().collect();
-                if set != view_members || set.len() != roster.len() {
+                if set != *view_members || set.len() != roster.len() {
                     return Err(GkaError::Misplaced("downflow roster is not the view"));
                 }
                 let token = ops::decode::<G>(&token)?;
@@ -473,6 +473,20 @@ impl<G: Group> KeyAgreement for Gdh<G> {
         }
         self.core.applied(&inc);
         Ok(())
+    }
+
+    /// Decodes the partial keys received as bytes, so that becoming the controller after a leave
+    /// does not start with decoding them.
+    fn handle_idle(&mut self) {
+        if let Some(s) = self.secure.as_mut() {
+            for p in s.partials.values_mut() {
+                if p.elem.is_none() {
+                    if let Some(Ok(e)) = p.bytes.as_ref().map(|b| ops::decode::<G>(b)) {
+                        p.elem = Some(e);
+                    }
+                }
+            }
+        }
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {

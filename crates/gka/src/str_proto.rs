@@ -22,20 +22,19 @@ use crate::api::{
 };
 use crate::core::Core;
 use crate::ops;
-use crate::tree::Bk;
+use crate::tree::{Bk, BkData};
 use conclave_crypto::{CryptoRng, Group, Identity, Meter};
 use conclave_wire::gka::{ProtocolId, StrMsg};
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 const NODE_LABEL: &[u8] = b"conclave str node";
 
 /// The chain as one member sees it.
 struct Chain<G: Group> {
     members: Vec<MemberId>,
-    leaf_bk: Vec<Option<Bk>>,
+    leaf_bk: Vec<Option<Bk<G>>>,
     /// Blinded keys of nodes 1..n (index 0 unused: node 0 is leaf 0).
-    node_bk: Vec<Option<Bk>>,
+    node_bk: Vec<Option<Bk<G>>>,
     /// This member's leaf key.
     leaf_key: Option<G::Scalar>,
     /// This member's node keys (only at and above its position).
@@ -70,7 +69,7 @@ impl<G: Group> Chain<G> {
     fn pos(&self, m: &str) -> Option<usize> {
         self.members.iter().position(|x| x == m)
     }
-    fn bk_of_node(&self, k: usize) -> Option<&Bk> {
+    fn bk_of_node(&self, k: usize) -> Option<&Bk<G>> {
         if k == 0 {
             self.leaf_bk[0].as_ref()
         } else {
@@ -132,7 +131,7 @@ impl<G: Group> Chain<G> {
                 .map(|(m, b)| {
                     (
                         m.clone(),
-                        b.as_ref().map(|b| b.to_vec()).unwrap_or_default(),
+                        b.as_ref().map(|b| b.bytes().to_vec()).unwrap_or_default(),
                     )
                 })
                 .collect(),
@@ -140,7 +139,7 @@ impl<G: Group> Chain<G> {
                 .node_bk
                 .iter()
                 .skip(1)
-                .map(|b| b.as_ref().map(|b| b.to_vec()))
+                .map(|b| b.as_ref().map(|b| b.bytes().to_vec()))
                 .collect(),
         }
     }
@@ -155,7 +154,7 @@ fn advance<G: Group>(
     meter: &mut Meter,
     sponsor: bool,
     top_bk: bool,
-) -> Result<Vec<(u32, Bk)>, GkaError> {
+) -> Result<Vec<(u32, Bk<G>)>, GkaError> {
     let p = c
         .pos(me)
         .ok_or(GkaError::Misplaced("member missing from its chain"))?;
@@ -173,7 +172,7 @@ fn advance<G: Group>(
                 let Some(b) = c.bk_of_node(k - 1) else { break };
                 ops::to_scalar::<G>(
                     NODE_LABEL,
-                    &ops::exp::<G>(meter, &ops::decode::<G>(b)?, &leaf_key),
+                    &ops::exp::<G>(meter, &b.elem()?, &leaf_key),
                 )
             } else {
                 let below = c.node_key[k - 1].clone().expect("computed in order");
@@ -182,14 +181,14 @@ fn advance<G: Group>(
                 };
                 ops::to_scalar::<G>(
                     NODE_LABEL,
-                    &ops::exp::<G>(meter, &ops::decode::<G>(b)?, &below),
+                    &ops::exp::<G>(meter, &b.elem()?, &below),
                 )
             };
             c.node_key[k] = Some(key);
         }
         if sponsor && k >= 1 && c.node_bk[k].is_none() && (k + 1 < n || top_bk) {
             let key = c.node_key[k].clone().expect("just computed");
-            let bk: Bk = Arc::from(G::encode(&ops::exp_g::<G>(meter, &key)).as_slice());
+            let bk: Bk<G> = BkData::from_elem(ops::exp_g::<G>(meter, &key));
             c.node_bk[k] = Some(bk.clone());
             out.push((k as u32, bk));
         }
@@ -229,10 +228,10 @@ impl<G: Group> Str<G> {
         }
     }
 
-    fn refresh(&mut self, c: &mut Chain<G>, rng: &mut dyn CryptoRng) -> (u32, Bk) {
+    fn refresh(&mut self, c: &mut Chain<G>, rng: &mut dyn CryptoRng) -> (u32, Bk<G>) {
         let p = c.pos(&self.core.me).expect("in own chain");
         let k = G::random_scalar(rng);
-        let bk: Bk = Arc::from(G::encode(&ops::exp_g::<G>(&mut self.core.meter, &k)).as_slice());
+        let bk: Bk<G> = BkData::from_elem(ops::exp_g::<G>(&mut self.core.meter, &k));
         c.leaf_key = Some(k);
         c.leaf_bk[p] = Some(bk.clone());
         c.invalidate_from(p);
@@ -272,12 +271,12 @@ impl<G: Group> Str<G> {
 
     fn send_update(
         &mut self,
-        leaf: Option<(u32, Bk)>,
-        internal: Vec<(u32, Bk)>,
+        leaf: Option<(u32, Bk<G>)>,
+        internal: Vec<(u32, Bk<G>)>,
     ) -> Result<(), GkaError> {
         let msg = StrMsg::Update {
-            leaf: leaf.map(|(p, b)| (p, b.to_vec())),
-            internal: internal.into_iter().map(|(k, b)| (k, b.to_vec())).collect(),
+            leaf: leaf.map(|(p, b)| (p, b.bytes().to_vec())),
+            internal: internal.into_iter().map(|(k, b)| (k, b.bytes().to_vec())).collect(),
         };
         self.core
             .send(Dest::Broadcast, Order::Agreed, 2, msg.encode())
@@ -324,7 +323,7 @@ impl<G: Group> Str<G> {
         run.round2 = round2.clone();
         if round2.as_deref() == Some(me.as_str()) {
             let bks = advance(&mut merged, &me, &mut self.core.meter, true, false)?;
-            let bks: Vec<(u32, Bk)> = bks
+            let bks: Vec<(u32, Bk<G>)> = bks
                 .into_iter()
                 .filter(|(k, _)| *k as usize >= base_len)
                 .collect();
@@ -444,7 +443,7 @@ impl<G: Group> KeyAgreement for Str<G> {
         let inc = self.core.open(from, bytes)?;
         let msg = StrMsg::decode(inc.kind, &inc.body)?;
         let me = self.core.me.clone();
-        let members: BTreeSet<MemberId> = self.core.view()?.members.iter().cloned().collect();
+        let members = self.core.member_set.clone();
         let side = self.core.side.clone();
         let saved = self
             .run
@@ -516,13 +515,13 @@ impl<G: Group> Str<G> {
                     members: names.clone(),
                     leaf_bk: leaves
                         .iter()
-                        .map(|(_, b)| Some(Arc::from(b.as_slice())))
+                        .map(|(_, b)| Some(BkData::from_bytes(b)))
                         .collect(),
                     node_bk: std::iter::once(None)
                         .chain(
                             internal
                                 .iter()
-                                .map(|b| b.as_ref().map(|b| Arc::from(b.as_slice()))),
+                                .map(|b| b.as_ref().map(|b| BkData::from_bytes(b))),
                         )
                         .collect(),
                     leaf_key: None,
@@ -571,8 +570,8 @@ impl<G: Group> Str<G> {
                             "leaf update not for the sender's own leaf",
                         ));
                     }
-                    if c.leaf_bk[sp].as_deref() != Some(b.as_slice()) {
-                        c.leaf_bk[sp] = Some(Arc::from(b.as_slice()));
+                    if c.leaf_bk[sp].as_ref().map(|x| x.bytes()) != Some(b.as_slice()) {
+                        c.leaf_bk[sp] = Some(BkData::from_bytes(b));
                         lowest_changed = lowest_changed.min(sp.max(1));
                     }
                 }
@@ -583,8 +582,8 @@ impl<G: Group> Str<G> {
                             "node update the sender cannot have computed",
                         ));
                     }
-                    if c.node_bk[k].as_deref() != Some(b.as_slice()) {
-                        c.node_bk[k] = Some(Arc::from(b.as_slice()));
+                    if c.node_bk[k].as_ref().map(|x| x.bytes()) != Some(b.as_slice()) {
+                        c.node_bk[k] = Some(BkData::from_bytes(b));
                         lowest_changed = lowest_changed.min(k + 1);
                     }
                 }

@@ -27,11 +27,10 @@ use crate::api::{
 };
 use crate::core::Core;
 use crate::ops;
-use crate::tree::{Bk, Node};
+use crate::tree::{Bk, BkData, Node};
 use conclave_crypto::{CryptoRng, Group, Identity, Meter};
 use conclave_wire::gka::{NodePath, ProtocolId, TgdhMsg};
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 const NODE_LABEL: &[u8] = b"conclave tgdh node";
 
@@ -60,10 +59,10 @@ fn refresh<G: Group>(
     me: &str,
     rng: &mut dyn CryptoRng,
     meter: &mut conclave_crypto::Meter,
-) -> (NodePath, Bk) {
+) -> (NodePath, Bk<G>) {
     let path = tree.find(me).expect("member is in its own tree");
     let k = G::random_scalar(rng);
-    let bk: Bk = Arc::from(G::encode(&ops::exp_g::<G>(meter, &k)).as_slice());
+    let bk: Bk<G> = BkData::from_elem(ops::exp_g::<G>(meter, &k));
     let leaf = tree.at_mut(&path).expect("found above");
     leaf.set_key(Some(k));
     leaf.set_bk(Some(bk.clone()));
@@ -79,7 +78,7 @@ fn advance<G: Group>(
     me: &str,
     meter: &mut conclave_crypto::Meter,
     top_bk: bool,
-) -> Result<(Vec<(NodePath, Bk)>, bool), GkaError> {
+) -> Result<(Vec<(NodePath, Bk<G>)>, bool), GkaError> {
     let path = tree
         .find(me)
         .ok_or(GkaError::Misplaced("member missing from its tree"))?;
@@ -102,7 +101,7 @@ fn advance<G: Group>(
         let Some(sib_bk) = tree.at(&sib).and_then(|n| n.bk()).cloned() else {
             break;
         };
-        let sib_el = ops::decode::<G>(&sib_bk)?;
+        let sib_el = sib_bk.elem()?;
         let key = ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &sib_el, &child_key));
         let node = tree.at_mut(&path[..d]).expect("ancestor exists");
         let needs_bk = node.bk().is_none() && (d > 0 || top_bk);
@@ -121,7 +120,7 @@ fn advance<G: Group>(
             for d in computed {
                 let node = tree.at_mut(&path[..d]).expect("ancestor exists");
                 let key = node.key().cloned().expect("just computed");
-                let bk: Bk = Arc::from(G::encode(&ops::exp_g::<G>(meter, &key)).as_slice());
+                let bk: Bk<G> = BkData::from_elem(ops::exp_g::<G>(meter, &key));
                 node.set_bk(Some(bk.clone()));
                 out.push((path[..d].to_vec(), bk));
             }
@@ -149,12 +148,12 @@ impl<G: Group> Tgdh<G> {
     fn compute(
         &mut self,
         mut tree: Node<G>,
-        mut extra: Vec<(NodePath, Bk)>,
+        mut extra: Vec<(NodePath, Bk<G>)>,
     ) -> Result<(), GkaError> {
         let (bks, root) = advance(&mut tree, &self.core.me, &mut self.core.meter, false)?;
         extra.extend(bks);
         if !extra.is_empty() {
-            let bks = extra.into_iter().map(|(p, b)| (p, b.to_vec())).collect();
+            let bks = extra.into_iter().map(|(p, b)| (p, b.bytes().to_vec())).collect();
             self.core.send(
                 Dest::Broadcast,
                 Order::Agreed,
@@ -336,9 +335,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
                 let leaf = tree.at_mut(&p).expect("found");
                 if leaf.bk().is_none() {
                     let k = leaf.key().cloned().expect("leaf key set above");
-                    leaf.set_bk(Some(Arc::from(
-                        G::encode(&ops::exp_g::<G>(&mut self.core.meter, &k)).as_slice(),
-                    )));
+                    leaf.set_bk(Some(BkData::from_elem(ops::exp_g::<G>(&mut self.core.meter, &k))));
                 }
             }
             self.core.send(
@@ -413,7 +410,7 @@ impl<G: Group> Tgdh<G> {
         rng: &mut dyn CryptoRng,
     ) -> Result<(), GkaError> {
         let me = self.core.me.clone();
-        let members: BTreeSet<MemberId> = self.core.view()?.members.iter().cloned().collect();
+        let members = self.core.member_set.clone();
         let side = self.core.side.clone();
         let run = self
             .run
@@ -486,10 +483,10 @@ impl<G: Group> Tgdh<G> {
                     let node = tree.at_mut(p).ok_or(GkaError::Misplaced("no such node"))?;
                     if node
                         .bk()
-                        .map(|b| b.as_ref() != bk.as_slice())
+                        .map(|b| b.bytes() != bk.as_slice())
                         .unwrap_or(true)
                     {
-                        node.set_bk(Some(Arc::from(bk.as_slice())));
+                        node.set_bk(Some(BkData::from_bytes(bk)));
                         // Keys computed from the old value are stale.
                         for d in 0..p.len() {
                             if let Some(n) = tree.at_mut(&p[..d]) {

@@ -13,17 +13,43 @@ use conclave_wire::gka::{NodePath, WireNode, MAX_PATH_BITS};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-/// An encoded blinded key.
-pub(crate) type Bk = Arc<[u8]>;
+/// A blinded key as received (encoded), with its decoded element cached on first use: a key that
+/// stays in the tree across runs is decoded once, not once per run.
+pub(crate) struct BkData<G: Group> {
+    bytes: Box<[u8]>,
+    elem: std::sync::OnceLock<Result<G::Element, conclave_crypto::GroupError>>,
+}
+
+pub(crate) type Bk<G> = Arc<BkData<G>>;
+
+impl<G: Group> BkData<G> {
+    pub fn from_bytes(bytes: &[u8]) -> Bk<G> {
+        Arc::new(BkData { bytes: bytes.into(), elem: std::sync::OnceLock::new() })
+    }
+    /// A blinded key this member computed: no decoding ever needed.
+    pub fn from_elem(e: G::Element) -> Bk<G> {
+        let cell = std::sync::OnceLock::new();
+        let bytes = G::encode(&e).into_boxed_slice();
+        let _ = cell.set(Ok(e));
+        Arc::new(BkData { bytes, elem: cell })
+    }
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+    /// The element, decoded (and checked to be in the group) on first use.
+    pub fn elem(&self) -> Result<G::Element, conclave_crypto::GroupError> {
+        self.elem.get_or_init(|| G::decode(&self.bytes, false)).clone()
+    }
+}
 
 pub(crate) enum Node<G: Group> {
     Leaf {
         member: Arc<str>,
-        bk: Option<Bk>,
+        bk: Option<Bk<G>>,
         key: Option<G::Scalar>,
     },
     Internal {
-        bk: Option<Bk>,
+        bk: Option<Bk<G>>,
         key: Option<G::Scalar>,
         left: Box<Node<G>>,
         right: Box<Node<G>>,
@@ -71,7 +97,7 @@ impl<G: Group> Node<G> {
     pub fn join(left: Node<G>, right: Node<G>) -> Self {
         Self::join_with(None, None, left, right)
     }
-    fn join_with(bk: Option<Bk>, key: Option<G::Scalar>, left: Node<G>, right: Node<G>) -> Self {
+    fn join_with(bk: Option<Bk<G>>, key: Option<G::Scalar>, left: Node<G>, right: Node<G>) -> Self {
         let height = 1 + left.height().max(right.height()) as u32;
         let size = (left.size() + right.size()) as u32;
         Node::Internal {
@@ -83,7 +109,7 @@ impl<G: Group> Node<G> {
             size,
         }
     }
-    pub fn bk(&self) -> Option<&Bk> {
+    pub fn bk(&self) -> Option<&Bk<G>> {
         match self {
             Node::Leaf { bk, .. } | Node::Internal { bk, .. } => bk.as_ref(),
         }
@@ -93,7 +119,7 @@ impl<G: Group> Node<G> {
             Node::Leaf { key, .. } | Node::Internal { key, .. } => key.as_ref(),
         }
     }
-    pub fn set_bk(&mut self, v: Option<Bk>) {
+    pub fn set_bk(&mut self, v: Option<Bk<G>>) {
         match self {
             Node::Leaf { bk, .. } | Node::Internal { bk, .. } => *bk = v,
         }
@@ -343,13 +369,13 @@ impl<G: Group> Node<G> {
         match self {
             Node::Leaf { member, bk, .. } => out.push(WireNode::Leaf {
                 member: member.to_string(),
-                bk: bk.as_ref().map(|b| b.to_vec()),
+                bk: bk.as_ref().map(|b| b.bytes().to_vec()),
             }),
             Node::Internal {
                 bk, left, right, ..
             } => {
                 out.push(WireNode::Internal {
-                    bk: bk.as_ref().map(|b| b.to_vec()),
+                    bk: bk.as_ref().map(|b| b.bytes().to_vec()),
                 });
                 left.to_wire_inner(out);
                 right.to_wire_inner(out);
@@ -360,16 +386,16 @@ impl<G: Group> Node<G> {
     /// with distinct members, no deeper than the path limit, and blinded keys of the right size.
     pub fn from_wire(nodes: &[WireNode]) -> Result<Node<G>, &'static str> {
         enum Frame<G: Group> {
-            Open(Option<Bk>),
-            Half(Option<Bk>, Node<G>),
+            Open(Option<Bk<G>>),
+            Half(Option<Bk<G>>, Node<G>),
         }
         let mut seen = BTreeSet::new();
         let mut stack: Vec<Frame<G>> = Vec::new();
         let mut done: Option<Node<G>> = None;
-        let check = |bk: &Option<Vec<u8>>| -> Result<Option<Bk>, &'static str> {
+        let check = |bk: &Option<Vec<u8>>| -> Result<Option<Bk<G>>, &'static str> {
             match bk {
                 Some(b) if b.len() != G::ELEMENT_BYTES => Err("blinded key of the wrong size"),
-                Some(b) => Ok(Some(Arc::from(b.as_slice()))),
+                Some(b) => Ok(Some(BkData::from_bytes(b))),
                 None => Ok(None),
             }
         };
@@ -483,7 +509,7 @@ mod tests {
         for p in [vec![], vec![false], vec![true]] {
             t.at_mut(&p)
                 .unwrap()
-                .set_bk(Some(Arc::from(&[1u8; 32][..])));
+                .set_bk(Some(BkData::from_bytes(&[1u8; 32])));
         }
         let keep: BTreeSet<MemberId> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
         let t = t.prune(&keep).unwrap();
