@@ -243,7 +243,9 @@ pub fn run_suite(
     mut row: impl FnMut(E1Row),
 ) {
     match suite {
-        Suite::Modern => run_group::<Ristretto255>(suite, sizes, protocols, events, repeat, &mut row),
+        Suite::Modern => {
+            run_group::<Ristretto255>(suite, sizes, protocols, events, repeat, &mut row)
+        }
         Suite::Paper => run_group::<Modp1024>(suite, sizes, protocols, events, repeat, &mut row),
     }
 }
@@ -266,9 +268,16 @@ fn run_group<G: Group>(
                     continue;
                 }
                 let runs = if n <= 64 { repeat.max(1) } else { 1 };
-                let mut measured: Vec<(ViewRecord, Option<usize>)> =
-                    (0..runs).map(|i| measure_one::<G>(p, scheme, event, n, 1000 + n as u64 + 7919 * i as u64)).collect();
-                measured.sort_by(|a, b| a.0.compute_us.partial_cmp(&b.0.compute_us).expect("finite times"));
+                let mut measured: Vec<(ViewRecord, Option<usize>)> = (0..runs)
+                    .map(|i| {
+                        measure_one::<G>(p, scheme, event, n, 1000 + n as u64 + 7919 * i as u64)
+                    })
+                    .collect();
+                measured.sort_by(|a, b| {
+                    a.0.compute_us
+                        .partial_cmp(&b.0.compute_us)
+                        .expect("finite times")
+                });
                 let (r, h) = measured.swap_remove(runs / 2);
                 let floor_us = r.exps_critical as f64 * units.exp_us
                     + r.sigs_critical as f64 * units.sign_us

@@ -170,19 +170,13 @@ fn advance<G: Group>(
                 leaf_key.clone()
             } else if k == p {
                 let Some(b) = c.bk_of_node(k - 1) else { break };
-                ops::to_scalar::<G>(
-                    NODE_LABEL,
-                    &ops::exp::<G>(meter, &b.elem()?, &leaf_key),
-                )
+                ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &b.elem()?, &leaf_key))
             } else {
                 let below = c.node_key[k - 1].clone().expect("computed in order");
                 let Some(b) = c.leaf_bk[k].as_ref() else {
                     break;
                 };
-                ops::to_scalar::<G>(
-                    NODE_LABEL,
-                    &ops::exp::<G>(meter, &b.elem()?, &below),
-                )
+                ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &b.elem()?, &below))
             };
             c.node_key[k] = Some(key);
         }
@@ -276,7 +270,10 @@ impl<G: Group> Str<G> {
     ) -> Result<(), GkaError> {
         let msg = StrMsg::Update {
             leaf: leaf.map(|(p, b)| (p, b.bytes().to_vec())),
-            internal: internal.into_iter().map(|(k, b)| (k, b.bytes().to_vec())).collect(),
+            internal: internal
+                .into_iter()
+                .map(|(k, b)| (k, b.bytes().to_vec()))
+                .collect(),
         };
         self.core
             .send(Dest::Broadcast, Order::Agreed, 2, msg.encode())

@@ -153,7 +153,10 @@ impl<G: Group> Tgdh<G> {
         let (bks, root) = advance(&mut tree, &self.core.me, &mut self.core.meter, false)?;
         extra.extend(bks);
         if !extra.is_empty() {
-            let bks = extra.into_iter().map(|(p, b)| (p, b.bytes().to_vec())).collect();
+            let bks = extra
+                .into_iter()
+                .map(|(p, b)| (p, b.bytes().to_vec()))
+                .collect();
             self.core.send(
                 Dest::Broadcast,
                 Order::Agreed,
@@ -335,7 +338,10 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
                 let leaf = tree.at_mut(&p).expect("found");
                 if leaf.bk().is_none() {
                     let k = leaf.key().cloned().expect("leaf key set above");
-                    leaf.set_bk(Some(BkData::from_elem(ops::exp_g::<G>(&mut self.core.meter, &k))));
+                    leaf.set_bk(Some(BkData::from_elem(ops::exp_g::<G>(
+                        &mut self.core.meter,
+                        &k,
+                    ))));
                 }
             }
             self.core.send(

@@ -24,7 +24,10 @@ pub(crate) type Bk<G> = Arc<BkData<G>>;
 
 impl<G: Group> BkData<G> {
     pub fn from_bytes(bytes: &[u8]) -> Bk<G> {
-        Arc::new(BkData { bytes: bytes.into(), elem: std::sync::OnceLock::new() })
+        Arc::new(BkData {
+            bytes: bytes.into(),
+            elem: std::sync::OnceLock::new(),
+        })
     }
     /// A blinded key this member computed: no decoding ever needed.
     pub fn from_elem(e: G::Element) -> Bk<G> {
@@ -38,7 +41,9 @@ impl<G: Group> BkData<G> {
     }
     /// The element, decoded (and checked to be in the group) on first use.
     pub fn elem(&self) -> Result<G::Element, conclave_crypto::GroupError> {
-        self.elem.get_or_init(|| G::decode(&self.bytes, false)).clone()
+        self.elem
+            .get_or_init(|| G::decode(&self.bytes, false))
+            .clone()
     }
 }
 

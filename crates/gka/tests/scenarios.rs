@@ -55,3 +55,25 @@ fn single_member_views() {
         );
     }
 }
+
+#[test]
+fn paper_suite_runs_every_protocol() {
+    // 1024-bit MODP group with a 160-bit subgroup and RSA signatures, as in the papers.
+    use conclave_crypto::{Modp1024, SigScheme};
+    use conclave_gka::testbed::Testbed;
+    for p in ALL {
+        let mut tb = Testbed::<Modp1024>::new(p, SigScheme::Rsa2048, 8);
+        tb.measure_time = false;
+        tb.run_script(&steps("init a b c\njoin d\n+1 leave a\n"))
+            .unwrap();
+        assert!(
+            tb.errors.is_empty() && tb.stuck().is_empty(),
+            "{p:?}: {:?}",
+            tb.errors
+        );
+        let last = tb.records.last().unwrap();
+        assert_eq!(last.members, vec!["b", "c", "d"]);
+        let fps: std::collections::BTreeSet<_> = last.keys.values().collect();
+        assert_eq!(fps.len(), 1, "{p:?}");
+    }
+}

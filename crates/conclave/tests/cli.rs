@@ -1,0 +1,165 @@
+//! The binary's subcommands, run as a user would.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn conclave(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("conclave runs");
+    if let Some(s) = stdin {
+        // The command may exit before reading its input (a bad argument): ignore a broken pipe.
+        let _ = child.stdin.take().unwrap().write_all(s.as_bytes());
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn gka_run_prints_one_line_per_secure_view_and_a_final_line() {
+    for p in ["gdh", "ckd", "tgdh", "str", "bd"] {
+        let script = "# story\ninit a b c d\njoin e\n+1 leave b\npartition c\nmerge c\n";
+        let (ok, out, err) = conclave(
+            &["gka", "run", "--protocol", p, "--script", "-"],
+            Some(script),
+        );
+        assert!(ok, "{p}: {err}");
+        let lines: Vec<serde_json::Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON line"))
+            .collect();
+        let (last, views) = lines.split_last().unwrap();
+        assert_eq!(last["final"], true);
+        assert_eq!(last["stuck"].as_array().unwrap().len(), 0, "{p}");
+        assert!(views.len() >= 5, "{p}: {views:?}");
+        for v in views {
+            let keys = v["keys"].as_object().unwrap();
+            let members = v["members"].as_array().unwrap();
+            assert_eq!(keys.len(), members.len());
+            let first = keys.values().next().unwrap();
+            assert!(
+                keys.values().all(|k| k == first),
+                "{p}: members disagree in {v}"
+            );
+            for field in [
+                "view",
+                "rounds",
+                "messages",
+                "unicasts",
+                "broadcasts",
+                "exps",
+                "sigs",
+                "verifs",
+                "exps_critical",
+                "compute_us",
+            ] {
+                assert!(v.get(field).is_some(), "{p}: missing {field}");
+            }
+        }
+        // The leave of b hit the join's run: the final group never includes b.
+        let final_view = views
+            .iter()
+            .rev()
+            .find(|v| v["members"].as_array().unwrap().len() == 4)
+            .unwrap();
+        assert!(!final_view["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m == "b"));
+    }
+}
+
+#[test]
+fn bad_scripts_are_clear_errors() {
+    let (ok, _, err) = conclave(
+        &["gka", "run", "--protocol", "bd", "--script", "-"],
+        Some("init a b\njump c\n"),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("line 2") && err.contains("unknown event"),
+        "{err}"
+    );
+    let (ok, _, err) = conclave(
+        &["gka", "run", "--protocol", "bd", "--script", "-"],
+        Some("init a b\nleave z\n"),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("line 2") && err.contains("not a member"),
+        "{err}"
+    );
+    let (ok, _, err) = conclave(
+        &[
+            "gka",
+            "run",
+            "--protocol",
+            "bd",
+            "--script",
+            "/nonexistent/x",
+        ],
+        None,
+    );
+    assert!(!ok);
+    assert!(err.contains("/nonexistent/x"), "{err}");
+    let (ok, _, _) = conclave(
+        &["gka", "run", "--protocol", "nope", "--script", "-"],
+        Some("init a\n"),
+    );
+    assert!(!ok);
+}
+
+#[test]
+fn demo_tells_the_story() {
+    let (ok, out, err) = conclave(&["demo"], None);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("all agree") && !out.contains("DISAGREE") && !out.contains("REUSED"),
+        "{out}"
+    );
+    assert!(out.contains("stuck members: none"));
+}
+
+#[test]
+fn bench_gka_writes_json_lines_and_plots() {
+    let dir = std::env::temp_dir().join(format!("conclave-bench-{}", std::process::id()));
+    let (ok, out, err) = conclave(
+        &[
+            "bench",
+            "gka",
+            "--sizes",
+            "4",
+            "--repeat",
+            "1",
+            "--events",
+            "join,leave",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 5 * 2);
+    for r in &rows {
+        assert_eq!(r["experiment"], "E1");
+        assert!(r["exps"].as_u64().is_some() && r["floor_us"].as_f64().is_some());
+    }
+    for e in ["join", "leave"] {
+        let svg = std::fs::read_to_string(dir.join(format!("e1-modern-{e}.svg"))).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("TGDH"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
