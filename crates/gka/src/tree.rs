@@ -56,8 +56,8 @@ pub(crate) enum Node<G: Group> {
     Internal {
         bk: Option<Bk<G>>,
         key: Option<G::Scalar>,
-        left: Box<Node<G>>,
-        right: Box<Node<G>>,
+        left: Arc<Node<G>>,
+        right: Arc<Node<G>>,
         height: u32,
         size: u32,
     },
@@ -108,8 +108,8 @@ impl<G: Group> Node<G> {
         Node::Internal {
             bk,
             key,
-            left: Box::new(left),
-            right: Box::new(right),
+            left: Arc::new(left),
+            right: Arc::new(right),
             height,
             size,
         }
@@ -209,7 +209,7 @@ impl<G: Group> Node<G> {
         let mut n = self;
         for &b in path {
             match n {
-                Node::Internal { left, right, .. } => n = if b { right } else { left },
+                Node::Internal { left, right, .. } => n = Arc::make_mut(if b { right } else { left }),
                 Node::Leaf { .. } => return None,
             }
         }
@@ -222,7 +222,7 @@ impl<G: Group> Node<G> {
             n.set_bk(None);
             n.set_key(None);
             match n {
-                Node::Internal { left, right, .. } => n = if b { right } else { left },
+                Node::Internal { left, right, .. } => n = Arc::make_mut(if b { right } else { left }),
                 Node::Leaf { .. } => return,
             }
         }
@@ -230,34 +230,36 @@ impl<G: Group> Node<G> {
     /// Removes the leaves not in `keep`; a removed leaf's sibling takes its parent's place, and
     /// every node above a removed leaf loses its keys. Returns `None` if no leaf is kept.
     pub fn prune(self, keep: &BTreeSet<MemberId>) -> Option<Node<G>> {
-        self.prune_inner(keep).0
+        Self::prune_arc(Arc::new(self), keep).0.map(|a| Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()))
     }
-    fn prune_inner(self, keep: &BTreeSet<MemberId>) -> (Option<Node<G>>, bool) {
-        match self {
-            Node::Leaf { ref member, .. } => {
+    /// Unchanged subtrees come back as the same shared node: pruning copies only the paths above
+    /// removed leaves.
+    fn prune_arc(node: Arc<Node<G>>, keep: &BTreeSet<MemberId>) -> (Option<Arc<Node<G>>>, bool) {
+        match &*node {
+            Node::Leaf { member, .. } => {
                 if keep.contains(&**member) {
-                    (Some(self), false)
+                    (Some(node), false)
                 } else {
                     (None, true)
                 }
             }
-            Node::Internal {
-                bk,
-                key,
-                left,
-                right,
-                ..
-            } => {
-                let (l, lc) = left.prune_inner(keep);
-                let (r, rc) = right.prune_inner(keep);
+            Node::Internal { bk, key, left, right, .. } => {
+                let (l, lc) = Self::prune_arc(left.clone(), keep);
+                let (r, rc) = Self::prune_arc(right.clone(), keep);
                 match (l, r) {
                     (Some(l), Some(r)) => {
-                        let changed = lc || rc;
-                        let (bk, key) = if changed { (None, None) } else { (bk, key) };
-                        (Some(Node::join_with(bk, key, l, r)), changed)
+                        if !(lc || rc) {
+                            return (Some(node), false);
+                        }
+                        let height = 1 + l.height().max(r.height()) as u32;
+                        let size = (l.size() + r.size()) as u32;
+                        (Some(Arc::new(Node::Internal { bk: None, key: None, left: l, right: r, height, size })), true)
                     }
                     (Some(x), None) | (None, Some(x)) => (Some(x), true),
-                    (None, None) => (None, true),
+                    (None, None) => {
+                        let _ = (bk, key);
+                        (None, true)
+                    }
                 }
             }
         }
@@ -355,9 +357,9 @@ impl<G: Group> Node<G> {
         {
             if let Some((&b, rest)) = path.split_first() {
                 if b {
-                    right.update_meta(rest);
+                    Arc::make_mut(right).update_meta(rest);
                 } else {
-                    left.update_meta(rest);
+                    Arc::make_mut(left).update_meta(rest);
                 }
             }
             *height = 1 + left.height().max(right.height()) as u32;
