@@ -324,11 +324,15 @@ impl<G: Group> KeyAgreement for Gdh<G> {
             .ok_or(GkaError::Misplaced("no GDH run in progress"))?;
         match (msg, &mut run.stage) {
             (GdhMsg::Upflow { roster, token }, Stage::ExpectUpflow) => {
-                let set: BTreeSet<MemberId> = roster.iter().cloned().collect();
-                if set != *view_members || set.len() != roster.len() {
+                // Only what this hop needs is checked here (an O(n) check per hop would make a
+                // merge quadratic); the downflow's roster is checked against the view by everyone.
+                if roster.len() != view_members.len()
+                    || roster.last().is_some_and(|m| !view_members.contains(m))
+                {
                     return Err(GkaError::Misplaced("upflow roster is not the view"));
                 }
-                let pos = index_of(&roster, &me).expect("roster equals the view");
+                let pos = index_of(&roster, &me)
+                    .ok_or(GkaError::Misplaced("upflow roster without this member"))?;
                 if pos == 0 || roster[pos - 1] != inc.sender {
                     return Err(GkaError::Misplaced(
                         "upflow from a member that is not my predecessor",
@@ -338,6 +342,9 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                 if pos + 1 < roster.len() {
                     let next = ops::exp::<G>(&mut self.core.meter, &token, &run.r);
                     let to = roster[pos + 1].clone();
+                    if !view_members.contains(&to) {
+                        return Err(GkaError::Misplaced("upflow roster names a non-member"));
+                    }
                     run.roster = Some(roster.clone());
                     run.stage = Stage::ExpectDownflow;
                     self.core.send(

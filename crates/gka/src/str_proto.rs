@@ -31,7 +31,8 @@ const NODE_LABEL: &[u8] = b"conclave str node";
 
 /// The chain as one member sees it.
 struct Chain<G: Group> {
-    members: Vec<MemberId>,
+    /// Shared names: copying a chain copies no string.
+    members: Vec<std::sync::Arc<str>>,
     leaf_bk: Vec<Option<Bk<G>>>,
     /// Blinded keys of nodes 1..n (index 0 unused: node 0 is leaf 0).
     node_bk: Vec<Option<Bk<G>>>,
@@ -56,7 +57,7 @@ impl<G: Group> Clone for Chain<G> {
 impl<G: Group> Chain<G> {
     fn alone(me: MemberId) -> Self {
         Chain {
-            members: vec![me],
+            members: vec![std::sync::Arc::from(me.as_str())],
             leaf_bk: vec![None],
             node_bk: vec![None],
             leaf_key: None,
@@ -67,7 +68,7 @@ impl<G: Group> Chain<G> {
         self.members.len()
     }
     fn pos(&self, m: &str) -> Option<usize> {
-        self.members.iter().position(|x| x == m)
+        self.members.iter().position(|x| &**x == m)
     }
     fn bk_of_node(&self, k: usize) -> Option<&Bk<G>> {
         if k == 0 {
@@ -96,7 +97,7 @@ impl<G: Group> Chain<G> {
             node_key: vec![],
         };
         for i in 0..self.len() {
-            if keep.contains(&self.members[i]) {
+            if keep.contains(&*self.members[i]) {
                 out.members.push(self.members[i].clone());
                 out.leaf_bk.push(self.leaf_bk[i].clone());
                 out.node_bk.push(if lowest.is_none() {
@@ -130,7 +131,7 @@ impl<G: Group> Chain<G> {
                 .zip(&self.leaf_bk)
                 .map(|(m, b)| {
                     (
-                        m.clone(),
+                        m.to_string(),
                         b.as_ref().map(|b| b.bytes().to_vec()).unwrap_or_default(),
                     )
                 })
@@ -313,11 +314,8 @@ impl<G: Group> Str<G> {
                 merged.leaf_key = c.leaf_key.clone();
             }
         }
-        let round2 = (merged.len() - base_len >= 2).then(|| merged.members[base_len - 1].clone());
-        let run = self.run.as_mut().expect("run in progress");
-        run.collecting = false;
-        run.foreign.clear();
-        run.round2 = round2.clone();
+        let round2 =
+            (merged.len() - base_len >= 2).then(|| merged.members[base_len - 1].to_string());
         if round2.as_deref() == Some(me.as_str()) {
             let bks = advance(&mut merged, &me, &mut self.core.meter, true, false)?;
             let bks: Vec<(u32, Bk<G>)> = bks
@@ -326,7 +324,13 @@ impl<G: Group> Str<G> {
                 .collect();
             self.send_update(None, bks)?;
         }
-        self.settle(merged)
+        self.settle(merged)?;
+        // The run leaves its first round only once the merged chain is computed on.
+        let run = self.run.as_mut().expect("run in progress");
+        run.collecting = false;
+        run.foreign.clear();
+        run.round2 = round2;
+        Ok(())
     }
 }
 
@@ -399,7 +403,7 @@ impl<G: Group> KeyAgreement for Str<G> {
         } else {
             chain.len() - 1
         };
-        let sponsor = chain.members[sponsor_pos].clone();
+        let sponsor = chain.members[sponsor_pos].to_string();
         if self.core.single_side() {
             self.run = Some(fresh_run(Chain::alone(me.clone())));
             if sponsor == me {
@@ -442,21 +446,12 @@ impl<G: Group> KeyAgreement for Str<G> {
         let me = self.core.me.clone();
         let members = self.core.member_set.clone();
         let side = self.core.side.clone();
-        let saved = self
-            .run
-            .clone()
-            .ok_or(GkaError::Misplaced("no STR run in progress"))?;
-        let result = self.apply(msg, &inc.sender, &me, &members, &side);
-        match result {
-            Ok(()) => {
-                self.core.applied(&inc);
-                Ok(())
-            }
-            Err(e) => {
-                self.run = Some(saved);
-                Err(e)
-            }
+        if self.run.is_none() {
+            return Err(GkaError::Misplaced("no STR run in progress"));
         }
+        self.apply(msg, &inc.sender, &me, &members, &side)?;
+        self.core.applied(&inc);
+        Ok(())
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
@@ -509,7 +504,10 @@ impl<G: Group> Str<G> {
                     return Err(GkaError::Misplaced("member appears twice in the chain"));
                 }
                 let c = Chain::<G> {
-                    members: names.clone(),
+                    members: names
+                        .iter()
+                        .map(|m| std::sync::Arc::from(m.as_str()))
+                        .collect(),
                     leaf_bk: leaves
                         .iter()
                         .map(|(_, b)| Some(BkData::from_bytes(b)))
@@ -535,8 +533,16 @@ impl<G: Group> Str<G> {
                     mine.leaf_key = run.chain.leaf_key.clone();
                     mine.node_key = run.chain.node_key.clone();
                     let run = self.run.as_mut().expect("checked");
-                    run.chain = mine;
+                    let old = std::mem::replace(&mut run.chain, mine);
                     run.got_own = true;
+                    if let Err(e) = self.try_merge() {
+                        // Leave the run as it was before this message.
+                        let run = self.run.as_mut().expect("checked");
+                        run.chain = old;
+                        run.got_own = false;
+                        return Err(e);
+                    }
+                    Ok(())
                 } else {
                     if names.iter().any(|m| {
                         !members.contains(m) || side.contains(m) || run.covered.contains(m)
@@ -546,10 +552,18 @@ impl<G: Group> Str<G> {
                         ));
                     }
                     let run = self.run.as_mut().expect("checked");
-                    run.covered.extend(names);
+                    run.covered.extend(names.iter().cloned());
                     run.foreign.push(c);
+                    if let Err(e) = self.try_merge() {
+                        let run = self.run.as_mut().expect("checked");
+                        run.foreign.pop();
+                        for m in &names {
+                            run.covered.remove(m);
+                        }
+                        return Err(e);
+                    }
+                    Ok(())
                 }
-                self.try_merge()
             }
             StrMsg::Update { leaf, internal } => {
                 if run.collecting {

@@ -200,10 +200,7 @@ impl<G: Group> Tgdh<G> {
         // One fresh contribution per run keeps keys from repeating: the rightmost member of the
         // last inserted tree refreshes its leaf, unless that leaf is new in this run anyway.
         let me = self.core.me.clone();
-        let run = self.run.as_mut().expect("run in progress");
-        run.collecting = false;
-        run.foreign.clear();
-        let fresh = run.fresh_leaf;
+        let fresh = self.run.as_ref().expect("run in progress").fresh_leaf;
         let mut extra = Vec::new();
         if let Some(r) = refresher {
             let rpath = merged.find(&r).expect("inserted above");
@@ -222,7 +219,12 @@ impl<G: Group> Tgdh<G> {
                 merged.at_mut(&rpath).expect("found").set_bk(None);
             }
         }
-        self.compute(merged, extra)
+        // The run leaves its first round only once the merged tree is computed on.
+        self.compute(merged, extra)?;
+        let run = self.run.as_mut().expect("run in progress");
+        run.collecting = false;
+        run.foreign.clear();
+        Ok(())
     }
 }
 
@@ -374,18 +376,9 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
     ) -> Result<(), GkaError> {
         let inc = self.core.open(from, bytes)?;
         let msg = TgdhMsg::decode(inc.kind, &inc.body)?;
-        let saved = self.run.clone();
-        let result = self.apply(msg, &inc.sender, rng);
-        match result {
-            Ok(()) => {
-                self.core.applied(&inc);
-                Ok(())
-            }
-            Err(e) => {
-                self.run = saved;
-                Err(e)
-            }
-        }
+        self.apply(msg, &inc.sender, rng)?;
+        self.core.applied(&inc);
+        Ok(())
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
@@ -451,8 +444,16 @@ impl<G: Group> Tgdh<G> {
                         }
                     }
                     let run = self.run.as_mut().expect("checked");
-                    run.tree = mine;
+                    let old = std::mem::replace(&mut run.tree, mine);
                     run.got_own = true;
+                    if let Err(e) = self.try_merge(rng) {
+                        // Leave the run as it was before this message.
+                        let run = self.run.as_mut().expect("checked");
+                        run.tree = old;
+                        run.got_own = false;
+                        return Err(e);
+                    }
+                    Ok(())
                 } else {
                     if leaves.iter().any(|m| {
                         !members.contains(m) || side.contains(m) || run.covered.contains(m)
@@ -462,10 +463,18 @@ impl<G: Group> Tgdh<G> {
                         ));
                     }
                     let run = self.run.as_mut().expect("checked");
-                    run.covered.extend(leaves);
+                    run.covered.extend(leaves.iter().cloned());
                     run.foreign.push(t);
+                    if let Err(e) = self.try_merge(rng) {
+                        let run = self.run.as_mut().expect("checked");
+                        run.foreign.pop();
+                        for m in &leaves {
+                            run.covered.remove(m);
+                        }
+                        return Err(e);
+                    }
+                    Ok(())
                 }
-                self.try_merge(rng)
             }
             TgdhMsg::Update { bks } => {
                 if run.collecting {

@@ -209,7 +209,9 @@ impl<G: Group> Node<G> {
         let mut n = self;
         for &b in path {
             match n {
-                Node::Internal { left, right, .. } => n = Arc::make_mut(if b { right } else { left }),
+                Node::Internal { left, right, .. } => {
+                    n = Arc::make_mut(if b { right } else { left })
+                }
                 Node::Leaf { .. } => return None,
             }
         }
@@ -222,7 +224,9 @@ impl<G: Group> Node<G> {
             n.set_bk(None);
             n.set_key(None);
             match n {
-                Node::Internal { left, right, .. } => n = Arc::make_mut(if b { right } else { left }),
+                Node::Internal { left, right, .. } => {
+                    n = Arc::make_mut(if b { right } else { left })
+                }
                 Node::Leaf { .. } => return,
             }
         }
@@ -230,7 +234,9 @@ impl<G: Group> Node<G> {
     /// Removes the leaves not in `keep`; a removed leaf's sibling takes its parent's place, and
     /// every node above a removed leaf loses its keys. Returns `None` if no leaf is kept.
     pub fn prune(self, keep: &BTreeSet<MemberId>) -> Option<Node<G>> {
-        Self::prune_arc(Arc::new(self), keep).0.map(|a| Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()))
+        Self::prune_arc(Arc::new(self), keep)
+            .0
+            .map(|a| Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()))
     }
     /// Unchanged subtrees come back as the same shared node: pruning copies only the paths above
     /// removed leaves.
@@ -243,7 +249,13 @@ impl<G: Group> Node<G> {
                     (None, true)
                 }
             }
-            Node::Internal { bk, key, left, right, .. } => {
+            Node::Internal {
+                bk,
+                key,
+                left,
+                right,
+                ..
+            } => {
                 let (l, lc) = Self::prune_arc(left.clone(), keep);
                 let (r, rc) = Self::prune_arc(right.clone(), keep);
                 match (l, r) {
@@ -253,7 +265,17 @@ impl<G: Group> Node<G> {
                         }
                         let height = 1 + l.height().max(r.height()) as u32;
                         let size = (l.size() + r.size()) as u32;
-                        (Some(Arc::new(Node::Internal { bk: None, key: None, left: l, right: r, height, size })), true)
+                        (
+                            Some(Arc::new(Node::Internal {
+                                bk: None,
+                                key: None,
+                                left: l,
+                                right: r,
+                                height,
+                                size,
+                            })),
+                            true,
+                        )
                     }
                     (Some(x), None) | (None, Some(x)) => (Some(x), true),
                     (None, None) => {

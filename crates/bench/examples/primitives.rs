@@ -1,3 +1,5 @@
+//! Measures the primitives the protocols are made of (release build):
+//! `cargo run --release -p conclave-bench --example primitives`.
 use conclave_crypto::{Group, Ristretto255};
 use std::time::Instant;
 fn t<F: FnMut()>(name: &str, n: usize, mut f: F) {
