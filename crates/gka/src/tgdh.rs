@@ -197,6 +197,11 @@ impl<G: Group> Tgdh<G> {
             refresher = Some(t.rightmost().to_owned());
             merged.insert(t);
         }
+        // Node paths travel as at most MAX_PATH_BITS bits; a merge of hostile deep trees must not
+        // produce a tree this member could not describe.
+        if merged.height() >= conclave_wire::gka::MAX_PATH_BITS {
+            return Err(GkaError::Misplaced("merged key tree too deep"));
+        }
         // One fresh contribution per run keeps keys from repeating: the rightmost member of the
         // last inserted tree refreshes its leaf, unless that leaf is new in this run anyway.
         let me = self.core.me.clone();

@@ -21,6 +21,8 @@ pub enum DecodeError {
     BadUtf8 { what: &'static str },
     #[error("{what} is empty")]
     Empty { what: &'static str },
+    #[error("{what} has non-zero padding bits")]
+    Padding { what: &'static str },
 }
 
 /// Reads fields from a byte slice; every method checks its bounds.

@@ -350,6 +350,10 @@ fn read_path(r: &mut Reader<'_>) -> Result<NodePath, DecodeError> {
         });
     }
     let bytes = r.take(n.div_ceil(8), "path")?;
+    // One encoding per path: the unused low bits of the last byte must be zero.
+    if n % 8 != 0 && bytes[n / 8] & (0xff >> (n % 8)) != 0 {
+        return Err(DecodeError::Padding { what: "path" });
+    }
     Ok((0..n)
         .map(|i| bytes[i / 8] & (0x80 >> (i % 8)) != 0)
         .collect())
