@@ -138,6 +138,26 @@ pub fn table(p: ProtocolId, event: &str, n: u64, h: u64) -> Option<[f64; 5]> {
     })
 }
 
+/// Identities made once and shared by every run of a suite: RSA key generation takes about 0.1 s
+/// a key, far longer than the runs it would otherwise precede.
+#[derive(Default)]
+pub struct IdentityPool {
+    ids: std::collections::BTreeMap<(bool, String), Identity>,
+    rng: Option<rand_chacha::ChaCha20Rng>,
+}
+
+impl IdentityPool {
+    fn get(&mut self, scheme: SigScheme, name: &str) -> Identity {
+        let rng = self
+            .rng
+            .get_or_insert_with(|| rand_chacha::ChaCha20Rng::seed_from_u64(99));
+        self.ids
+            .entry((scheme == SigScheme::Ed25519, name.to_owned()))
+            .or_insert_with(|| Identity::generate(scheme, rng).expect("identity"))
+            .clone()
+    }
+}
+
 /// One measurement, as one JSON line.
 #[derive(Clone, Debug, Serialize)]
 pub struct E1Row {
@@ -202,13 +222,16 @@ fn measure_one<G: Group>(
     event: &str,
     n: usize,
     seed: u64,
+    pool: &mut IdentityPool,
 ) -> (ViewRecord, Option<usize>) {
     let (setup, events) = script_for(event, n);
     let mut tb = Testbed::<G>::new(p, scheme, seed);
     // Identities first: RSA key generation is slow and is no part of any event.
     let mut all: Vec<String> = (0..n).map(|i| format!("m{i:04}")).collect();
     all.push("x".into());
-    tb.provision(&all).expect("identities");
+    for name in &all {
+        tb.adopt_identity(name, pool.get(scheme, name));
+    }
     tb.run_script(&parse(&setup).expect("setup parses"))
         .expect("setup runs");
     let before = tb.records.len();
@@ -259,6 +282,7 @@ fn run_group<G: Group>(
     row: &mut impl FnMut(E1Row),
 ) {
     let scheme = suite.sig_scheme();
+    let mut pool = IdentityPool::default();
     let units = unit_costs::<G>(scheme, if suite == Suite::Modern { 400 } else { 40 });
     for &p in protocols {
         for &event in events {
@@ -270,7 +294,14 @@ fn run_group<G: Group>(
                 let runs = if n <= 64 { repeat.max(1) } else { 1 };
                 let mut measured: Vec<(ViewRecord, Option<usize>)> = (0..runs)
                     .map(|i| {
-                        measure_one::<G>(p, scheme, event, n, 1000 + n as u64 + 7919 * i as u64)
+                        measure_one::<G>(
+                            p,
+                            scheme,
+                            event,
+                            n,
+                            1000 + n as u64 + 7919 * i as u64,
+                            &mut pool,
+                        )
                     })
                     .collect();
                 measured.sort_by(|a, b| {

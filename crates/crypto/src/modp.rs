@@ -3,7 +3,7 @@
 //!
 //! Arithmetic is `crypto-bigint`'s constant-time Montgomery form. Exponents are scalars modulo
 //! `q`, so an exponentiation costs `bits(q)` squarings, as with the papers' 160-bit exponents.
-//! Decoding checks `1 < x < p` and `x^q = 1`, which costs one (short) exponentiation per decoded
+//! Decoding checks `0 < x < p` and `x^q = 1` (and refuses the identity unless asked to accept it), which costs one (short) exponentiation per decoded
 //! element; the papers' code skipped this check, we do not (wire input is hostile).
 
 use crate::group::{Group, GroupError};

@@ -95,7 +95,8 @@ impl Directory {
 
 pub type SharedDirectory = Arc<std::sync::RwLock<Directory>>;
 
-/// Everything that can go wrong on input. Every error leaves the protocol's state as it was.
+/// Everything that can go wrong on input. An error from `handle_message` leaves the protocol's
+/// state as it was; an error from `handle_view` means the view was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum GkaError {
@@ -124,6 +125,8 @@ pub enum GkaError {
     BadSignature(String),
     #[error("message already processed (replay)")]
     Replay,
+    #[error("{0:?} sent more messages in this run than any protocol needs")]
+    TooManyMessages(String),
     #[error("message out of place: {0}")]
     Misplaced(&'static str),
     #[error("invalid group element: {0}")]
@@ -165,10 +168,6 @@ pub trait KeyAgreement: Send {
     fn meter(&self) -> Meter;
     /// True while a run has started and not yet produced its key.
     fn in_progress(&self) -> bool;
-    /// Work that delays nobody, for when the member has no input to handle: preparing values that
-    /// only a later run may need. The layer above calls it when it is idle; skipping it is
-    /// harmless (the work is then done when needed).
-    fn handle_idle(&mut self) {}
     /// Height of the key tree of the current run (TGDH, STR), for cost reports.
     fn tree_height(&self) -> Option<usize> {
         None

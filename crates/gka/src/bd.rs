@@ -7,18 +7,18 @@
 //! Departures from the paper:
 //! - The product of `X`s with the descending small exponents (the "hidden cost" of §5, n-1 small
 //!   exponentiations) is computed as the product of the n-1 prefix products
-//!   `X_i, X_iX_{i+1}, ...`, which needs 2(n-2) multiplications and no exponentiation at all.
+//!   `X_i, X_iX_{i+1}, ...`, which needs 2(n-1) multiplications and no exponentiation at all.
 //! - A member verifies only the messages whose content it uses: `Z_{i-1}`, `Z_{i+1}` and the
 //!   n-1 other `X`s, that is n+1 verifications for a view of n members. Table II counts one more
 //!   (n'+2 for a view of n' members: "n+3" for a join).
 //! - Cascades: a new view restarts the protocol (it has no state to keep).
+//! - A `Z` from a member that is not a neighbour is never used, so it is dropped unverified
+//!   (`Ok`, no effect) rather than refused.
 
-use crate::api::{
-    Dest, GkaError, KeyAgreement, Order, SecureView, SharedDirectory, Transmit, View,
-};
+use crate::api::{Dest, GkaError, KeyAgreement, Order, SecureView, SharedDirectory, View};
 use crate::core::{index_of, Core};
 use crate::ops;
-use conclave_crypto::{CryptoRng, Group, Identity, Meter};
+use conclave_crypto::{CryptoRng, Group, Identity};
 use conclave_wire::gka::{BdMsg, ProtocolId};
 use std::collections::BTreeMap;
 
@@ -39,6 +39,12 @@ struct Run<G: Group> {
     /// `X_j` by ring index, own included once sent.
     x: BTreeMap<usize, G::Element>,
     sent_x: bool,
+}
+
+impl<G: Group> Drop for Run<G> {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.r);
+    }
 }
 
 impl<G: Group> Bd<G> {
@@ -87,7 +93,7 @@ impl<G: Group> Bd<G> {
             prefix = G::mul(&prefix, &run.x[&((run.me + k) % run.n)]);
             key = G::mul(&key, &prefix);
         }
-        let secret = G::encode(&key);
+        let secret = zeroize::Zeroizing::new(G::encode(&key));
         self.run = None;
         self.core.complete(&secret, b"")
     }
@@ -97,9 +103,7 @@ impl<G: Group> KeyAgreement for Bd<G> {
     fn protocol(&self) -> ProtocolId {
         ProtocolId::Bd
     }
-    fn me(&self) -> &str {
-        &self.core.me
-    }
+    forward_to_core!();
 
     fn handle_view(&mut self, rng: &mut dyn CryptoRng, view: View) -> Result<(), GkaError> {
         self.core.install_view(view)?;
@@ -109,7 +113,8 @@ impl<G: Group> KeyAgreement for Bd<G> {
         let me = index_of(&view.members, &self.core.me).expect("checked by install_view");
         let r = G::random_scalar(rng);
         if n == 1 {
-            let secret = G::encode(&ops::exp_g::<G>(&mut self.core.meter, &r));
+            let secret =
+                zeroize::Zeroizing::new(G::encode(&ops::exp_g::<G>(&mut self.core.meter, &r)));
             return self.core.complete(&secret, b"");
         }
         let z = ops::exp_g::<G>(&mut self.core.meter, &r);
@@ -183,16 +188,7 @@ impl<G: Group> KeyAgreement for Bd<G> {
         }
     }
 
-    fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.core.poll_transmit()
-    }
     fn poll_key(&mut self) -> Option<SecureView> {
         self.core.poll_key()
-    }
-    fn meter(&self) -> Meter {
-        self.core.meter
-    }
-    fn in_progress(&self) -> bool {
-        self.core.in_progress
     }
 }

@@ -10,7 +10,8 @@
 //! Fig 3 handshake: the controller sends its share (a unicast to one member, a broadcast to
 //! several), each answers with its own.
 //!
-//! A channel exists exactly between members of the same side whose secure state had this
+//! A handshake message addressed to other members is never used by this one, so it is dropped
+//! unverified (`Ok`, no effect) rather than refused. A channel exists exactly between members of the same side whose secure state had this
 //! controller, so both ends always agree on whether a handshake is needed. Cascades restart from
 //! the newest view (see `core`).
 //!
@@ -24,11 +25,11 @@
 //!   `2n-4` unicasts and 2 multicasts) and `2n-2` signatures. Exponentiations match (`2n-3`).
 
 use crate::api::{
-    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View,
+    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, View,
 };
 use crate::core::Core;
 use crate::ops;
-use conclave_crypto::{CryptoRng, Group, Identity, Meter};
+use conclave_crypto::{CryptoRng, Group, Identity};
 use conclave_wire::gka::{CkdMsg, ProtocolId};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -62,6 +63,31 @@ struct Run<G: Group> {
     waiting: BTreeSet<MemberId>,
     /// Member: whether it must wait for the controller's share first.
     expect_hello: bool,
+}
+
+impl<G: Group> Drop for Secure<G> {
+    fn drop(&mut self) {
+        self.channels
+            .values_mut()
+            .for_each(zeroize::Zeroize::zeroize);
+    }
+}
+
+impl<G: Group> Drop for Run<G> {
+    fn drop(&mut self) {
+        self.channels
+            .values_mut()
+            .for_each(zeroize::Zeroize::zeroize);
+    }
+}
+
+impl<G: Group> Drop for Ckd<G> {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.r);
+        if let Some(s) = self.pending.as_mut() {
+            zeroize::Zeroize::zeroize(s);
+        }
+    }
 }
 
 impl<G: Group> Ckd<G> {
@@ -122,10 +148,10 @@ impl<G: Group> Ckd<G> {
                 .encode(),
             )?;
         }
-        let run = self.run.take().expect("controller run");
+        let mut run = self.run.take().expect("controller run");
         self.secure = Some(Secure {
-            controller: run.controller,
-            channels: run.channels,
+            controller: std::mem::take(&mut run.controller),
+            channels: std::mem::take(&mut run.channels),
         });
         self.pending = Some(s);
         Ok(())
@@ -142,7 +168,8 @@ impl<G: Group> Ckd<G> {
             }
         }
         if let Some(s) = self.pending.take() {
-            let secret = G::encode(&ops::exp_g::<G>(&mut self.core.meter, &s));
+            let secret =
+                zeroize::Zeroizing::new(G::encode(&ops::exp_g::<G>(&mut self.core.meter, &s)));
             let _ = self.core.complete(&secret, b"");
         }
     }
@@ -152,9 +179,7 @@ impl<G: Group> KeyAgreement for Ckd<G> {
     fn protocol(&self) -> ProtocolId {
         ProtocolId::Ckd
     }
-    fn me(&self) -> &str {
-        &self.core.me
-    }
+    forward_to_core!();
 
     fn handle_view(&mut self, rng: &mut dyn CryptoRng, view: View) -> Result<(), GkaError> {
         self.flush_pending();
@@ -301,36 +326,45 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                     .channels
                     .get(&run.controller)
                     .ok_or(GkaError::Misplaced("no channel with the controller"))?;
-                let mine = entries
-                    .iter()
-                    .find(|(m, _)| *m == me)
-                    .ok_or(GkaError::Misplaced("no entry for this member"))?;
-                let e = ops::decode::<G>(&mine.1)?;
+                // Every entry is checked, not only this member's: members must all accept or all
+                // refuse a message, or those that move together would part ways.
+                if entries.len() + 1 != roster.len() {
+                    return Err(GkaError::Misplaced(
+                        "key distribution without an entry per member",
+                    ));
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                let mut mine = None;
+                for (m, value) in &entries {
+                    if *m == run.controller
+                        || !self.core.member_set.contains(m)
+                        || !seen.insert(m.as_str())
+                    {
+                        return Err(GkaError::Misplaced("key distribution names a wrong member"));
+                    }
+                    let e = ops::decode::<G>(value)?;
+                    if *m == me {
+                        mine = Some(e);
+                    }
+                }
+                let e = mine.ok_or(GkaError::Misplaced("no entry for this member"))?;
                 let k_inv = ops::inv::<G>(k);
                 let inc = self.core.verify(bytes, env, signed_len)?;
                 let ks = ops::exp::<G>(&mut self.core.meter, &e, &k_inv);
-                let run = self.run.take().expect("checked");
+                let mut run = self.run.take().expect("checked");
                 self.secure = Some(Secure {
-                    controller: run.controller,
-                    channels: run.channels,
+                    controller: std::mem::take(&mut run.controller),
+                    channels: std::mem::take(&mut run.channels),
                 });
                 self.core.applied(&inc);
-                self.core.complete(&G::encode(&ks), b"")
+                self.core
+                    .complete(&zeroize::Zeroizing::new(G::encode(&ks)), b"")
             }
         }
     }
 
-    fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.core.poll_transmit()
-    }
     fn poll_key(&mut self) -> Option<SecureView> {
         self.flush_pending();
         self.core.poll_key()
-    }
-    fn meter(&self) -> Meter {
-        self.core.meter
-    }
-    fn in_progress(&self) -> bool {
-        self.core.in_progress
     }
 }

@@ -18,11 +18,34 @@
 //! between runs, and no member is ever left waiting for a message of an abandoned run: those
 //! messages carry the old view id and are refused as stale.
 
+/// The `KeyAgreement` methods that every protocol answers from its [`Core`] alone.
+macro_rules! forward_to_core {
+    () => {
+        fn me(&self) -> &str {
+            &self.core.me
+        }
+        fn poll_transmit(&mut self) -> Option<crate::api::Transmit> {
+            self.core.poll_transmit()
+        }
+        fn meter(&self) -> conclave_crypto::Meter {
+            self.core.meter
+        }
+        fn in_progress(&self) -> bool {
+            self.core.in_progress
+        }
+    };
+}
+
 use crate::api::{Dest, GkaError, MemberId, Order, SecureView, SharedDirectory, Transmit, View};
 use conclave_crypto::{GroupKey, Identity, Meter};
 use conclave_wire::gka::{Envelope, ProtocolId, MAX_MEMBERS, MAX_NAME_BYTES};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeSet, HashSet, VecDeque};
+
+/// The most messages one member may have applied in one run. The busiest sender is a TGDH
+/// sponsor of a partition, with one broadcast per level of the tree; nothing needs more than one
+/// a level plus two, so this bounds the replay set and the work a misbehaving member can cause.
+pub const MAX_MESSAGES_PER_SENDER: u32 = conclave_wire::gka::MAX_PATH_BITS as u32 + 2;
 
 /// State common to the five protocols.
 pub(crate) struct Core {
@@ -43,6 +66,8 @@ pub(crate) struct Core {
     /// deterministically, so a replayed message carries a signature seen before, and a signature
     /// identifies its message without hashing the whole message again.
     seen: HashSet<Vec<u8>>,
+    /// Messages applied from each sender in the current run, against [`MAX_MESSAGES_PER_SENDER`].
+    per_sender: std::collections::HashMap<MemberId, u32>,
     pub in_progress: bool,
 }
 
@@ -83,12 +108,12 @@ impl Core {
             member_set: Default::default(),
             side: Default::default(),
             seen: HashSet::new(),
+            per_sender: Default::default(),
             in_progress: false,
         }
     }
 
     /// Validates a view and installs it: drops the old run and narrows the side.
-    /// Returns `true` if this member had a secure state to start from.
     pub fn install_view(&mut self, view: View) -> Result<(), GkaError> {
         if view.group != self.group {
             return Err(GkaError::InvalidView("view is for another group"));
@@ -132,6 +157,7 @@ impl Core {
         self.side = std::sync::Arc::new(side);
         self.outbox.retain(|t| t.view_id == view.view_id);
         self.seen.clear();
+        self.per_sender.clear();
         self.member_set = std::sync::Arc::new(set.into_iter().cloned().collect());
         self.view = Some(view);
         self.in_progress = true;
@@ -230,6 +256,9 @@ impl Core {
         if self.seen.contains(&env.signature) {
             return Err(GkaError::Replay);
         }
+        if self.per_sender.get(&env.sender).copied().unwrap_or(0) >= MAX_MESSAGES_PER_SENDER {
+            return Err(GkaError::TooManyMessages(env.sender));
+        }
         Ok((env, signed_len))
     }
 
@@ -266,6 +295,7 @@ impl Core {
     /// Records that a message was applied, so that a replay of it is refused.
     pub fn applied(&mut self, msg: &Incoming) {
         self.seen.insert(msg.signature.clone());
+        *self.per_sender.entry(msg.sender.clone()).or_insert(0) += 1;
     }
 
     /// Marks the run complete: the whole view becomes this member's side.
@@ -319,6 +349,15 @@ pub(crate) fn derive_group_key(
     GroupKey::from_bytes(*okm)
 }
 
+/// Signs an envelope as `identity` and encodes it: what `Core::send` does, available to tests
+/// that play a misbehaving insider.
+pub fn seal(identity: &Identity, mut env: Envelope) -> Result<Vec<u8>, GkaError> {
+    env.signature = identity
+        .sign(&signing_digest(&env.signed_part()))
+        .map_err(|_| GkaError::Sign)?;
+    Ok(env.encode())
+}
+
 /// What a member signs: a domain-separated SHA-256 of the envelope's signed part. Signing the
 /// digest rather than the message keeps a signature's cost independent of the message size
 /// (Ed25519 would hash a 70 KB key tree twice with SHA-512).
@@ -329,7 +368,7 @@ pub(crate) fn signing_digest(signed_part: &[u8]) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// Position of `m` in `list`, or a typed error.
+/// Position of `m` in `list`.
 pub(crate) fn index_of(list: &[MemberId], m: &str) -> Option<usize> {
     list.iter().position(|x| x == m)
 }

@@ -21,10 +21,11 @@
 //! the run completes, so an abandoned run changes nothing.
 
 use crate::api::{
-    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View,
+    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, View,
 };
 use crate::core::{index_of, Core};
 use crate::ops;
+use crate::tree::{Bk, BkData};
 use conclave_crypto::{CryptoRng, Group, Identity, Meter};
 use conclave_wire::gka::{GdhMsg, ProtocolId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -44,34 +45,18 @@ struct Secure<G: Group> {
     partials: BTreeMap<MemberId, Partial<G>>,
 }
 
-/// A partial key as received, decoded only when used: a member needs its own at once, the
-/// others only if it becomes the controller, so most members of a large group never decode them.
-#[derive(Clone)]
-struct Partial<G: Group> {
-    elem: Option<G::Element>,
-    bytes: Option<Vec<u8>>,
+/// A partial key, with its encoding (shared with the key tree's blinded keys).
+type Partial<G> = Bk<G>;
+
+impl<G: Group> Drop for Secure<G> {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.r);
+    }
 }
 
-impl<G: Group> Partial<G> {
-    fn elem(e: G::Element) -> Self {
-        Partial {
-            elem: Some(e),
-            bytes: None,
-        }
-    }
-    fn get(&self) -> Result<G::Element, GkaError> {
-        match (&self.elem, &self.bytes) {
-            (Some(e), _) => Ok(e.clone()),
-            (None, Some(b)) => Ok(ops::decode::<G>(b)?),
-            (None, None) => Err(GkaError::Misplaced("empty partial key")),
-        }
-    }
-    fn encode(&self) -> Vec<u8> {
-        match (&self.bytes, &self.elem) {
-            (Some(b), _) => b.clone(),
-            (None, Some(e)) => G::encode(e),
-            (None, None) => Vec::new(),
-        }
+impl<G: Group> Drop for Run<G> {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.r);
     }
 }
 
@@ -110,15 +95,7 @@ fn exp_partials<G: Group>(
     bases
         .iter()
         .zip(elems.into_iter().zip(enc))
-        .map(|((m, _), (e, b))| {
-            (
-                m.clone(),
-                Partial {
-                    elem: Some(e),
-                    bytes: Some(b),
-                },
-            )
-        })
+        .map(|((m, _), (e, b))| (m.clone(), BkData::from_parts(e, b)))
         .collect()
 }
 
@@ -144,7 +121,7 @@ impl<G: Group> Gdh<G> {
             r: G::random_scalar(rng),
             partials: BTreeMap::from([(
                 self.core.me.clone(),
-                Partial::elem(G::exp_g(&G::scalar_from_u64(1))),
+                BkData::from_elem(G::exp_g(&G::scalar_from_u64(1))),
             )]),
         }
     }
@@ -158,7 +135,8 @@ impl<G: Group> Gdh<G> {
         let mine = partials
             .get(&self.core.me)
             .ok_or(GkaError::Misplaced("no partial key for this member"))?
-            .get()?;
+            .elem()
+            .clone();
         self.secure = Some(Secure {
             roster,
             r: r.clone(),
@@ -171,7 +149,11 @@ impl<G: Group> Gdh<G> {
 
     fn flush_pending(&mut self) {
         if let Some((partial, r)) = self.pending.take() {
-            let secret = G::encode(&ops::exp::<G>(&mut self.core.meter, &partial, &r));
+            let secret = zeroize::Zeroizing::new(G::encode(&ops::exp::<G>(
+                &mut self.core.meter,
+                &partial,
+                &r,
+            )));
             // A run only completes with a view installed, so this cannot fail.
             let _ = self.core.complete(&secret, b"");
         }
@@ -185,8 +167,15 @@ impl<G: Group> Gdh<G> {
         let list = roster
             .iter()
             .filter(|m| **m != self.core.me)
-            .map(|m| (m.clone(), partials[m].encode()))
-            .collect();
+            .map(|m| {
+                partials
+                    .get(m)
+                    .map(|p| (m.clone(), p.bytes().to_vec()))
+                    .ok_or(GkaError::Misplaced(
+                        "no partial key for a member of the roster",
+                    ))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         self.core.send(
             Dest::Broadcast,
             Order::Agreed,
@@ -204,9 +193,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
     fn protocol(&self) -> ProtocolId {
         ProtocolId::Gdh
     }
-    fn me(&self) -> &str {
-        &self.core.me
-    }
+    forward_to_core!();
 
     fn handle_view(&mut self, rng: &mut dyn CryptoRng, view: View) -> Result<(), GkaError> {
         self.flush_pending();
@@ -239,7 +226,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                 let delta = G::scalar_mul(&r_new, &ops::inv::<G>(&secure.r));
                 let mut others = Vec::with_capacity(base_roster.len());
                 for m in base_roster.iter().filter(|m| **m != me) {
-                    others.push((m.clone(), secure.partials[m].get()?));
+                    others.push((m.clone(), secure.partials[m].elem().clone()));
                 }
                 let mut partials = exp_partials::<G>(&mut self.core.meter, &others, &delta);
                 partials.insert(me.clone(), secure.partials[&me].clone());
@@ -272,7 +259,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
             if controller == me {
                 let r_new = G::random_scalar(rng);
                 let token =
-                    ops::exp::<G>(&mut self.core.meter, &secure.partials[&me].get()?, &r_new);
+                    ops::exp::<G>(&mut self.core.meter, secure.partials[&me].elem(), &r_new);
                 self.core.send(
                     Dest::Unicast(chain[0].clone()),
                     Order::Fifo,
@@ -358,6 +345,12 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                         .encode(),
                     )?;
                 } else {
+                    // The new controller checks, once per run, that the roster is exactly the view.
+                    let set: BTreeSet<&MemberId> = roster.iter().collect();
+                    if set.len() != roster.len() || !roster.iter().all(|m| view_members.contains(m))
+                    {
+                        return Err(GkaError::Misplaced("upflow roster is not the view"));
+                    }
                     // The new controller broadcasts the token without its contribution.
                     run.roster = Some(roster.clone());
                     run.stage = Stage::ExpectFactorOuts {
@@ -420,7 +413,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                     let r = run.r.clone();
                     let fos: Vec<(MemberId, G::Element)> = got.into_iter().collect();
                     let mut partials = exp_partials::<G>(&mut self.core.meter, &fos, &r);
-                    partials.insert(me, Partial::elem(token));
+                    partials.insert(me, BkData::from_elem(token));
                     self.broadcast_partials(roster.clone(), partials.clone())?;
                     self.core.applied(&inc);
                     return self.finish(roster, r, partials);
@@ -438,23 +431,16 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                     if !view_members.contains(m) || *m == inc.sender || map.contains_key(m) {
                         return Err(GkaError::Misplaced("partial key list names a wrong member"));
                     }
-                    let partial = if *m == me {
-                        Partial::elem(ops::decode::<G>(p)?)
-                    } else if p.len() == G::ELEMENT_BYTES {
-                        Partial {
-                            elem: None,
-                            bytes: Some(p.clone()),
-                        }
-                    } else {
-                        return Err(GkaError::Misplaced("partial key of the wrong size"));
-                    };
+                    // Every entry is decoded, not only this member's: members must all accept or
+                    // all refuse a message, or those that move together would part ways.
+                    let partial: Partial<G> = BkData::checked(p)?;
                     map.insert(m.clone(), partial);
                 }
                 if map.len() + 1 != roster.len() {
                     return Err(GkaError::Misplaced("partial key list is incomplete"));
                 }
                 let controller_partial = match token.take() {
-                    Some(t) => Partial::elem(t),
+                    Some(t) => BkData::from_elem(t),
                     None => {
                         // Leave/partition: the controller's own partial does not change.
                         let s = self
@@ -482,31 +468,8 @@ impl<G: Group> KeyAgreement for Gdh<G> {
         Ok(())
     }
 
-    /// Decodes the partial keys received as bytes, so that becoming the controller after a leave
-    /// does not start with decoding them.
-    fn handle_idle(&mut self) {
-        if let Some(s) = self.secure.as_mut() {
-            for p in s.partials.values_mut() {
-                if p.elem.is_none() {
-                    if let Some(Ok(e)) = p.bytes.as_ref().map(|b| ops::decode::<G>(b)) {
-                        p.elem = Some(e);
-                    }
-                }
-            }
-        }
-    }
-
-    fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.core.poll_transmit()
-    }
     fn poll_key(&mut self) -> Option<SecureView> {
         self.flush_pending();
         self.core.poll_key()
-    }
-    fn meter(&self) -> Meter {
-        self.core.meter
-    }
-    fn in_progress(&self) -> bool {
-        self.core.in_progress
     }
 }

@@ -6,10 +6,11 @@
 //! `core` for how cascaded events are handled, and each protocol module for the paper section it
 //! implements and where it departs from it.
 
+#[macro_use]
+mod core;
 pub mod api;
 pub mod bd;
 pub mod ckd;
-mod core;
 pub mod gdh;
 pub mod kat;
 mod ops;
@@ -19,6 +20,7 @@ pub mod testbed;
 pub mod tgdh;
 mod tree;
 
+pub use crate::core::seal;
 pub use api::*;
 pub use conclave_wire::gka::ProtocolId;
 

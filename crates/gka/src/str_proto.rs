@@ -18,7 +18,7 @@
 //! view (see `core`).
 
 use crate::api::{
-    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View,
+    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, View,
 };
 use crate::core::Core;
 use crate::ops;
@@ -40,6 +40,19 @@ struct Chain<G: Group> {
     leaf_key: Option<G::Scalar>,
     /// This member's node keys (only at and above its position).
     node_key: Vec<Option<G::Scalar>>,
+}
+
+/// The leaf and node keys are secrets: wiped when the chain goes.
+impl<G: Group> Drop for Chain<G> {
+    fn drop(&mut self) {
+        if let Some(k) = self.leaf_key.as_mut() {
+            zeroize::Zeroize::zeroize(k);
+        }
+        self.node_key
+            .iter_mut()
+            .flatten()
+            .for_each(zeroize::Zeroize::zeroize);
+    }
 }
 
 impl<G: Group> Clone for Chain<G> {
@@ -171,13 +184,13 @@ fn advance<G: Group>(
                 leaf_key.clone()
             } else if k == p {
                 let Some(b) = c.bk_of_node(k - 1) else { break };
-                ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &b.elem()?, &leaf_key))
+                ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, b.elem(), &leaf_key))
             } else {
                 let below = c.node_key[k - 1].clone().expect("computed in order");
                 let Some(b) = c.leaf_bk[k].as_ref() else {
                     break;
                 };
-                ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &b.elem()?, &below))
+                ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, b.elem(), &below))
             };
             c.node_key[k] = Some(key);
         }
@@ -352,9 +365,7 @@ impl<G: Group> KeyAgreement for Str<G> {
     fn protocol(&self) -> ProtocolId {
         ProtocolId::Str
     }
-    fn me(&self) -> &str {
-        &self.core.me
-    }
+    forward_to_core!();
 
     fn handle_view(&mut self, rng: &mut dyn CryptoRng, view: View) -> Result<(), GkaError> {
         self.core.install_view(view)?;
@@ -454,17 +465,8 @@ impl<G: Group> KeyAgreement for Str<G> {
         Ok(())
     }
 
-    fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.core.poll_transmit()
-    }
     fn poll_key(&mut self) -> Option<SecureView> {
         self.core.poll_key()
-    }
-    fn meter(&self) -> Meter {
-        self.core.meter
-    }
-    fn in_progress(&self) -> bool {
-        self.core.in_progress
     }
     fn tree_height(&self) -> Option<usize> {
         self.run.as_ref().map(|r| r.chain.len() - 1)
@@ -508,17 +510,18 @@ impl<G: Group> Str<G> {
                         .iter()
                         .map(|m| std::sync::Arc::from(m.as_str()))
                         .collect(),
+                    // Decoded now: every member must accept or refuse a chain alike.
                     leaf_bk: leaves
                         .iter()
-                        .map(|(_, b)| Some(BkData::from_bytes(b)))
-                        .collect(),
-                    node_bk: std::iter::once(None)
+                        .map(|(_, b)| BkData::checked(b).map(Some))
+                        .collect::<Result<_, _>>()?,
+                    node_bk: std::iter::once(Ok(None))
                         .chain(
                             internal
                                 .iter()
-                                .map(|b| b.as_ref().map(|b| BkData::from_bytes(b))),
+                                .map(|b| b.as_ref().map(|b| BkData::checked(b)).transpose()),
                         )
-                        .collect(),
+                        .collect::<Result<_, _>>()?,
                     leaf_key: None,
                     node_key: vec![None; names.len()],
                 };
@@ -582,7 +585,7 @@ impl<G: Group> Str<G> {
                         ));
                     }
                     if c.leaf_bk[sp].as_ref().map(|x| x.bytes()) != Some(b.as_slice()) {
-                        c.leaf_bk[sp] = Some(BkData::from_bytes(b));
+                        c.leaf_bk[sp] = Some(BkData::checked(b)?);
                         lowest_changed = lowest_changed.min(sp.max(1));
                     }
                 }
@@ -594,7 +597,7 @@ impl<G: Group> Str<G> {
                         ));
                     }
                     if c.node_bk[k].as_ref().map(|x| x.bytes()) != Some(b.as_slice()) {
-                        c.node_bk[k] = Some(BkData::from_bytes(b));
+                        c.node_bk[k] = Some(BkData::checked(b)?);
                         lowest_changed = lowest_changed.min(k + 1);
                     }
                 }

@@ -178,6 +178,16 @@ impl<G: Group> Testbed<G> {
         }
     }
 
+    /// Uses an identity made elsewhere for `name` (benchmarks share RSA identities between runs,
+    /// since generating them is slow).
+    pub fn adopt_identity(&mut self, name: &str, id: Identity) {
+        self.directory
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_owned(), id.public());
+        self.identities.insert(name.to_owned(), id);
+    }
+
     /// Pre-generates identities (RSA key generation is slow; benchmarks do it before timing).
     pub fn provision(&mut self, names: &[MemberId]) -> Result<(), TestbedError> {
         for n in names {
@@ -203,12 +213,12 @@ impl<G: Group> Testbed<G> {
         self.members.keys().cloned().collect()
     }
 
-    /// Members that started a run and have not finished it.
     /// The key tree height a member reports (TGDH, STR).
     pub fn tree_height(&self, name: &str) -> Option<usize> {
         self.members.get(name).and_then(|m| m.ka.tree_height())
     }
 
+    /// Members that started a run and have not finished it.
     pub fn stuck(&self) -> Vec<MemberId> {
         self.members
             .iter()
@@ -666,14 +676,10 @@ impl<G: Group> Testbed<G> {
         }
     }
 
-    /// Delivers queued messages until none is left, then lets every member do its idle work
-    /// (which is on nobody's critical path).
+    /// Delivers queued messages until none is left.
     pub fn run_until_quiet(&mut self) {
         while let Some(p) = self.queue.pop_front() {
             self.deliver(p);
-        }
-        for m in self.members.values_mut() {
-            m.ka.handle_idle();
         }
     }
 
@@ -693,6 +699,11 @@ impl<G: Group> Testbed<G> {
             .iter()
             .map(|p| (p.from.clone(), p.to.clone(), p.payload.clone()))
             .collect()
+    }
+
+    /// The private identity of a member, for tests that play a misbehaving insider.
+    pub fn identity(&self, name: &str) -> Option<&Identity> {
+        self.identities.get(name)
     }
 
     /// Hands `bytes` to member `to` as if `from` had sent them, outside the transport. Returns the

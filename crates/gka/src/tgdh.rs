@@ -7,28 +7,33 @@
 //!
 //! A view with one side (leave, partition) prunes the departed leaves; the shallowest rightmost
 //! sponsor refreshes its leaf key. A view with several sides is a merge: each side's sponsor (its
-//! rightmost member) refreshes its leaf and broadcasts its side's tree; every member then merges
-//! the trees, largest first, each inserted at the shallowest rightmost node that does not
-//! increase the height. In both cases members then compute up their paths as far as they can;
-//! a member broadcasts the blinded keys it computed when it is the rightmost member under the
-//! lowest node it newly computed, which makes exactly one sponsor per computable subtree and
-//! repeats until all members hold the root key (one round for a leave, two for a join or merge,
-//! up to `h` for a partition).
+//! rightmost member) broadcasts its side's tree, adding the blinded keys it can (its leaf's if it
+//! is new, its side's old root's); every member then merges the trees, largest first, each
+//! inserted at the shallowest rightmost node that does not increase the height, and the rightmost
+//! member of the last inserted tree refreshes its leaf (unless that leaf was drawn in this run),
+//! so that every run has a fresh contribution. In both cases members then compute up their paths
+//! as far as they can; a member broadcasts the blinded keys it computed when it is the rightmost
+//! member under the lowest node it newly computed, which makes exactly one sponsor per computable
+//! subtree and repeats until all members hold the root key (one round for a leave, two for a join
+//! or merge, up to `h` for a partition). A run completes when every blinded key below the root is
+//! known, which all members observe alike (see `core`).
 //!
-//! Departures: receivers never recompute a blinded key a sponsor sent (§5's optimization), and
-//! a member computes blinded keys only where it is the sponsor. Table II's TGDH row counts
-//! `3h/2` exponentiations for a join and merge; our critical path also includes the round-1
-//! sponsor's refresh of its whole path (which §4.3 prescribes), so it is bounded by `3h + 2`
-//! instead, with `h` the height after the event. Cascades restart from the newest view
-//! (see `core`).
+//! Departures: §4.3 has every merging side's sponsor refresh its leaf and recompute its path in
+//! round 1; we refresh one leaf per merge, after merging, which needs the same rounds and
+//! messages and far fewer exponentiations. Receivers never recompute a blinded key a sponsor sent
+//! (§5's optimization), and a member computes blinded keys only where it is the sponsor. Table
+//! II's TGDH row counts `3h/2` exponentiations for a join, merge and leave, the cost for a sponsor
+//! at mid depth; our critical path is about `3d` for a sponsor at depth `d`, so it is bounded by
+//! `3h` (plus one for a leave), with `h` the height after the event. Cascades restart from the
+//! newest view (see `core`).
 
 use crate::api::{
-    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, Transmit, View,
+    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, View,
 };
 use crate::core::Core;
 use crate::ops;
 use crate::tree::{Bk, BkData, Node};
-use conclave_crypto::{CryptoRng, Group, Identity, Meter};
+use conclave_crypto::{CryptoRng, Group, Identity};
 use conclave_wire::gka::{NodePath, ProtocolId, TgdhMsg};
 use std::collections::BTreeSet;
 
@@ -101,7 +106,7 @@ fn advance<G: Group>(
         let Some(sib_bk) = tree.at(&sib).and_then(|n| n.bk()).cloned() else {
             break;
         };
-        let sib_el = sib_bk.elem()?;
+        let sib_el = sib_bk.elem().clone();
         let key = ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &sib_el, &child_key));
         let node = tree.at_mut(&path[..d]).expect("ancestor exists");
         let needs_bk = node.bk().is_none() && (d > 0 || top_bk);
@@ -251,9 +256,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
     fn protocol(&self) -> ProtocolId {
         ProtocolId::Tgdh
     }
-    fn me(&self) -> &str {
-        &self.core.me
-    }
+    forward_to_core!();
 
     fn handle_view(&mut self, rng: &mut dyn CryptoRng, view: View) -> Result<(), GkaError> {
         self.core.install_view(view)?;
@@ -386,17 +389,8 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
         Ok(())
     }
 
-    fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.core.poll_transmit()
-    }
     fn poll_key(&mut self) -> Option<SecureView> {
         self.core.poll_key()
-    }
-    fn meter(&self) -> Meter {
-        self.core.meter
-    }
-    fn in_progress(&self) -> bool {
-        self.core.in_progress
     }
     fn tree_height(&self) -> Option<usize> {
         self.run
@@ -506,7 +500,7 @@ impl<G: Group> Tgdh<G> {
                         .map(|b| b.bytes() != bk.as_slice())
                         .unwrap_or(true)
                     {
-                        node.set_bk(Some(BkData::from_bytes(bk)));
+                        node.set_bk(Some(BkData::checked(bk)?));
                         // Keys computed from the old value are stale.
                         for d in 0..p.len() {
                             if let Some(n) = tree.at_mut(&p[..d]) {

@@ -13,37 +13,39 @@ use conclave_wire::gka::{NodePath, WireNode, MAX_PATH_BITS};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-/// A blinded key as received (encoded), with its decoded element cached on first use: a key that
-/// stays in the tree across runs is decoded once, not once per run.
+/// A group element kept with its encoding: a blinded key, or a GDH partial key. Received values
+/// are decoded (so checked to be in the group) on arrival, so that all members accept or refuse a
+/// message alike; the encoding is kept to send them on without encoding again.
 pub(crate) struct BkData<G: Group> {
     bytes: Box<[u8]>,
-    elem: std::sync::OnceLock<Result<G::Element, conclave_crypto::GroupError>>,
+    elem: G::Element,
 }
 
 pub(crate) type Bk<G> = Arc<BkData<G>>;
 
 impl<G: Group> BkData<G> {
-    pub fn from_bytes(bytes: &[u8]) -> Bk<G> {
+    /// A value this member computed.
+    pub fn from_elem(e: G::Element) -> Bk<G> {
+        let bytes = G::encode(&e);
+        Self::from_parts(e, bytes)
+    }
+    /// A value computed here, with the encoding computed alongside it.
+    pub fn from_parts(elem: G::Element, bytes: Vec<u8>) -> Bk<G> {
         Arc::new(BkData {
-            bytes: bytes.into(),
-            elem: std::sync::OnceLock::new(),
+            bytes: bytes.into_boxed_slice(),
+            elem,
         })
     }
-    /// A blinded key this member computed: no decoding ever needed.
-    pub fn from_elem(e: G::Element) -> Bk<G> {
-        let cell = std::sync::OnceLock::new();
-        let bytes = G::encode(&e).into_boxed_slice();
-        let _ = cell.set(Ok(e));
-        Arc::new(BkData { bytes, elem: cell })
+    /// Received bytes, decoded and checked to be in the group.
+    pub fn checked(bytes: &[u8]) -> Result<Bk<G>, conclave_crypto::GroupError> {
+        let e = G::decode(bytes, false)?;
+        Ok(Self::from_parts(e, bytes.to_vec()))
     }
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
     }
-    /// The element, decoded (and checked to be in the group) on first use.
-    pub fn elem(&self) -> Result<G::Element, conclave_crypto::GroupError> {
-        self.elem
-            .get_or_init(|| G::decode(&self.bytes, false))
-            .clone()
+    pub fn elem(&self) -> &G::Element {
+        &self.elem
     }
 }
 
@@ -61,6 +63,15 @@ pub(crate) enum Node<G: Group> {
         height: u32,
         size: u32,
     },
+}
+
+/// Node keys are secrets: wiped when the node goes.
+impl<G: Group> Drop for Node<G> {
+    fn drop(&mut self) {
+        if let Node::Leaf { key: Some(k), .. } | Node::Internal { key: Some(k), .. } = self {
+            zeroize::Zeroize::zeroize(k);
+        }
+    }
 }
 
 impl<G: Group> Clone for Node<G> {
@@ -424,7 +435,10 @@ impl<G: Group> Node<G> {
         let check = |bk: &Option<Vec<u8>>| -> Result<Option<Bk<G>>, &'static str> {
             match bk {
                 Some(b) if b.len() != G::ELEMENT_BYTES => Err("blinded key of the wrong size"),
-                Some(b) => Ok(Some(BkData::from_bytes(b))),
+                // Decoded now: every member must accept or refuse a tree alike (see `tgdh`).
+                Some(b) => BkData::checked(b)
+                    .map(Some)
+                    .map_err(|_| "blinded key not in the group"),
                 None => Ok(None),
             }
         };
@@ -506,7 +520,7 @@ impl<G: Group> Node<G> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use conclave_crypto::Ristretto255;
+    use conclave_crypto::{Group, Ristretto255};
     type N = Node<Ristretto255>;
 
     fn build(names: &[&str]) -> N {
@@ -538,7 +552,9 @@ mod tests {
         for p in [vec![], vec![false], vec![true]] {
             t.at_mut(&p)
                 .unwrap()
-                .set_bk(Some(BkData::from_bytes(&[1u8; 32])));
+                .set_bk(Some(BkData::from_elem(Ristretto255::exp_g(
+                    &Ristretto255::scalar_from_u64(5),
+                ))));
         }
         let keep: BTreeSet<MemberId> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
         let t = t.prune(&keep).unwrap();

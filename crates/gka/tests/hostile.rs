@@ -167,3 +167,70 @@ proptest! {
         tb.run_until_quiet();
     }
 }
+
+/// A signed message from an insider that carries a bad value for one member is refused by every
+/// member, not only by the one whose value is bad: otherwise members that move together would
+/// disagree on whether the run completed.
+#[test]
+fn a_bad_entry_for_one_member_is_refused_by_all() {
+    use conclave_wire::gka::{CkdMsg, GdhMsg};
+    for p in [conclave_gka::ProtocolId::Gdh, conclave_gka::ProtocolId::Ckd] {
+        let mut tb = testbed(p, 21);
+        tb.apply(&action("init a b c d")).unwrap();
+        tb.run_until_quiet();
+        tb.apply(&action("leave b")).unwrap();
+        let (from, to, bytes) = tb
+            .queue_snapshot()
+            .into_iter()
+            .next()
+            .expect("the refresh message");
+        let (env, _) = Envelope::decode(&bytes).unwrap();
+        let victim = to.iter().find(|m| **m != from).unwrap().clone();
+        let bad = vec![0xffu8; 32];
+        let body = match p {
+            conclave_gka::ProtocolId::Gdh => match GdhMsg::decode(env.kind, &env.body).unwrap() {
+                GdhMsg::Partials {
+                    roster,
+                    mut partials,
+                } => {
+                    partials.iter_mut().find(|(m, _)| *m == victim).unwrap().1 = bad;
+                    GdhMsg::Partials { roster, partials }.encode()
+                }
+                other => panic!("unexpected {other:?}"),
+            },
+            _ => match CkdMsg::decode(env.kind, &env.body).unwrap() {
+                CkdMsg::KeyDist {
+                    roster,
+                    mut entries,
+                } => {
+                    entries.iter_mut().find(|(m, _)| *m == victim).unwrap().1 = bad;
+                    CkdMsg::KeyDist { roster, entries }.encode()
+                }
+                other => panic!("unexpected {other:?}"),
+            },
+        };
+        let forged = conclave_gka::seal(
+            tb.identity(&from).unwrap(),
+            Envelope {
+                body,
+                signature: vec![],
+                ..env
+            },
+        )
+        .unwrap();
+        for m in &to {
+            let (r, sent) = tb.inject(m, &from, &forged);
+            assert!(
+                matches!(r, Err(GkaError::BadElement(_))),
+                "{p:?} {m}: {r:?}"
+            );
+            assert_eq!(sent, 0);
+        }
+        assert!(
+            tb.records.iter().all(|r| r.view == 1),
+            "{p:?}: a run completed on a bad message"
+        );
+        tb.run_until_quiet();
+        check(p, &tb, "after a refused insider message");
+    }
+}
