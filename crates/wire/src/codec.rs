@@ -115,6 +115,10 @@ impl Writer {
     pub fn new() -> Self {
         Writer { buf: Vec::new() }
     }
+    /// Appends to bytes already written.
+    pub fn from_vec(buf: Vec<u8>) -> Self {
+        Writer { buf }
+    }
     pub fn with_capacity(n: usize) -> Self {
         Writer {
             buf: Vec::with_capacity(n),

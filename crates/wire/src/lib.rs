@@ -6,5 +6,6 @@
 
 pub mod codec;
 pub mod gka;
+pub mod lkh;
 
 pub use codec::{DecodeError, Reader, Writer};

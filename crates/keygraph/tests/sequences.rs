@@ -1,0 +1,176 @@
+//! Random sequences of joins and leaves, at once or in batches, against every key graph, strategy
+//! and signing mode: after every rekey each member holds exactly the server's keys for its slot
+//! (so the same group key), every member takes exactly the messages addressed to it and refuses
+//! the others, no departed member can open anything sent after it left, and no joiner anything
+//! sent before it joined.
+
+mod common;
+use common::{config, World};
+use conclave_keygraph::{GraphKind, Signing, Strategy as Rekeying};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Join,
+    /// Leave of the i-th member (modulo the group size).
+    Leave(usize),
+    QueueJoin,
+    QueueLeave(usize),
+    Flush,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => Just(Op::Join),
+        3 => any::<usize>().prop_map(Op::Leave),
+        2 => Just(Op::QueueJoin),
+        2 => any::<usize>().prop_map(Op::QueueLeave),
+        1 => Just(Op::Flush),
+    ]
+}
+
+fn graph() -> impl Strategy<Value = GraphKind> {
+    prop_oneof![
+        Just(GraphKind::Star),
+        (2u32..6).prop_map(|degree| GraphKind::Tree { degree }),
+        Just(GraphKind::Complete),
+    ]
+}
+
+fn strategy() -> impl Strategy<Value = Rekeying> {
+    prop_oneof![
+        Just(Rekeying::User),
+        Just(Rekeying::Key),
+        Just(Rekeying::Group)
+    ]
+}
+
+fn signing() -> impl Strategy<Value = Signing> {
+    prop_oneof![
+        Just(Signing::None),
+        Just(Signing::PerMessage),
+        Just(Signing::Batch)
+    ]
+}
+
+fn run(
+    graph: GraphKind,
+    strategy: Rekeying,
+    signing: Signing,
+    compact: bool,
+    initial: u64,
+    ops: &[Op],
+    seed: u64,
+) {
+    let mut w = if initial > 0 && graph != GraphKind::Complete {
+        World::with_members(config(graph, strategy, signing, compact), seed, initial)
+    } else {
+        World::new(config(graph, strategy, signing, compact), seed)
+    };
+    let batching = graph != GraphKind::Complete;
+    let mut next_user = 1_000u64;
+    for op in ops {
+        let live: Vec<u64> = w.members.keys().copied().collect();
+        match op {
+            Op::Join | Op::QueueJoin if graph == GraphKind::Complete && live.len() >= 10 => {}
+            Op::Join => {
+                // A batch in progress is flushed first: immediate requests do not overtake it.
+                w.flush();
+                w.join(next_user);
+                next_user += 1;
+            }
+            Op::QueueJoin if batching => {
+                w.queue_join(next_user);
+                next_user += 1;
+            }
+            Op::Leave(i) if !live.is_empty() => {
+                w.flush();
+                let live: Vec<u64> = w.members.keys().copied().collect();
+                if !live.is_empty() {
+                    w.leave(live[i % live.len()]);
+                }
+            }
+            Op::QueueLeave(i) if batching && !live.is_empty() => {
+                w.queue_leave(live[i % live.len()])
+            }
+            Op::Flush => w.flush(),
+            _ => {}
+        }
+    }
+    w.flush();
+    w.check();
+    w.check_secrecy();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_sequences_keep_members_in_step_and_secrets_secret(
+        graph in graph(),
+        strategy in strategy(),
+        signing in signing(),
+        compact in any::<bool>(),
+        initial in 0u64..40,
+        ops in prop::collection::vec(op(), 1..40),
+        seed in any::<u64>(),
+    ) {
+        run(graph, strategy, signing, compact, initial, &ops, seed);
+    }
+}
+
+/// Grow, then shrink far: compaction moves members down and the tree loses levels; without it the
+/// tree keeps its height.
+#[test]
+fn compaction_lowers_the_tree_after_members_leave() {
+    for compact in [true, false] {
+        let mut w = World::with_members(
+            config(
+                GraphKind::Tree { degree: 2 },
+                Rekeying::Key,
+                Signing::Batch,
+                compact,
+            ),
+            11,
+            64,
+        );
+        w.track_keys = false;
+        assert_eq!(w.server.height(), 6);
+        // Leave from the bottom of the slot range, so the members left sit high.
+        for u in 0..56 {
+            w.leave(u);
+        }
+        let h = w.server.height();
+        if compact {
+            assert_eq!(h, 3, "8 members fit a tree of height 3");
+        } else {
+            assert_eq!(h, 6);
+        }
+    }
+}
+
+#[test]
+fn batches_fold_many_requests_into_one_rekey() {
+    let mut w = World::with_members(
+        config(
+            GraphKind::Tree { degree: 4 },
+            Rekeying::Group,
+            Signing::Batch,
+            true,
+        ),
+        12,
+        256,
+    );
+    let e = w.server.epoch();
+    for u in 0..20 {
+        w.queue_leave(u * 7);
+    }
+    for u in 0..15 {
+        w.queue_join(5_000 + u);
+    }
+    w.flush();
+    assert_eq!(w.server.epoch(), e + 1);
+    let st = w.server.last_rekey().unwrap();
+    assert_eq!((st.joins, st.leaves, st.messages), (15, 20, 1));
+    w.check_secrecy();
+}
