@@ -41,4 +41,25 @@ fn main() {
         use sha2::Digest;
         std::hint::black_box(sha2::Sha256::digest(&big));
     });
+    let id =
+        conclave_crypto::Identity::generate(conclave_crypto::SigScheme::Ed25519, &mut rng).unwrap();
+    t("ed25519 sign 57B", 2000, || {
+        std::hint::black_box(id.sign(&[7u8; 57]).unwrap());
+    });
+    let sig = id.sign(&[7u8; 57]).unwrap();
+    let public = id.public();
+    t("ed25519 verify 57B", 2000, || {
+        public
+            .verify(std::hint::black_box(&[7u8; 57]), &sig)
+            .unwrap();
+    });
+    let key = [9u8; 32];
+    t("aes-256-gcm key setup + seal 32B", 20000, || {
+        let a = conclave_crypto::aead::Aead::new(conclave_crypto::aead::AeadAlg::Aes256Gcm, &key);
+        std::hint::black_box(a.seal([0; 12], b"aad", &[1u8; 32]));
+    });
+    let kp = aws_lc_rs::signature::Ed25519KeyPair::from_seed_unchecked(&[5u8; 32]).unwrap();
+    t("aws-lc ed25519 sign 57B", 2000, || {
+        std::hint::black_box(kp.sign(&[7u8; 57]));
+    });
 }

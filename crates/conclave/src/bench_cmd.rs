@@ -35,6 +35,232 @@ pub enum BenchCommand {
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
     },
+    /// E5: the key-graph (LKH) server of paper 001: server time per join and leave, rekey
+    /// messages sent and received, key changes per member, memory; batch rekeying and compaction.
+    Keygraph {
+        /// Largest group size. Sizes run 32..8192 (the paper's range) by doubling, then by
+        /// fourfold steps up to this (1000000 for the performance goal).
+        #[arg(long, default_value_t = 8192)]
+        n: u64,
+        /// Exact sizes to run instead (comma separated); overrides --n.
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<u64>,
+        /// Key tree degrees.
+        #[arg(long, value_delimiter = ',', default_values_t = [4u32, 8, 16])]
+        degrees: Vec<u32>,
+        /// Rekeying strategies: user, key, group (default all).
+        #[arg(long, value_delimiter = ',')]
+        strategies: Vec<String>,
+        /// Signing modes: none, per-message, batch (default all).
+        #[arg(long, value_delimiter = ',')]
+        signing: Vec<String>,
+        /// Also run star key graphs (sizes up to 8192).
+        #[arg(long)]
+        star: bool,
+        /// Joins and leaves per configuration (1:1, as in the paper).
+        #[arg(long, default_value_t = 1000)]
+        ops: u64,
+        /// Requests per rekey for the batch-rekeying runs (0 to skip them).
+        #[arg(long, value_delimiter = ',', default_values_t = [1u64, 10, 100, 1000])]
+        batch: Vec<u64>,
+        /// Skip the compaction runs (a group shrinking sixteenfold, with and without).
+        #[arg(long)]
+        no_balance: bool,
+        /// Seed of the keys and of the request sequence.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Directory for the SVG plots.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
+}
+
+fn progress(total: u64) -> ProgressBar {
+    if std::io::stderr().is_terminal() {
+        let b = ProgressBar::new(total);
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed} < {eta}]")
+                .expect("template"),
+        );
+        b
+    } else {
+        ProgressBar::hidden()
+    }
+}
+
+fn keygraph_sizes(max: u64) -> Vec<u64> {
+    let mut v = Vec::new();
+    let mut n = 32;
+    while n <= max.min(8192) {
+        v.push(n);
+        n *= 2;
+    }
+    let mut n = 8192 * 4;
+    while n < max {
+        v.push(n);
+        n *= 4;
+    }
+    if !v.contains(&max) {
+        v.push(max);
+    }
+    v
+}
+
+fn parse_list<T: Copy>(
+    given: &[String],
+    all: &[T],
+    name: impl Fn(T) -> &'static str,
+    what: &str,
+) -> Result<Vec<T>> {
+    if given.is_empty() {
+        return Ok(all.to_vec());
+    }
+    given
+        .iter()
+        .map(|g| {
+            all.iter()
+                .copied()
+                .find(|x| name(*x) == g.to_lowercase())
+                .with_context(|| format!("unknown {what} {g:?}"))
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_keygraph(
+    n: u64,
+    sizes: Vec<u64>,
+    degrees: Vec<u32>,
+    strategies: Vec<String>,
+    signing: Vec<String>,
+    star: bool,
+    ops: u64,
+    batch: Vec<u64>,
+    no_balance: bool,
+    seed: u64,
+    out: PathBuf,
+) -> Result<()> {
+    use conclave_bench::keygraph as e5;
+    use conclave_keygraph::{GraphKind, Signing, Strategy};
+    let max = conclave_keygraph::server::MAX_MEMBERS as u64;
+    let sizes = if sizes.is_empty() {
+        keygraph_sizes(n)
+    } else {
+        sizes
+    };
+    if sizes.iter().any(|s| *s < 2 || *s > max) {
+        anyhow::bail!("group sizes must be between 2 and {max}");
+    }
+    if let Some(d) = degrees
+        .iter()
+        .find(|d| !(2..=conclave_keygraph::server::MAX_DEGREE).contains(*d))
+    {
+        anyhow::bail!(
+            "degree {d} is outside 2..={}",
+            conclave_keygraph::server::MAX_DEGREE
+        );
+    }
+    let strategies = parse_list(
+        &strategies,
+        &e5::STRATEGIES,
+        |s| match s {
+            Strategy::User => "user",
+            Strategy::Key => "key",
+            Strategy::Group => "group",
+        },
+        "strategy",
+    )?;
+    let signings = parse_list(
+        &signing,
+        &e5::SIGNINGS,
+        |s| match s {
+            Signing::None => "none",
+            Signing::PerMessage => "per-message",
+            Signing::Batch => "batch",
+        },
+        "signing mode",
+    )?;
+    let mut graphs: Vec<GraphKind> = degrees
+        .iter()
+        .map(|d| GraphKind::Tree { degree: *d })
+        .collect();
+    if star {
+        graphs.push(GraphKind::Star);
+    }
+    let batch: Vec<u64> = batch.into_iter().filter(|b| *b > 0).collect();
+    let batch_sizes: Vec<u64> = {
+        let mut v: Vec<u64> = sizes
+            .iter()
+            .copied()
+            .filter(|s| *s <= 8192)
+            .max()
+            .into_iter()
+            .collect();
+        if let Some(&top) = sizes.iter().max() {
+            if !v.contains(&top) {
+                v.push(top);
+            }
+        }
+        v
+    };
+    let balance_n = sizes.iter().copied().filter(|s| *s <= 65536).max();
+    let mut configs: Vec<(u64, GraphKind, Strategy, Signing)> = Vec::new();
+    for &n in &sizes {
+        for &g in &graphs {
+            if g == GraphKind::Star && n > 8192 {
+                continue;
+            }
+            for &st in &strategies {
+                for &x in &signings {
+                    configs.push((n, g, st, x));
+                }
+            }
+        }
+    }
+    let total = configs.len() as u64
+        + (batch.len() * batch_sizes.len()) as u64
+        + if no_balance || balance_n.is_none() {
+            0
+        } else {
+            2
+        };
+    let bar = progress(total);
+    let mut stdout = std::io::stdout().lock();
+    let mut rows = Vec::new();
+    for (n, g, s, x) in configs {
+        bar.set_message(format!("n={n} {g:?} {s:?} {x:?}"));
+        let r = e5::run_rekey(n, g, s, x, ops, seed)?;
+        writeln!(stdout, "{}", serde_json::to_string(&r)?)?;
+        rows.push(r);
+        bar.inc(1);
+    }
+    let mut batches = Vec::new();
+    for &n in &batch_sizes {
+        for &b in &batch {
+            bar.set_message(format!("batch n={n} {b} per rekey"));
+            let r = e5::run_batch(n, 4, b, ops.max(b), seed)?;
+            writeln!(stdout, "{}", serde_json::to_string(&r)?)?;
+            batches.push(r);
+            bar.inc(1);
+        }
+    }
+    if let (false, Some(n)) = (no_balance, balance_n) {
+        for compact in [false, true] {
+            bar.set_message(format!("compaction n={n} {compact}"));
+            let r = e5::run_balance(n, 4, compact, seed)?;
+            writeln!(stdout, "{}", serde_json::to_string(&r)?)?;
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    for (name, chart) in e5::charts(&rows, &batches) {
+        let path = out.join(name);
+        std::fs::write(&path, chart.to_svg())
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn sizes_up_to(max: usize) -> Vec<usize> {
@@ -55,6 +281,21 @@ fn sizes_up_to(max: usize) -> Vec<usize> {
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
+        BenchCommand::Keygraph {
+            n,
+            sizes,
+            degrees,
+            strategies,
+            signing,
+            star,
+            ops,
+            batch,
+            no_balance,
+            seed,
+            out,
+        } => run_keygraph(
+            n, sizes, degrees, strategies, signing, star, ops, batch, no_balance, seed, out,
+        ),
         BenchCommand::Gka {
             n,
             sizes,

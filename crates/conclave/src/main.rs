@@ -1,10 +1,14 @@
-//! `conclave`: the one binary. Subcommands: `demo`, `gka run`, `bench gka`.
+//! `conclave`: the one binary. Subcommands: `demo`, `gka run`, `bench gka`, `bench keygraph`.
 
 mod bench_cmd;
 mod demo;
 mod gka_cmd;
 
 use anyhow::Result;
+
+// Counts live heap bytes so that the benchmarks report memory as measured.
+#[global_allocator]
+static ALLOC: conclave_bench::alloc::Counting = conclave_bench::alloc::Counting;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]

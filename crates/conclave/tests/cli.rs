@@ -163,3 +163,54 @@ fn bench_gka_writes_json_lines_and_plots() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bench_keygraph_writes_json_lines_and_plots() {
+    let dir = std::env::temp_dir().join(format!("conclave-e5-{}", std::process::id()));
+    let (ok, out, err) = conclave(
+        &[
+            "bench",
+            "keygraph",
+            "--sizes",
+            "64,256",
+            "--degrees",
+            "4,8",
+            "--star",
+            "--ops",
+            "30",
+            "--batch",
+            "1,8",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let rekey: Vec<_> = rows.iter().filter(|r| r["kind"] == "rekey").collect();
+    // 2 sizes x (2 degrees + star) x 3 strategies x 3 signing modes.
+    assert_eq!(rekey.len(), 2 * 3 * 3 * 3);
+    for r in &rekey {
+        assert!(r["join_us"].as_f64().unwrap() > 0.0 && r["leave_us"].as_f64().unwrap() > 0.0);
+        assert!(r["server_bytes_per_member"].as_f64().unwrap() > 0.0);
+        let want_sigs = match r["signing"].as_str().unwrap() {
+            "none" => 0.0,
+            "batch" => 1.0,
+            _ => r["join_messages"]["avg"].as_f64().unwrap().min(1.0),
+        };
+        assert!(r["signatures_per_op"].as_f64().unwrap() >= want_sigs);
+    }
+    assert_eq!(rows.iter().filter(|r| r["kind"] == "batch").count(), 2);
+    let balance: Vec<_> = rows.iter().filter(|r| r["kind"] == "balance").collect();
+    assert_eq!(balance.len(), 2);
+    assert!(dir.join("e5-fig10-time-vs-size.svg").exists());
+    assert!(dir.join("e5-fig12-key-changes-vs-degree.svg").exists());
+    let (ok, _, err) = conclave(&["bench", "keygraph", "--sizes", "1"], None);
+    assert!(!ok && err.contains("group sizes"), "{err}");
+    let (ok, _, err) = conclave(&["bench", "keygraph", "--strategies", "random"], None);
+    assert!(!ok && err.contains("unknown strategy"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -60,6 +60,13 @@ impl Aead {
         buf
     }
 
+    /// Encrypts `buf` in place and appends the tag: no copy of the plaintext is left behind.
+    pub fn seal_in_place(&self, nonce: [u8; NONCE_BYTES], aad: &[u8], buf: &mut Vec<u8>) {
+        self.key
+            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::from(aad), buf)
+            .expect("plaintext within AEAD limits");
+    }
+
     pub fn open(
         &self,
         nonce: [u8; NONCE_BYTES],

@@ -13,11 +13,11 @@
 //! here: one message per old member with the items it needs; group-oriented sends one multicast.
 
 use crate::index::Slot;
-use crate::seal::Sealer;
+use crate::seal::{ItemId, Sealer};
 use crate::tree::Rekey;
 use crate::Strategy;
 use conclave_crypto::CryptoRng;
-use conclave_wire::lkh::{GraphShape, Item, KeyRef, Recipients};
+use conclave_wire::lkh::{GraphShape, KeyRef, Recipients};
 use zeroize::{Zeroize, Zeroizing};
 
 /// Most members of a complete key graph (the joiner's bundle then holds 4,095 keys).
@@ -146,7 +146,7 @@ impl CompleteGraph {
                 version: epoch,
             })
             .collect();
-        let items: Vec<Item> = olds
+        let items: Vec<ItemId> = olds
             .iter()
             .zip(new_refs.iter().zip(&new_keys))
             .map(|(s, (r, k))| {
@@ -168,11 +168,11 @@ impl CompleteGraph {
                     if old & vb == 0 {
                         continue;
                     }
-                    let mine: Vec<Item> = olds
+                    let mine: Vec<ItemId> = olds
                         .iter()
                         .zip(&items)
                         .filter(|(s, _)| *s & vb != 0)
-                        .map(|(_, it)| it.clone())
+                        .map(|(_, it)| *it)
                         .collect();
                     messages.push((Recipients::Holders(vb), mine));
                 }

@@ -9,7 +9,7 @@
 //! and afterwards the member holds the group key the message names.
 
 use crate::index::{path, NodeIndex, Slot};
-use crate::merkle::{leaf_hash, root_from_path, signed_message, signed_root};
+use crate::merkle::{digest_of, root_from_path, signed_message, signed_root};
 use crate::seal::open;
 use crate::server::{JoinAck, UserId};
 use crate::GraphKind;
@@ -193,7 +193,7 @@ impl Member {
         match &msg.auth {
             Auth::None => Err(MemberError::Unsigned),
             Auth::Signed { signature } => server
-                .verify(&signed_message(body), signature)
+                .verify(&signed_message(&digest_of(msg, body)), signature)
                 .map_err(|_| MemberError::BadSignature),
             Auth::Batch {
                 leaf_index,
@@ -201,7 +201,7 @@ impl Member {
                 path,
                 signature,
             } => {
-                let root = root_from_path(leaf_hash(body), *leaf_index, *leaf_count, path)
+                let root = root_from_path(digest_of(msg, body), *leaf_index, *leaf_count, path)
                     .ok_or(MemberError::BadAuthPath)?;
                 server
                     .verify(&signed_root(*leaf_count, &root), signature)

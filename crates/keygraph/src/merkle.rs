@@ -1,8 +1,11 @@
 //! One signature for a batch of rekey messages (paper 001 §4, after Merkle's certified signature).
 //!
-//! The leaves are SHA-256 digests of the messages' authenticated bytes, the inner nodes digests of
-//! their two children, with a one-byte prefix telling leaves from inner nodes (the paper's MD5
-//! scheme had no prefix; without one a leaf could pose as an inner node). A level with an odd
+//! The leaves are the messages' digests, the inner nodes digests of their two children. A
+//! message's digest covers its header and the digests of its items, so an item that several
+//! messages share (key-oriented rekeying repeats the upper keys' items in every message) is hashed
+//! once; this halves the hashing of a key-oriented leave. Every digest starts with a byte telling
+//! what it is a digest of (the paper's MD5 scheme had no such prefix; without one a leaf could pose
+//! as an inner node). A level with an odd
 //! count carries its last node up unchanged, so an authentication path skips that level; the
 //! verifier learns which levels to skip from the leaf's index and the leaf count, both signed
 //! through the root. The server signs `"conclave lkh batch v1" || leaf count || root`.
@@ -11,11 +14,40 @@ use sha2::{Digest, Sha256};
 
 pub type Hash = [u8; 32];
 
-pub fn leaf_hash(body: &[u8]) -> Hash {
+/// The digest of one encoded item.
+pub fn item_digest(item: &[u8]) -> Hash {
+    let mut h = Sha256::new();
+    h.update([2u8]);
+    h.update(item);
+    h.finalize().into()
+}
+
+/// The digest of a message: its header (the authenticated bytes before the items) and its items'
+/// digests in order.
+pub fn message_digest<'a>(header: &[u8], items: impl IntoIterator<Item = &'a Hash>) -> Hash {
     let mut h = Sha256::new();
     h.update([0u8]);
-    h.update(body);
+    h.update(header);
+    for d in items {
+        h.update(d);
+    }
     h.finalize().into()
+}
+
+/// The digest of a decoded message, as its receiver computes it.
+pub fn digest_of(msg: &conclave_wire::lkh::RekeyMessage, body: &[u8]) -> Hash {
+    let items_len: usize = msg.items.iter().map(|i| i.encoded_len()).sum();
+    let header = &body[..body.len() - items_len];
+    let digests: Vec<Hash> = msg
+        .items
+        .iter()
+        .map(|it| {
+            let mut w = conclave_wire::Writer::with_capacity(it.encoded_len());
+            it.write(&mut w);
+            item_digest(w.as_slice())
+        })
+        .collect();
+    message_digest(header, &digests)
 }
 
 fn node_hash(l: &Hash, r: &Hash) -> Hash {
@@ -35,9 +67,9 @@ pub fn signed_root(leaf_count: u32, root: &Hash) -> Vec<u8> {
 }
 
 /// What the server signs for a message signed alone.
-pub fn signed_message(body: &[u8]) -> Vec<u8> {
+pub fn signed_message(digest: &Hash) -> Vec<u8> {
     let mut m = b"conclave lkh message v1".to_vec();
-    m.extend_from_slice(&leaf_hash(body));
+    m.extend_from_slice(digest);
     m
 }
 
@@ -116,12 +148,12 @@ mod tests {
     #[test]
     fn every_leaf_proves_the_root_and_nothing_else_does() {
         for count in 1..40u32 {
-            let leaves: Vec<Hash> = (0..count).map(|i| leaf_hash(&i.to_be_bytes())).collect();
+            let leaves: Vec<Hash> = (0..count).map(|i| item_digest(&i.to_be_bytes())).collect();
             let t = MerkleTree::new(leaves.clone());
             for (i, leaf) in leaves.iter().enumerate() {
                 let p = t.path(i);
                 assert_eq!(root_from_path(*leaf, i as u32, count, &p), Some(t.root()));
-                let other = leaf_hash(b"forged");
+                let other = item_digest(b"forged");
                 assert_ne!(root_from_path(other, i as u32, count, &p), Some(t.root()));
                 if count > 1 {
                     let j = (i as u32 + 1) % count;

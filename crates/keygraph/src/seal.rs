@@ -19,6 +19,11 @@ fn nonce(epoch: u64, seq: u32) -> [u8; NONCE_BYTES] {
 
 fn aad(group: &str, epoch: u64, seq: u32, under: &KeyRef, keys: &[KeyRef]) -> Vec<u8> {
     let mut a = Vec::with_capacity(48 + group.len() + 16 * keys.len());
+    write_aad(&mut a, group, epoch, seq, under, keys);
+    a
+}
+
+fn write_aad(a: &mut Vec<u8>, group: &str, epoch: u64, seq: u32, under: &KeyRef, keys: &[KeyRef]) {
     a.extend_from_slice(b"conclave lkh item v1");
     a.push(group.len() as u8);
     a.extend_from_slice(group.as_bytes());
@@ -28,10 +33,13 @@ fn aad(group: &str, epoch: u64, seq: u32, under: &KeyRef, keys: &[KeyRef]) -> Ve
         a.extend_from_slice(&k.id.to_be_bytes());
         a.extend_from_slice(&k.version.to_be_bytes());
     }
-    a
 }
 
-/// Numbers the encryptions of one epoch and counts them.
+/// An item of the epoch being built, by its place in [`Sealer::items`].
+pub(crate) type ItemId = u32;
+
+/// Numbers the encryptions of one epoch, counts them, and keeps them: a message lists items by
+/// id, so an item shared by several messages is encrypted and encoded once.
 pub(crate) struct Sealer<'a> {
     pub alg: AeadAlg,
     pub group: &'a str,
@@ -39,6 +47,22 @@ pub(crate) struct Sealer<'a> {
     pub next_seq: u32,
     /// Keys encrypted (what paper 001 Table 2 counts).
     pub keys_encrypted: u64,
+    pub items: Vec<Item>,
+    aad: Vec<u8>,
+}
+
+impl<'a> Sealer<'a> {
+    pub fn new(alg: AeadAlg, group: &'a str, epoch: u64) -> Sealer<'a> {
+        Sealer {
+            alg,
+            group,
+            epoch,
+            next_seq: 0,
+            keys_encrypted: 0,
+            items: Vec::new(),
+            aad: Vec::with_capacity(128),
+        }
+    }
 }
 
 impl Sealer<'_> {
@@ -47,26 +71,30 @@ impl Sealer<'_> {
         under: KeyRef,
         under_key: &[u8; 32],
         keys: &[(KeyRef, &[u8; 32])],
-    ) -> Item {
+    ) -> ItemId {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.keys_encrypted += keys.len() as u64;
         let refs: Vec<KeyRef> = keys.iter().map(|(r, _)| *r).collect();
-        let mut plain = Zeroizing::new(Vec::with_capacity(keys.len() * KEY_BYTES));
+        // The plaintext goes straight into the ciphertext's buffer and is encrypted in place.
+        let mut ciphertext = Vec::with_capacity(Item::ciphertext_len(keys.len()));
         for (_, k) in keys {
-            plain.extend_from_slice(&k[..]);
+            ciphertext.extend_from_slice(&k[..]);
         }
-        let ciphertext = Aead::new(self.alg, under_key).seal(
+        self.aad.clear();
+        write_aad(&mut self.aad, self.group, self.epoch, seq, &under, &refs);
+        Aead::new(self.alg, under_key).seal_in_place(
             nonce(self.epoch, seq),
-            &aad(self.group, self.epoch, seq, &under, &refs),
-            &plain,
+            &self.aad,
+            &mut ciphertext,
         );
-        Item {
+        self.items.push(Item {
             seq,
             under,
             keys: refs,
             ciphertext,
-        }
+        });
+        seq
     }
 }
 

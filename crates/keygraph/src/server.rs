@@ -9,14 +9,14 @@
 
 use crate::complete::{CompleteGraph, MAX_COMPLETE_MEMBERS};
 use crate::index::{NodeIndex, Slot, STAR_DEGREE};
-use crate::merkle::{leaf_hash, signed_message, signed_root, MerkleTree};
+use crate::merkle::{item_digest, message_digest, signed_message, signed_root, MerkleTree};
 use crate::seal::Sealer;
 use crate::tree::{KeyTree, Rekey};
 use crate::{GraphKind, Signing, Strategy};
 use conclave_crypto::aead::AeadAlg;
 use conclave_crypto::{CryptoRng, GroupKey, Identity, PublicIdentity, SigError};
 use conclave_wire::lkh::{
-    Auth, GraphShape, KeyRef, Recipients, RekeyMessage, MAX_GROUP_NAME_BYTES, MAX_ITEMS,
+    Auth, GraphShape, Item, KeyRef, Recipients, RekeyMessage, MAX_GROUP_NAME_BYTES, MAX_ITEMS,
 };
 use conclave_wire::Writer;
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -244,13 +244,7 @@ impl Server {
                 *t = KeyTree::bulk(t.degree(), members.iter().map(|(_, k)| *k), 0, rng);
             }
             Graph::Complete(_) => {
-                let mut sealer = Sealer {
-                    alg: s.cfg.aead,
-                    group: &s.cfg.group,
-                    epoch: 0,
-                    next_seq: 0,
-                    keys_encrypted: 0,
-                };
+                let mut sealer = Sealer::new(s.cfg.aead, &s.cfg.group, 0);
                 let Graph::Complete(c) = &mut s.graph else {
                     unreachable!()
                 };
@@ -435,13 +429,7 @@ impl Server {
         self.check_join(user)?;
         let slot = self.alloc_slot(user);
         self.epoch += 1;
-        let mut sealer = Sealer {
-            alg: self.cfg.aead,
-            group: &self.cfg.group,
-            epoch: self.epoch,
-            next_seq: 0,
-            keys_encrypted: 0,
-        };
+        let mut sealer = Sealer::new(self.cfg.aead, &self.cfg.group, self.epoch);
         let rekey = match &mut self.graph {
             Graph::Tree(t) => t.join(
                 slot,
@@ -458,8 +446,8 @@ impl Server {
                 rng,
             ),
         };
-        let keys = sealer.keys_encrypted;
-        self.emit(rekey, keys, 1, 0, 0)?;
+        let (keys, items) = (sealer.keys_encrypted, sealer.items);
+        self.emit(rekey, items, keys, 1, 0, 0)?;
         Ok(JoinAck {
             user,
             slot,
@@ -482,19 +470,13 @@ impl Server {
             }
         }
         self.epoch += 1;
-        let mut sealer = Sealer {
-            alg: self.cfg.aead,
-            group: &self.cfg.group,
-            epoch: self.epoch,
-            next_seq: 0,
-            keys_encrypted: 0,
-        };
+        let mut sealer = Sealer::new(self.cfg.aead, &self.cfg.group, self.epoch);
         let rekey = match &mut self.graph {
             Graph::Tree(t) => t.leave(slot, self.cfg.strategy, &mut sealer, rng),
             Graph::Complete(c) => c.leave(slot),
         };
-        let keys = sealer.keys_encrypted;
-        self.emit(rekey, keys, 0, 1, 0)
+        let (keys, items) = (sealer.keys_encrypted, sealer.items);
+        self.emit(rekey, items, keys, 0, 1, 0)
     }
 
     /// Queues a join for the next [`Server::rekey_batch`]; the member's keys come with that rekey.
@@ -615,25 +597,21 @@ impl Server {
         rng: &mut dyn CryptoRng,
     ) -> Result<(), ServerError> {
         self.epoch += 1;
-        let mut sealer = Sealer {
-            alg: self.cfg.aead,
-            group: &self.cfg.group,
-            epoch: self.epoch,
-            next_seq: 0,
-            keys_encrypted: 0,
-        };
+        let mut sealer = Sealer::new(self.cfg.aead, &self.cfg.group, self.epoch);
         let Graph::Tree(t) = &mut self.graph else {
             return Err(ServerError::BatchOnComplete);
         };
         let rekey = t.batch(&leaves, &joins, &mut sealer, rng);
-        let keys = sealer.keys_encrypted;
-        self.emit(rekey, keys, nj, nl, moves)
+        let (keys, items) = (sealer.keys_encrypted, sealer.items);
+        self.emit(rekey, items, keys, nj, nl, moves)
     }
 
     /// Authenticates and encodes one epoch's messages (§4: one signature for the whole batch).
+    /// Each item is encoded once; messages sharing it copy its bytes.
     fn emit(
         &mut self,
         rekey: Rekey,
+        items: Vec<Item>,
         keys_encrypted: u64,
         joins: u32,
         leaves: u32,
@@ -647,50 +625,76 @@ impl Server {
             height: self.height(),
             members: self.users.len() as u64,
             keys_encrypted,
+            items: items.len() as u64,
             key_changes: rekey.key_changes,
-            message_bytes_min: u64::MAX,
             ..RekeyStats::default()
         };
         let Some(group_key) = rekey.group_key else {
             // The group is empty: nobody to tell.
-            st.message_bytes_min = 0;
             self.last = Some(st);
             return Ok(());
         };
+        let mut encoded = Writer::with_capacity(items.iter().map(Item::encoded_len).sum());
+        let mut spans = Vec::with_capacity(items.len());
+        for it in &items {
+            let start = encoded.as_slice().len();
+            it.write(&mut encoded);
+            spans.push(start..encoded.as_slice().len());
+        }
+        let encoded = encoded.into_vec();
+        let item_digests: Vec<_> = if self.cfg.signing == Signing::None {
+            Vec::new()
+        } else {
+            st.digests += spans.len() as u64;
+            spans
+                .iter()
+                .map(|r| item_digest(&encoded[r.clone()]))
+                .collect()
+        };
         let mut bodies = Vec::with_capacity(rekey.messages.len());
-        for (recipients, items) in rekey.messages {
-            st.items += items.len() as u64;
-            let m = RekeyMessage {
-                group: self.cfg.group.clone(),
-                epoch: self.epoch,
-                shape: rekey.shape,
+        let mut digests = Vec::with_capacity(rekey.messages.len());
+        for (recipients, ids) in rekey.messages {
+            let len: usize = ids.iter().map(|i| spans[*i as usize].len()).sum();
+            let mut w = Writer::with_capacity(len + 200 + 32 * 24);
+            RekeyMessage::write_header(
+                &mut w,
+                &self.cfg.group,
+                self.epoch,
+                rekey.shape,
                 group_key,
                 recipients,
-                items,
-                auth: Auth::None,
-            };
-            bodies.push((recipients, m.body()));
+                ids.len(),
+            );
+            if self.cfg.signing != Signing::None {
+                st.digests += 1;
+                digests.push(message_digest(
+                    w.as_slice(),
+                    ids.iter().map(|i| &item_digests[*i as usize]),
+                ));
+            }
+            for i in ids {
+                w.raw(&encoded[spans[i as usize].clone()]);
+            }
+            bodies.push((recipients, w));
         }
         let auths: Vec<Auth> = match self.cfg.signing {
             Signing::None => bodies.iter().map(|_| Auth::None).collect(),
             Signing::PerMessage => {
                 let id = self.identity.as_ref().ok_or(ServerError::NoIdentity)?;
                 let mut v = Vec::with_capacity(bodies.len());
-                for (_, b) in &bodies {
-                    st.digests += 1;
+                for d in &digests {
                     st.signatures += 1;
                     v.push(Auth::Signed {
-                        signature: id.sign(&signed_message(b))?,
+                        signature: id.sign(&signed_message(d))?,
                     });
                 }
                 v
             }
             Signing::Batch => {
                 let id = self.identity.as_ref().ok_or(ServerError::NoIdentity)?;
-                let leaves: Vec<_> = bodies.iter().map(|(_, b)| leaf_hash(b)).collect();
-                let count = leaves.len();
-                let tree = MerkleTree::new(leaves);
-                st.digests += (2 * count - 1) as u64;
+                let count = digests.len();
+                let tree = MerkleTree::new(digests);
+                st.digests += (count - 1) as u64;
                 st.signatures += 1;
                 let signature = id.sign(&signed_root(count as u32, &tree.root()))?;
                 (0..count)
@@ -703,23 +707,21 @@ impl Server {
                     .collect()
             }
         };
-        for ((recipients, body), auth) in bodies.into_iter().zip(auths) {
-            let mut w = Writer::from_vec(body);
+        let mut min = u64::MAX;
+        for ((recipients, mut w), auth) in bodies.into_iter().zip(auths) {
             RekeyMessage::write_auth(&auth, &mut w);
             let bytes = w.into_vec();
             let len = bytes.len() as u64;
             let reach = self.count_recipients(&recipients);
             st.messages += 1;
             st.bytes_sent += len;
-            st.message_bytes_min = st.message_bytes_min.min(len);
+            min = min.min(len);
             st.message_bytes_max = st.message_bytes_max.max(len);
             st.deliveries += reach;
             st.bytes_received += reach * len;
             self.out.push_back(Transmit { recipients, bytes });
         }
-        if st.messages == 0 {
-            st.message_bytes_min = 0;
-        }
+        st.message_bytes_min = if st.messages == 0 { 0 } else { min };
         self.last = Some(st);
         Ok(())
     }

@@ -19,10 +19,10 @@
 //!   send it under each occupied child's key, as Li et al. do.
 
 use crate::index::{height_for, path, NodeIndex, Slot};
-use crate::seal::Sealer;
+use crate::seal::{ItemId, Sealer};
 use crate::Strategy;
 use conclave_crypto::CryptoRng;
-use conclave_wire::lkh::{GraphShape, Item, KeyRef, Recipients};
+use conclave_wire::lkh::{GraphShape, KeyRef, Recipients};
 use std::collections::{BTreeMap, BTreeSet};
 use zeroize::{Zeroize, Zeroizing};
 
@@ -38,7 +38,8 @@ pub(crate) struct Node {
 pub(crate) struct Rekey {
     pub shape: GraphShape,
     pub group_key: Option<KeyRef>,
-    pub messages: Vec<(Recipients, Vec<Item>)>,
+    /// Each message's items, by id in the epoch's sealer.
+    pub messages: Vec<(Recipients, Vec<ItemId>)>,
     /// Keys learned, summed over the members (paper 001 Fig 12 divides it by the group size).
     pub key_changes: u64,
 }
@@ -382,7 +383,7 @@ impl KeyTree {
                 }
             }
             Strategy::Key | Strategy::Group => {
-                let items: Vec<Item> = (0..j)
+                let items: Vec<ItemId> = (0..j)
                     .map(|i| sealer.seal(old[i].1, &old[i].2, &pairs[i..=i]))
                     .collect();
                 if strategy == Strategy::Key {
@@ -417,7 +418,7 @@ impl KeyTree {
     /// A fresh root key under the old one, for when the tree dropped levels and the new root's
     /// key would otherwise become the group key unchanged: no departed member held it, but a group
     /// key must never serve two epochs.
-    fn renew_root(&mut self, sealer: &mut Sealer<'_>, rng: &mut dyn CryptoRng) -> (Item, u64) {
+    fn renew_root(&mut self, sealer: &mut Sealer<'_>, rng: &mut dyn CryptoRng) -> (ItemId, u64) {
         let root = NodeIndex::root(self.height);
         let (oref, okey) = (
             self.keyref(root).expect("members"),
@@ -461,9 +462,9 @@ impl KeyTree {
             .collect();
         // L_i of Fig 9: x_i's new key under each occupied child's key, the changed child's new one.
         let mut messages = Vec::new();
-        let mut chain: Vec<Option<Item>> = vec![None; xs.len()];
-        let mut per_child: Vec<Vec<(NodeIndex, Item)>> = vec![Vec::new(); xs.len()];
-        let mut user_items: Vec<(NodeIndex, Item)> = Vec::new();
+        let mut chain: Vec<Option<ItemId>> = vec![None; xs.len()];
+        let mut per_child: Vec<Vec<(NodeIndex, ItemId)>> = vec![Vec::new(); xs.len()];
+        let mut user_items: Vec<(NodeIndex, ItemId)> = Vec::new();
         for i in (0..xs.len()).rev() {
             for c in self.occupied_children(xs[i]) {
                 let changed = i + 1 < xs.len() && xs[i + 1] == c;
@@ -503,12 +504,8 @@ impl KeyTree {
             Strategy::Key => {
                 for i in (0..xs.len()).rev() {
                     for (c, item) in &per_child[i] {
-                        let mut m = vec![item.clone()];
-                        m.extend(
-                            (0..i)
-                                .rev()
-                                .map(|k| chain[k].clone().expect("changed child")),
-                        );
+                        let mut m = vec![*item];
+                        m.extend((0..i).rev().map(|k| chain[k].expect("changed child")));
                         messages.push((Recipients::Holders(c.id()), m));
                     }
                 }
@@ -516,10 +513,8 @@ impl KeyTree {
             Strategy::Group => {
                 let mut all = Vec::new();
                 for i in (0..xs.len()).rev() {
-                    all.extend(per_child[i].iter().map(|(_, it)| it.clone()));
-                    if let Some(it) = &chain[i] {
-                        all.push(it.clone());
-                    }
+                    all.extend(per_child[i].iter().map(|(_, it)| *it));
+                    all.extend(chain[i]);
                 }
                 messages.push((Recipients::All, all));
             }

@@ -150,7 +150,9 @@ fn signatures_are_required_and_checked() {
     let mut forged = msg.clone();
     forged.auth = Auth::Signed {
         signature: mallory
-            .sign(&conclave_keygraph::merkle::signed_message(&msg.body()))
+            .sign(&conclave_keygraph::merkle::signed_message(
+                &conclave_keygraph::merkle::digest_of(&msg, &msg.body()),
+            ))
             .unwrap(),
     };
     assert_eq!(

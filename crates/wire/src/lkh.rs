@@ -75,6 +75,24 @@ pub struct Item {
 }
 
 impl Item {
+    /// Appends the item's encoding.
+    pub fn write(&self, w: &mut Writer) {
+        w.u32(self.seq);
+        write_keyref(w, &self.under);
+        assert!(!self.keys.is_empty() && self.keys.len() <= MAX_KEYS_PER_ITEM);
+        w.u16((self.keys.len() - 1) as u16);
+        for k in &self.keys {
+            write_keyref(w, k);
+        }
+        assert_eq!(self.ciphertext.len(), Item::ciphertext_len(self.keys.len()));
+        w.raw(&self.ciphertext);
+    }
+
+    /// Bytes of the item's encoding.
+    pub fn encoded_len(&self) -> usize {
+        4 + 16 + 2 + 16 * self.keys.len() + self.ciphertext.len()
+    }
+
     /// Ciphertext length for `n` keys.
     pub fn ciphertext_len(n: usize) -> usize {
         n * KEY_BYTES + TAG_BYTES
@@ -126,10 +144,34 @@ fn read_keyref(r: &mut Reader<'_>, what: &'static str) -> Result<KeyRef, DecodeE
 impl RekeyMessage {
     /// Appends the authenticated part (everything but the authenticator) to `w`.
     pub fn write_body(&self, w: &mut Writer) {
+        Self::write_header(
+            w,
+            &self.group,
+            self.epoch,
+            self.shape,
+            self.group_key,
+            self.recipients,
+            self.items.len(),
+        );
+        for it in &self.items {
+            it.write(w);
+        }
+    }
+
+    /// Appends everything before the items; `items` of them must follow (see [`Item::write`]).
+    pub fn write_header(
+        w: &mut Writer,
+        group: &str,
+        epoch: u64,
+        shape: GraphShape,
+        group_key: KeyRef,
+        recipients: Recipients,
+        items: usize,
+    ) {
         w.u8(VERSION);
-        w.name(&self.group, MAX_GROUP_NAME_BYTES);
-        w.u64(self.epoch);
-        match self.shape {
+        w.name(group, MAX_GROUP_NAME_BYTES);
+        w.u64(epoch);
+        match shape {
             GraphShape::Tree { degree, height } => {
                 w.u8(1);
                 w.u32(degree);
@@ -141,8 +183,8 @@ impl RekeyMessage {
                 w.u64(members);
             }
         }
-        write_keyref(w, &self.group_key);
-        match self.recipients {
+        write_keyref(w, &group_key);
+        match recipients {
             Recipients::All => w.u8(0),
             Recipients::Holders(k) => {
                 w.u8(1);
@@ -154,18 +196,7 @@ impl RekeyMessage {
                 w.u64(j);
             }
         }
-        w.count(self.items.len(), MAX_ITEMS);
-        for it in &self.items {
-            w.u32(it.seq);
-            write_keyref(w, &it.under);
-            assert!(!it.keys.is_empty() && it.keys.len() <= MAX_KEYS_PER_ITEM);
-            w.u16((it.keys.len() - 1) as u16);
-            for k in &it.keys {
-                write_keyref(w, k);
-            }
-            assert_eq!(it.ciphertext.len(), Item::ciphertext_len(it.keys.len()));
-            w.raw(&it.ciphertext);
-        }
+        w.count(items, MAX_ITEMS);
     }
 
     /// The authenticated bytes.
