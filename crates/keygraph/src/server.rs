@@ -419,7 +419,7 @@ impl Server {
         }
     }
 
-    /// Admits `user` and rekeys at once.
+    /// Admits `user` and rekeys at once. Queued requests are rekeyed first, in their own epoch.
     pub fn join(
         &mut self,
         user: UserId,
@@ -427,6 +427,7 @@ impl Server {
         rng: &mut dyn CryptoRng,
     ) -> Result<JoinAck, ServerError> {
         self.check_join(user)?;
+        self.rekey_batch(rng)?;
         let slot = self.alloc_slot(user);
         self.epoch += 1;
         let mut sealer = Sealer::new(self.cfg.aead, &self.cfg.group, self.epoch);
@@ -455,8 +456,12 @@ impl Server {
         })
     }
 
-    /// Removes `user` and rekeys at once.
+    /// Removes `user` and rekeys at once. Queued requests are rekeyed first, in their own epoch.
     pub fn leave(&mut self, user: UserId, rng: &mut dyn CryptoRng) -> Result<(), ServerError> {
+        if !self.users.contains_key(&user.0) {
+            return Err(ServerError::NotMember(user));
+        }
+        self.rekey_batch(rng)?;
         let slot = self.free_slot(user)?;
         if matches!(self.graph, Graph::Tree(_)) && self.cfg.compact {
             let moves = self.plan_moves(1);

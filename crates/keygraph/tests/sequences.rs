@@ -74,8 +74,6 @@ fn run(
         match op {
             Op::Join | Op::QueueJoin if graph == GraphKind::Complete && live.len() >= 10 => {}
             Op::Join => {
-                // A batch in progress is flushed first: immediate requests do not overtake it.
-                w.flush();
                 w.join(next_user);
                 next_user += 1;
             }
@@ -84,6 +82,7 @@ fn run(
                 next_user += 1;
             }
             Op::Leave(i) if !live.is_empty() => {
+                // A pending batch is rekeyed first and may take this member out already.
                 w.flush();
                 let live: Vec<u64> = w.members.keys().copied().collect();
                 if !live.is_empty() {
@@ -173,4 +172,32 @@ fn batches_fold_many_requests_into_one_rekey() {
     let st = w.server.last_rekey().unwrap();
     assert_eq!((st.joins, st.leaves, st.messages), (15, 20, 1));
     w.check_secrecy();
+}
+
+#[test]
+fn an_immediate_request_rekeys_a_pending_batch_first() {
+    let mut w = World::with_members(
+        config(
+            GraphKind::Tree { degree: 4 },
+            Rekeying::Key,
+            Signing::Batch,
+            true,
+        ),
+        13,
+        20,
+    );
+    let e = w.server.epoch();
+    w.server.queue_leave(conclave_keygraph::UserId(3)).unwrap();
+    let k = conclave_crypto::GroupKey::from_bytes([9; 32]);
+    let ack = w
+        .server
+        .join(conclave_keygraph::UserId(77), &k, &mut w.rng)
+        .unwrap();
+    assert_eq!((ack.epoch, w.server.epoch()), (e + 2, e + 2));
+    let mut epochs = std::collections::BTreeSet::new();
+    while let Some(t) = w.server.poll_transmit() {
+        let (m, _) = conclave_wire::lkh::RekeyMessage::decode(&t.bytes).unwrap();
+        epochs.insert(m.epoch);
+    }
+    assert_eq!(epochs.into_iter().collect::<Vec<_>>(), vec![e + 1, e + 2]);
 }

@@ -105,6 +105,9 @@ impl World {
     }
 
     pub fn join(&mut self, u: u64) {
+        // The server would rekey a pending batch first on its own; doing it here keeps one epoch
+        // per delivery.
+        self.flush();
         let k = self.individual_key();
         let ack = self.server.join(UserId(u), &k, &mut self.rng).unwrap();
         self.joined_at.insert(u, ack.epoch);
@@ -114,6 +117,7 @@ impl World {
     }
 
     pub fn leave(&mut self, u: u64) {
+        self.flush();
         self.server.leave(UserId(u), &mut self.rng).unwrap();
         self.members.remove(&u);
         self.left_at.insert(u, self.server.epoch());
