@@ -62,4 +62,19 @@ fn main() {
     t("aws-lc ed25519 sign 57B", 2000, || {
         std::hint::black_box(kp.sign(&[7u8; 57]));
     });
+    let small = [3u8; 86];
+    t("sha256 86B (sha2)", 200000, || {
+        use sha2::Digest;
+        std::hint::black_box(sha2::Sha256::digest(std::hint::black_box(&small)));
+    });
+    t("sha256 86B (aws-lc)", 200000, || {
+        std::hint::black_box(aws_lc_rs::digest::digest(
+            &aws_lc_rs::digest::SHA256,
+            std::hint::black_box(&small),
+        ));
+    });
+    t("chacha20-poly1305 key setup + seal 32B", 20000, || {
+        let a = conclave_crypto::aead::Aead::new(conclave_crypto::aead::AeadAlg::ChaCha20Poly1305, &key);
+        std::hint::black_box(a.seal([0; 12], b"aad", &[1u8; 32]));
+    });
 }

@@ -27,6 +27,8 @@ pub const MAX_MEMBERS: usize = 1 << 24;
 pub const MAX_STAR_MEMBERS: usize = MAX_ITEMS;
 /// Highest tree degree accepted.
 pub const MAX_DEGREE: u32 = 1024;
+/// A server built with members reserves room for `1 / GROWTH_ROOM_DIVISOR` more.
+pub const GROWTH_ROOM_DIVISOR: usize = 8;
 /// Most requests waiting for the next batch rekey.
 pub const MAX_PENDING: usize = 1 << 20;
 
@@ -228,8 +230,11 @@ impl Server {
                 max: s.cfg.max_members(),
             });
         }
-        s.users.reserve(members.len());
-        s.slots.reserve_exact(members.len());
+        // Room to grow by an eighth before any table is reallocated: rehashing a million-entry map
+        // inside one join would stall that join for milliseconds.
+        let room = members.len() + members.len() / GROWTH_ROOM_DIVISOR;
+        s.users.reserve(room);
+        s.slots.reserve_exact(room);
         for (i, (u, _)) in members.iter().enumerate() {
             if u.0 == NO_USER {
                 return Err(ServerError::ReservedUser(*u));

@@ -268,13 +268,14 @@ impl KeyTree {
         let mut t = KeyTree::new(degree);
         t.grow_to(height_for(degree, n as u64));
         let mut width = n;
-        t.levels[0] = leaf_keys
-            .map(|key| Node {
-                key,
-                version: epoch,
-                users: 1,
-            })
-            .collect();
+        let room = n + n / crate::server::GROWTH_ROOM_DIVISOR;
+        let mut leaves = Vec::with_capacity(room);
+        leaves.extend(leaf_keys.map(|key| Node {
+            key,
+            version: epoch,
+            users: 1,
+        }));
+        t.levels[0] = leaves;
         for l in 1..=t.height as usize {
             let below = &t.levels[l - 1];
             let up_width = if degree == crate::index::STAR_DEGREE {
@@ -282,7 +283,8 @@ impl KeyTree {
             } else {
                 width.div_ceil(degree as usize)
             };
-            let mut up = Vec::with_capacity(up_width);
+            let mut up =
+                Vec::with_capacity(up_width + up_width / crate::server::GROWTH_ROOM_DIVISOR + 1);
             for o in 0..up_width {
                 let first = o as u64 * degree as u64;
                 let end = (first + degree as u64).min(below.len() as u64);
