@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
             slot: Slot(3),
             epoch: 1,
         };
-        let mut m = Member::new(cfg, &ack, GroupKey::from_bytes([3; 32]));
+        let mut m = Member::new(cfg, &ack, GroupKey::from_bytes([3; 32])).expect("slot 3 fits");
         let _ = m.handle_rekey(data);
     }
 });

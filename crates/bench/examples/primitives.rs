@@ -74,7 +74,10 @@ fn main() {
         ));
     });
     t("chacha20-poly1305 key setup + seal 32B", 20000, || {
-        let a = conclave_crypto::aead::Aead::new(conclave_crypto::aead::AeadAlg::ChaCha20Poly1305, &key);
+        let a = conclave_crypto::aead::Aead::new(
+            conclave_crypto::aead::AeadAlg::ChaCha20Poly1305,
+            &key,
+        );
         std::hint::black_box(a.seal([0; 12], b"aad", &[1u8; 32]));
     });
 }

@@ -52,6 +52,8 @@ pub enum MemberError {
     Forged { seq: u32 },
     #[error("the message does not give this member the group key")]
     NotForMe,
+    #[error("slot {0:?} is out of range for this graph")]
+    BadSlot(Slot),
 }
 
 /// What applying a message did.
@@ -74,6 +76,8 @@ pub struct Member {
     keys: Keys,
     shape: Option<GraphShape>,
     group_key: Option<KeyRef>,
+    /// A move announced by the server, taken once a message of its epoch applies.
+    relocation: Option<JoinAck>,
 }
 
 impl core::fmt::Debug for Member {
@@ -90,6 +94,17 @@ impl core::fmt::Debug for Member {
     }
 }
 
+fn check_slot(graph: GraphKind, slot: Slot) -> Result<(), MemberError> {
+    let max = match graph {
+        GraphKind::Complete => crate::complete::MAX_COMPLETE_MEMBERS,
+        _ => crate::server::MAX_MEMBERS,
+    };
+    if slot.0 as usize >= max {
+        return Err(MemberError::BadSlot(slot));
+    }
+    Ok(())
+}
+
 fn leaf_id(graph: GraphKind, slot: Slot) -> u64 {
     match graph {
         GraphKind::Complete => 1u64 << slot.0,
@@ -99,10 +114,15 @@ fn leaf_id(graph: GraphKind, slot: Slot) -> u64 {
 
 impl Member {
     /// A joining member: its individual key, and the ack the server gave when it admitted it.
-    pub fn new(cfg: MemberConfig, ack: &JoinAck, individual_key: GroupKey) -> Member {
+    pub fn new(
+        cfg: MemberConfig,
+        ack: &JoinAck,
+        individual_key: GroupKey,
+    ) -> Result<Member, MemberError> {
+        check_slot(cfg.graph, ack.slot)?;
         let mut keys = Keys::new();
         keys.insert(leaf_id(cfg.graph, ack.slot), (ack.epoch, individual_key));
-        Member {
+        Ok(Member {
             cfg,
             user: ack.user,
             slot: ack.slot,
@@ -110,7 +130,8 @@ impl Member {
             keys,
             shape: None,
             group_key: None,
-        }
+            relocation: None,
+        })
     }
 
     /// A member handed its keys by the initial key distribution (see `Server::member_keys`).
@@ -135,6 +156,7 @@ impl Member {
             keys,
             shape: Some(shape),
             group_key,
+            relocation: None,
         };
         if let GraphShape::Complete { members } = shape {
             m.group_key = m.keys.get(&members).map(|(v, _)| KeyRef {
@@ -145,14 +167,12 @@ impl Member {
         m
     }
 
-    /// The server moved this member (compaction): from `ack.epoch` on its keys follow the new slot.
-    pub fn relocate(&mut self, ack: &JoinAck) {
-        if let Some((_, k)) = self.keys.get(&leaf_id(self.cfg.graph, self.slot)) {
-            let k = k.clone();
-            self.slot = ack.slot;
-            self.keys
-                .insert(leaf_id(self.cfg.graph, ack.slot), (ack.epoch, k));
-        }
+    /// The server moved this member (compaction): from `ack.epoch` on its keys follow the new
+    /// slot. Nothing changes until a message of that epoch applies.
+    pub fn relocate(&mut self, ack: &JoinAck) -> Result<(), MemberError> {
+        check_slot(self.cfg.graph, ack.slot)?;
+        self.relocation = Some(*ack);
+        Ok(())
     }
 
     pub fn user(&self) -> UserId {
@@ -223,16 +243,17 @@ impl Member {
         }
     }
 
-    fn shape_fits(&self, shape: GraphShape) -> bool {
+    fn shape_fits(&self, shape: GraphShape, slot: Slot, group_key: KeyRef) -> bool {
         match (self.cfg.graph, shape) {
             (GraphKind::Tree { degree }, GraphShape::Tree { degree: d, height }) => {
                 d == degree
                     && height >= 1
-                    && crate::index::capacity(degree, height) > self.slot.0 as u64
+                    && crate::index::capacity(degree, height) > slot.0 as u64
+                    && group_key.id == NodeIndex::root(height).id()
             }
-            (GraphKind::Star, GraphShape::Star) => true,
+            (GraphKind::Star, GraphShape::Star) => group_key.id == NodeIndex::root(1).id(),
             (GraphKind::Complete, GraphShape::Complete { members }) => {
-                members & (1 << self.slot.0) != 0
+                members & (1 << slot.0) != 0 && group_key.id == members
             }
             _ => false,
         }
@@ -257,12 +278,15 @@ impl Member {
                 expected: self.expected,
             });
         }
-        if !self.shape_fits(msg.shape) {
+        // A relocation announced for this epoch takes effect with this message.
+        let moving = self.relocation.filter(|a| a.epoch == msg.epoch);
+        let slot = moving.map_or(self.slot, |a| a.slot);
+        if !self.shape_fits(msg.shape, slot, msg.group_key) {
             return Err(MemberError::WrongShape(msg.shape));
         }
         let holds = |id: u64| match msg.shape {
-            GraphShape::Complete { .. } => id & (1 << self.slot.0) != 0,
-            _ => self.wanted(msg.shape, self.slot, id),
+            GraphShape::Complete { .. } => id & (1 << slot.0) != 0,
+            _ => self.wanted(msg.shape, slot, id),
         };
         let addressed = match msg.recipients {
             Recipients::All => true,
@@ -274,6 +298,13 @@ impl Member {
         }
         // Staged: nothing changes unless the whole message applies.
         let mut staged = self.keys.clone();
+        if let Some(a) = moving {
+            // The same individual key, under the new slot's name.
+            if let Some((_, k)) = self.keys.get(&leaf_id(self.cfg.graph, self.slot)) {
+                let k = k.clone();
+                staged.insert(leaf_id(self.cfg.graph, a.slot), (a.epoch, k));
+            }
+        }
         let mut by_under: HashMap<(u64, u64), Vec<usize>> = HashMap::new();
         for (i, it) in msg.items.iter().enumerate() {
             by_under
@@ -296,7 +327,7 @@ impl Member {
                 let keys = open(self.cfg.aead, &msg.group, msg.epoch, it, under.expose())
                     .map_err(|_| MemberError::Forged { seq: it.seq })?;
                 for (r, key) in it.keys.iter().zip(keys) {
-                    if !self.wanted(msg.shape, self.slot, r.id) {
+                    if !self.wanted(msg.shape, slot, r.id) {
                         continue;
                     }
                     if staged.get(&r.id).is_some_and(|(v, _)| *v >= r.version) {
@@ -309,7 +340,7 @@ impl Member {
                 }
             }
         }
-        let (shape, slot) = (msg.shape, self.slot);
+        let shape = msg.shape;
         staged.retain(|id, _| self.wanted(shape, slot, *id));
         if staged.get(&msg.group_key.id).map(|(v, _)| *v) != Some(msg.group_key.version) {
             return Err(MemberError::NotForMe);
@@ -329,6 +360,10 @@ impl Member {
             return Err(MemberError::NotForMe);
         }
         self.keys = staged;
+        self.slot = slot;
+        if moving.is_some() {
+            self.relocation = None;
+        }
         self.shape = Some(shape);
         self.group_key = Some(msg.group_key);
         self.expected = msg.epoch + 1;

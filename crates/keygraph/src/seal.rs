@@ -4,7 +4,9 @@
 //! associated data binds the group, the epoch, the item's number and every key reference it
 //! carries, so an item cannot be replayed into another epoch or relabelled. The nonce is the epoch
 //! and the item's number: each key belongs to one group, and one group's server never numbers two
-//! encryptions of one epoch alike.
+//! encryptions of one epoch alike. So a key must never serve two servers, nor one server started
+//! twice: the server's own keys are fresh random values, and the individual keys it is given must
+//! be fresh as well (the paper's are the session keys of the admission exchange).
 
 use conclave_crypto::aead::{Aead, AeadAlg, AeadError, NONCE_BYTES};
 use conclave_wire::lkh::{Item, KeyRef, KEY_BYTES};

@@ -10,7 +10,7 @@
 use crate::complete::{CompleteGraph, MAX_COMPLETE_MEMBERS};
 use crate::index::{NodeIndex, Slot, STAR_DEGREE};
 use crate::merkle::{item_digest, message_digest, signed_message, signed_root, MerkleTree};
-use crate::seal::Sealer;
+use crate::seal::{ItemId, Sealer};
 use crate::tree::{KeyTree, Rekey};
 use crate::{GraphKind, Signing, Strategy};
 use conclave_crypto::aead::AeadAlg;
@@ -425,6 +425,8 @@ impl Server {
     }
 
     /// Admits `user` and rekeys at once. Queued requests are rekeyed first, in their own epoch.
+    /// `individual_key` must be fresh (never given to another server or to this one before): items
+    /// under it are numbered from each epoch, and epochs restart with a new server.
     pub fn join(
         &mut self,
         user: UserId,
@@ -661,9 +663,23 @@ impl Server {
                 .map(|r| item_digest(&encoded[r.clone()]))
                 .collect()
         };
-        let mut bodies = Vec::with_capacity(rekey.messages.len());
-        let mut digests = Vec::with_capacity(rekey.messages.len());
+        let mut messages = Vec::with_capacity(rekey.messages.len());
         for (recipients, ids) in rekey.messages {
+            if ids.len() <= MAX_ITEMS {
+                messages.push((recipients, ids));
+                continue;
+            }
+            // A message over the item limit (a large batch, a large star) is cut by subtrees.
+            let (degree, height) = match rekey.shape {
+                GraphShape::Tree { degree, height } => (degree, height),
+                GraphShape::Star => (STAR_DEGREE, 1),
+                GraphShape::Complete { .. } => unreachable!("complete graphs stay under the limit"),
+            };
+            split_by_subtree(&items, ids, NodeIndex::root(height), degree, &mut messages);
+        }
+        let mut bodies = Vec::with_capacity(messages.len());
+        let mut digests = Vec::with_capacity(messages.len());
+        for (recipients, ids) in messages {
             let len: usize = ids.iter().map(|i| spans[*i as usize].len()).sum();
             let mut w = Writer::with_capacity(len + 200 + 32 * 24);
             RekeyMessage::write_header(
@@ -739,6 +755,44 @@ impl Server {
     /// The server's public key, for members to verify rekey messages.
     pub fn public_identity(&self) -> Option<PublicIdentity> {
         self.identity.as_ref().map(Identity::public)
+    }
+}
+
+/// Cuts one message's items into messages for the subtrees below `r`, each holding the items its
+/// members need: those under a key inside the subtree and those under `r` or above.
+fn split_by_subtree(
+    items: &[Item],
+    ids: Vec<ItemId>,
+    r: NodeIndex,
+    degree: u32,
+    out: &mut Vec<(Recipients, Vec<ItemId>)>,
+) {
+    if ids.len() <= MAX_ITEMS || r.level == 0 {
+        assert!(ids.len() <= MAX_ITEMS, "a leaf's items fit one message");
+        out.push((Recipients::Holders(r.id()), ids));
+        return;
+    }
+    let mut common = Vec::new();
+    let mut by_child: std::collections::BTreeMap<u32, Vec<ItemId>> = Default::default();
+    for id in ids {
+        let u = NodeIndex::from_id(items[id as usize].under.id).expect("server-made ids");
+        if u.level >= r.level {
+            common.push(id);
+        } else {
+            let mut o = u.offset as u64;
+            for _ in u.level..r.level - 1 {
+                o /= degree as u64;
+            }
+            by_child.entry(o as u32).or_default().push(id);
+        }
+    }
+    for (offset, mut v) in by_child {
+        v.extend_from_slice(&common);
+        let c = NodeIndex {
+            level: r.level - 1,
+            offset,
+        };
+        split_by_subtree(items, v, c, degree, out);
     }
 }
 

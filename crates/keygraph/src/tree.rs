@@ -154,6 +154,9 @@ impl KeyTree {
     }
     /// Occupied slots below `ix`, in order.
     pub(crate) fn slots_below(&self, ix: NodeIndex) -> Vec<Slot> {
+        if self.get(ix).is_none() {
+            return Vec::new();
+        }
         let mut frontier = vec![ix];
         for _ in 0..ix.level {
             let mut next = Vec::new();
@@ -248,6 +251,11 @@ impl KeyTree {
                 n.key.zeroize();
             }
         }
+        if self.users() == 0 {
+            // Empty: start again at height 1 (versions are epochs, so no key reference repeats).
+            self.levels = vec![Vec::new(), Vec::new()];
+            self.height = 1;
+        }
     }
 
     fn set_key(&mut self, ix: NodeIndex, key: &[u8; 32], version: u64) {
@@ -325,7 +333,8 @@ impl KeyTree {
         let mut fresh_only: Vec<NodeIndex> = Vec::new();
         for l in (1..=new_height).rev() {
             let x = NodeIndex::ancestor(slot, d, l);
-            let cover = if l > old_height && self.users() > 0 {
+            // Above the old root only the first node of each level holds the old members.
+            let cover = if l > old_height && self.users() > 0 && x.offset == 0 {
                 Some(old_root)
             } else {
                 self.get(x).map(|_| x)
@@ -612,8 +621,9 @@ impl KeyTree {
             let cover = if departed_below.contains(&x) {
                 None
             } else if x.level > old_height {
-                // Above the old root: its members share the old root's key, unless one left.
-                if leaves.is_empty() {
+                // Above the old root: the members of the first node of each level share the old
+                // root's key, unless one of them left; any other node there holds joiners only.
+                if leaves.is_empty() && x.offset == 0 {
                     old_root_key.as_ref().map(|(r, k)| (*r, Zeroizing::new(*k)))
                 } else {
                     None

@@ -16,6 +16,8 @@ enum Op {
     Leave(usize),
     QueueJoin,
     QueueLeave(usize),
+    /// Many joins in one batch (the tree may grow by several levels).
+    QueueMany(u8),
     Flush,
 }
 
@@ -25,6 +27,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<usize>().prop_map(Op::Leave),
         2 => Just(Op::QueueJoin),
         2 => any::<usize>().prop_map(Op::QueueLeave),
+        1 => (2u8..24).prop_map(Op::QueueMany),
         1 => Just(Op::Flush),
     ]
 }
@@ -91,6 +94,12 @@ fn run(
             }
             Op::QueueLeave(i) if batching && !live.is_empty() => {
                 w.queue_leave(live[i % live.len()])
+            }
+            Op::QueueMany(k) if batching => {
+                for _ in 0..*k {
+                    w.queue_join(next_user);
+                    next_user += 1;
+                }
             }
             Op::Flush => w.flush(),
             _ => {}
@@ -200,4 +209,32 @@ fn an_immediate_request_rekeys_a_pending_batch_first() {
         epochs.insert(m.epoch);
     }
     assert_eq!(epochs.into_iter().collect::<Vec<_>>(), vec![e + 1, e + 2]);
+}
+
+/// A batch that grows the tree by several levels: the nodes above the old root that hold only
+/// joiners must not be encrypted under the old root's key (the old members would read them and,
+/// once they leave, every later group key).
+#[test]
+fn a_batch_that_grows_the_tree_by_levels_keeps_old_members_out_of_new_branches() {
+    for compact in [false, true] {
+        let mut w = World::with_members(
+            config(
+                GraphKind::Tree { degree: 2 },
+                Rekeying::Group,
+                Signing::Batch,
+                compact,
+            ),
+            21,
+            2,
+        );
+        for u in 100..103 {
+            w.queue_join(u);
+        }
+        w.flush();
+        assert_eq!(w.server.height(), 3);
+        w.leave(0);
+        w.join(200);
+        w.leave(100);
+        w.check_secrecy();
+    }
 }

@@ -111,7 +111,7 @@ impl World {
         let k = self.individual_key();
         let ack = self.server.join(UserId(u), &k, &mut self.rng).unwrap();
         self.joined_at.insert(u, ack.epoch);
-        let m = Member::new(self.member_config(), &ack, k);
+        let m = Member::new(self.member_config(), &ack, k).unwrap();
         self.members.insert(u, m);
         self.deliver();
     }
@@ -128,7 +128,7 @@ impl World {
         let k = self.individual_key();
         let ack = self.server.queue_join(UserId(u), &k).unwrap();
         self.joined_at.insert(u, ack.epoch);
-        let m = Member::new(self.member_config(), &ack, k);
+        let m = Member::new(self.member_config(), &ack, k).unwrap();
         self.members.insert(u, m);
     }
 
@@ -148,7 +148,11 @@ impl World {
     /// Hands every message to every member; checks who takes it.
     pub fn deliver(&mut self) {
         while let Some(ServerEvent::Relocated(ack)) = self.server.poll_event() {
-            self.members.get_mut(&ack.user.0).unwrap().relocate(&ack);
+            self.members
+                .get_mut(&ack.user.0)
+                .unwrap()
+                .relocate(&ack)
+                .unwrap();
         }
         let epoch = self.server.epoch();
         let mut applied: BTreeMap<u64, u32> = BTreeMap::new();
@@ -228,28 +232,49 @@ impl World {
         }
     }
 
-    /// Forward secrecy: no key a departed member ever held opens an item sent after it left;
-    /// backward secrecy: no key a member ever held opens an item sent before it joined.
+    /// Forward and backward secrecy against a curious member: starting from every key a member
+    /// ever held, open every item of every message that can be opened, again and again; what it
+    /// ends with must hold no group key of an epoch after it left or before it joined.
     pub fn check_secrecy(&self) {
         let alg = self.server.config().aead;
-        for (epoch, t) in &self.sent {
-            let (msg, _) = RekeyMessage::decode(&t.bytes).unwrap();
-            for (u, keys) in &self.held {
-                let after_leave = self.left_at.get(u).is_some_and(|l| epoch >= l);
-                let before_join = self.joined_at.get(u).is_some_and(|j| epoch < j);
-                if !(after_leave || before_join) {
-                    continue;
-                }
-                for it in &msg.items {
-                    for k in keys.values() {
-                        assert!(
-                            open(alg, &msg.group, msg.epoch, it, k.expose()).is_err(),
-                            "user {u} (joined {:?}, left {:?}) opens item {} of epoch {epoch}",
-                            self.joined_at.get(u),
-                            self.left_at.get(u),
-                            it.seq
-                        );
+        let msgs: Vec<RekeyMessage> = self
+            .sent
+            .iter()
+            .map(|(_, t)| RekeyMessage::decode(&t.bytes).unwrap().0)
+            .collect();
+        for (u, held) in &self.held {
+            let left = self.left_at.get(u).copied();
+            let joined = self.joined_at.get(u).copied();
+            let mut known: BTreeMap<KeyRef, GroupKey> = held.clone();
+            loop {
+                let mut grew = false;
+                for m in &msgs {
+                    for it in &m.items {
+                        let Some(k) = known.get(&it.under) else {
+                            continue;
+                        };
+                        let Ok(keys) = open(alg, &m.group, m.epoch, it, k.expose()) else {
+                            continue;
+                        };
+                        for (r, v) in it.keys.iter().zip(keys) {
+                            if !known.contains_key(r) {
+                                known.insert(*r, GroupKey::from_bytes(*v));
+                                grew = true;
+                            }
+                        }
                     }
+                }
+                if !grew {
+                    break;
+                }
+            }
+            for (e, gk) in &self.group_keys {
+                let forbidden = left.is_some_and(|l| *e >= l) || joined.is_some_and(|j| *e < j);
+                if forbidden {
+                    assert!(
+                        known.values().all(|k| k != gk),
+                        "user {u} (joined {joined:?}, left {left:?}) can derive the group key of epoch {e}"
+                    );
                 }
             }
         }
