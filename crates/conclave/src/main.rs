@@ -1,6 +1,8 @@
-//! `conclave`: the one binary. Subcommands: `demo`, `gka run`, `bench gka`, `bench keygraph`.
+//! `conclave`: the one binary. Subcommands: `demo`, `gka run`, `check`, `bench gka`,
+//! `bench keygraph`.
 
 mod bench_cmd;
+mod check_cmd;
 mod demo;
 mod gka_cmd;
 
@@ -31,6 +33,8 @@ enum Command {
         #[command(subcommand)]
         command: gka_cmd::GkaCommand,
     },
+    /// Check a recorded history (JSON lines) against the reliability properties.
+    Check(check_cmd::CheckArgs),
     /// Run an experiment and print JSON lines (and plots).
     Bench {
         #[command(subcommand)]
@@ -44,5 +48,6 @@ fn main() -> Result<()> {
         Command::Demo(args) => demo::run(args),
         Command::Gka { command } => gka_cmd::run(command),
         Command::Bench { command } => bench_cmd::run(command),
+        Command::Check(args) => check_cmd::run(args),
     }
 }

@@ -214,3 +214,29 @@ fn bench_keygraph_writes_json_lines_and_plots() {
     assert!(!ok && err.contains("unknown strategy"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn check_reports_violations_as_json_lines_and_fails() {
+    let good = r#"{"t":1,"p":"c1","ev":"join","group":"g","vs":false}
+{"t":2,"p":"c1","ev":"view","group":"g","view":[1,"c1"],"members":["c1"],"transitional":["c1"]}
+{"t":3,"p":"c1","ev":"send","group":"g","msg":"m1","service":"agreed","view":[1,"c1"],"payload":"aa"}
+{"t":4,"p":"c1","ev":"deliver","group":"g","msg":"m1","sender":"c1","service":"agreed","view":[1,"c1"],"transitional":false,"payload":"aa"}
+"#;
+    let (ok, out, err) = conclave(&["check", "-"], Some(good));
+    assert!(ok, "{err}");
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["ok"], true);
+    assert_eq!(last["records"], 4);
+    // The same message delivered twice: I2, with the two lines.
+    let bad = format!(
+        "{good}{}\n",
+        r#"{"t":5,"p":"c1","ev":"deliver","group":"g","msg":"m1","sender":"c1","service":"agreed","view":[1,"c1"],"transitional":false,"payload":"aa"}"#
+    );
+    let (ok, out, _) = conclave(&["check", "-"], Some(&bad));
+    assert!(!ok);
+    let first: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(first["property"], "I2");
+    assert_eq!(first["excerpt"].as_array().unwrap().len(), 2);
+    let (ok, _, err) = conclave(&["check", "-"], Some("{not json}\n"));
+    assert!(!ok && err.contains("line 1"), "{err}");
+}

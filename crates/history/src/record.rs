@@ -1,0 +1,198 @@
+//! The history format: one JSON object per line, one line per event at one process.
+//!
+//! A process is a client (or a daemon, for daemon views) with an incarnation number that grows
+//! at each restart. Lines of one process incarnation appear in the order it did them; `t` is the
+//! time of the event in microseconds (simulated or wall clock), used only to order events of
+//! different processes where the properties need it (a send before its deliveries, events after
+//! stabilization). The simulator and the daemons (`--record`) write this format; the checker
+//! reads it.
+//!
+//! ```text
+//! {"t":10,"p":"c1","inc":0,"ev":"join","group":"g","vs":true}
+//! {"t":12,"p":"c1","inc":0,"ev":"view","group":"g","view":[3,"d1"],"members":["c1","c2"],"transitional":["c1"]}
+//! {"t":15,"p":"c1","inc":0,"ev":"send","group":"g","msg":"c1/0/1","service":"agreed","view":[3,"d1"],"payload":"9f2c"}
+//! {"t":16,"p":"c2","inc":0,"ev":"deliver","group":"g","msg":"c1/0/1","sender":"c1","service":"agreed","view":[3,"d1"],"transitional":false,"payload":"9f2c"}
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+/// Longest line the reader accepts, in bytes.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// A view identifier: a sequence number and the process that made the view. Ordered by sequence
+/// number first.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ViewId(pub u64, pub String);
+
+impl core::fmt::Display for ViewId {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}@{}", self.0, self.1)
+    }
+}
+
+/// The six service types, weakest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Service {
+    Unreliable,
+    Reliable,
+    Fifo,
+    Causal,
+    Agreed,
+    Safe,
+}
+
+impl Service {
+    pub fn at_least_fifo(self) -> bool {
+        self >= Service::Fifo
+    }
+    pub fn at_least_causal(self) -> bool {
+        self >= Service::Causal
+    }
+    pub fn at_least_agreed(self) -> bool {
+        self >= Service::Agreed
+    }
+}
+
+/// What happened.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "ev", rename_all = "snake_case")]
+pub enum Event {
+    /// The process asked to join `group`; `vs` if it asked for virtual synchrony (flushes).
+    Join { group: String, vs: bool },
+    /// The process left `group` (its request took effect); nothing of the group reaches it after.
+    Leave { group: String },
+    /// A view of `group` installed (for daemon views, `group` is empty).
+    View {
+        group: String,
+        view: ViewId,
+        members: Vec<String>,
+        /// The members that came straight from the process's previous view into this one.
+        transitional: Vec<String>,
+    },
+    /// The current view of `group` turned transitional: what follows until the next view is
+    /// delivered in its transitional part.
+    TransSignal { group: String },
+    /// A VS member acknowledged the flush of its current view of `group`.
+    FlushAck { group: String },
+    Send {
+        group: String,
+        msg: String,
+        service: Service,
+        view: ViewId,
+        payload: String,
+    },
+    Deliver {
+        group: String,
+        msg: String,
+        sender: String,
+        service: Service,
+        view: ViewId,
+        transitional: bool,
+        payload: String,
+    },
+    /// The process crashed (this incarnation ends).
+    Crash,
+    /// Faults stopped; `processes` are alive and connected from here on (liveness is checked
+    /// from this line).
+    Stable { processes: Vec<String> },
+}
+
+/// One line of a history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub t: u64,
+    #[serde(default)]
+    pub p: String,
+    #[serde(default)]
+    pub inc: u32,
+    #[serde(flatten)]
+    pub ev: Event,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("line {line}: {source}")]
+    Json {
+        line: usize,
+        source: serde_json::Error,
+    },
+    #[error("line {line} is {len} bytes, over the limit of {MAX_LINE_BYTES}")]
+    TooLong { line: usize, len: usize },
+    #[error("reading the history: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Reads a history; blank lines are skipped.
+pub fn read(input: impl std::io::BufRead) -> Result<Vec<Record>, ReadError> {
+    let mut out = Vec::new();
+    for (i, line) in input.lines().enumerate() {
+        let line = line?;
+        if line.len() > MAX_LINE_BYTES {
+            return Err(ReadError::TooLong {
+                line: i + 1,
+                len: line.len(),
+            });
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        out.push(
+            serde_json::from_str(&line).map_err(|source| ReadError::Json {
+                line: i + 1,
+                source,
+            })?,
+        );
+    }
+    Ok(out)
+}
+
+/// Writes a history as JSON lines.
+pub fn write(records: &[Record], mut out: impl std::io::Write) -> std::io::Result<()> {
+    for r in records {
+        serde_json::to_writer(&mut out, r)?;
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+impl Record {
+    pub fn to_line(&self) -> String {
+        serde_json::to_string(self).expect("records serialize")
+    }
+    /// The group the event is about, if any.
+    pub fn group(&self) -> Option<&str> {
+        match &self.ev {
+            Event::Join { group, .. }
+            | Event::Leave { group }
+            | Event::View { group, .. }
+            | Event::TransSignal { group }
+            | Event::FlushAck { group }
+            | Event::Send { group, .. }
+            | Event::Deliver { group, .. } => Some(group),
+            Event::Crash | Event::Stable { .. } => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_lines_parse_and_round_trip() {
+        let text = r#"{"t":10,"p":"c1","inc":0,"ev":"join","group":"g","vs":true}
+{"t":12,"p":"c1","inc":0,"ev":"view","group":"g","view":[3,"d1"],"members":["c1","c2"],"transitional":["c1"]}
+
+{"t":15,"p":"c1","inc":0,"ev":"send","group":"g","msg":"c1/0/1","service":"agreed","view":[3,"d1"],"payload":"9f2c"}
+{"t":16,"p":"c2","inc":0,"ev":"deliver","group":"g","msg":"c1/0/1","sender":"c1","service":"agreed","view":[3,"d1"],"transitional":false,"payload":"9f2c"}
+{"t":99,"ev":"stable","processes":["c1","c2"]}
+"#;
+        let recs = read(text.as_bytes()).unwrap();
+        assert_eq!(recs.len(), 5);
+        let mut out = Vec::new();
+        write(&recs, &mut out).unwrap();
+        assert_eq!(read(&out[..]).unwrap(), recs);
+        assert!(read(&b"{\"t\":1,\"ev\":\"nope\"}"[..]).is_err());
+    }
+}
