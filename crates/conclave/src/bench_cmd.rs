@@ -350,16 +350,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                     .collect::<Result<_>>()?
             };
             let total = (suites.len() * protocols.len() * events.len() * sizes.len()) as u64;
-            let bar = if std::io::stderr().is_terminal() {
-                let b = ProgressBar::new(total);
-                b.set_style(
-                    ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed} < {eta}]")
-                        .expect("template"),
-                );
-                b
-            } else {
-                ProgressBar::hidden()
-            };
+            let bar = progress(total);
             let mut rows: Vec<E1Row> = Vec::new();
             let mut stdout = std::io::stdout().lock();
             for s in suites {
