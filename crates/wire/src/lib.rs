@@ -5,6 +5,7 @@
 //! (each has a fuzz target in `fuzz/` and a round-trip property test).
 
 pub mod codec;
+pub mod gcs;
 pub mod gka;
 pub mod lkh;
 

@@ -1,0 +1,636 @@
+//! Daemon-to-daemon packets of the group communication core (docs/gcs.md): the Totem token,
+//! data messages, join messages and the commit token of the membership protocol, and the merge
+//! detector. Daemons are numbered (`DaemonId`) by the configuration; a ring is named by a
+//! sequence number and its representative.
+
+use crate::codec::{DecodeError, Reader, Writer};
+
+/// The packet format version this build speaks.
+pub const VERSION: u8 = 1;
+/// Most daemons in one ring (and in a join's sets).
+pub const MAX_RING_MEMBERS: usize = 256;
+/// Most sequence numbers a token asks to have retransmitted.
+pub const MAX_RTR: usize = 1024;
+/// Largest client payload in one data message.
+pub const MAX_PAYLOAD_BYTES: usize = 128 * 1024;
+/// Most groups one message is addressed to.
+pub const MAX_GROUPS_PER_MESSAGE: usize = 64;
+/// Longest group or client name, in bytes.
+pub const MAX_NAME_BYTES: usize = 64;
+
+pub type DaemonId = u32;
+
+/// A ring (a daemon configuration): its sequence number and representative.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RingId {
+    pub seq: u64,
+    pub rep: DaemonId,
+}
+
+/// The six service types, weakest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ServiceType {
+    Unreliable = 0,
+    Reliable = 1,
+    Fifo = 2,
+    Causal = 3,
+    Agreed = 4,
+    Safe = 5,
+}
+
+impl ServiceType {
+    fn from_u8(v: u8) -> Result<Self, DecodeError> {
+        Ok(match v {
+            0 => ServiceType::Unreliable,
+            1 => ServiceType::Reliable,
+            2 => ServiceType::Fifo,
+            3 => ServiceType::Causal,
+            4 => ServiceType::Agreed,
+            5 => ServiceType::Safe,
+            tag => {
+                return Err(DecodeError::BadTag {
+                    what: "service type",
+                    tag,
+                })
+            }
+        })
+    }
+}
+
+/// The regular token (TOCS §3.1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Token {
+    pub ring: RingId,
+    /// Grows at every pass, so a retransmitted token is recognized.
+    pub token_seq: u64,
+    /// Highest sequence number assigned on this ring.
+    pub seq: u64,
+    /// All received up to: every member holds every message up to here.
+    pub aru: u64,
+    /// The member that last lowered `aru`.
+    pub aru_id: Option<DaemonId>,
+    /// Messages sent during the last rotation (flow control).
+    pub fcc: u32,
+    /// Messages waiting to be sent, summed over the ring (flow control).
+    pub backlog: u32,
+    /// Sequence numbers some member misses.
+    pub rtr: Vec<u64>,
+}
+
+/// What a data message carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// A client's message to one or more groups.
+    Client {
+        client: String,
+        groups: Vec<String>,
+        service: ServiceType,
+        payload: Vec<u8>,
+    },
+    /// A client joins a group (`vs`: it wants flushes before view changes).
+    GroupJoin {
+        client: String,
+        group: String,
+        vs: bool,
+    },
+    GroupLeave {
+        client: String,
+        group: String,
+    },
+    /// A client's connection to its daemon ended: it leaves all its groups.
+    ClientGone {
+        client: String,
+    },
+    /// A VS client acknowledged the flush of its view `view` of `group`.
+    FlushOk {
+        client: String,
+        group: String,
+        view: u64,
+    },
+}
+
+/// A message on the ring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Data {
+    pub ring: RingId,
+    pub seq: u64,
+    pub sender: DaemonId,
+    /// Set when a member retransmits, during recovery, a message of its old ring: that ring,
+    /// the message's sequence number there and its original sender (TOCS §4.3).
+    pub origin: Option<(RingId, u64, DaemonId)>,
+    pub body: Body,
+}
+
+/// A join message of the gather phase (TOCS §4.1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Join {
+    pub sender: DaemonId,
+    pub incarnation: u32,
+    /// The highest ring sequence number the sender has seen.
+    pub ring_seq: u64,
+    pub procs: Vec<DaemonId>,
+    pub failed: Vec<DaemonId>,
+}
+
+/// One member's entry in the commit token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitEntry {
+    pub id: DaemonId,
+    pub old_ring: RingId,
+    pub old_aru: u64,
+    pub high_delivered: u64,
+    pub filled: bool,
+}
+
+/// The commit token of the membership protocol (TOCS §4.2): two rotations around the new ring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Commit {
+    pub ring: RingId,
+    pub rotation: u8,
+    pub members: Vec<CommitEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Packet {
+    Token(Token),
+    Data(Data),
+    Join(Join),
+    Commit(Commit),
+    /// A representative's periodic announcement, so that rings that can hear each other merge.
+    MergeDetect {
+        ring: RingId,
+    },
+}
+
+fn write_ring(w: &mut Writer, r: &RingId) {
+    w.u64(r.seq);
+    w.u32(r.rep);
+}
+fn read_ring(r: &mut Reader<'_>) -> Result<RingId, DecodeError> {
+    Ok(RingId {
+        seq: r.u64("ring seq")?,
+        rep: r.u32("ring rep")?,
+    })
+}
+fn write_ids(w: &mut Writer, ids: &[DaemonId]) {
+    w.count(ids.len(), MAX_RING_MEMBERS);
+    for id in ids {
+        w.u32(*id);
+    }
+}
+fn read_ids(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<DaemonId>, DecodeError> {
+    let n = r.count(what, MAX_RING_MEMBERS)?;
+    let mut v = Vec::with_capacity(n.min(r.remaining() / 4));
+    for _ in 0..n {
+        v.push(r.u32(what)?);
+    }
+    Ok(v)
+}
+fn read_bool(r: &mut Reader<'_>, what: &'static str) -> Result<bool, DecodeError> {
+    match r.u8(what)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        tag => Err(DecodeError::BadTag { what, tag }),
+    }
+}
+
+impl Body {
+    fn write(&self, w: &mut Writer) {
+        match self {
+            Body::Client {
+                client,
+                groups,
+                service,
+                payload,
+            } => {
+                w.u8(1);
+                w.name(client, MAX_NAME_BYTES);
+                w.count(groups.len(), MAX_GROUPS_PER_MESSAGE);
+                for g in groups {
+                    w.name(g, MAX_NAME_BYTES);
+                }
+                w.u8(*service as u8);
+                w.bytes(payload, MAX_PAYLOAD_BYTES);
+            }
+            Body::GroupJoin { client, group, vs } => {
+                w.u8(2);
+                w.name(client, MAX_NAME_BYTES);
+                w.name(group, MAX_NAME_BYTES);
+                w.u8(*vs as u8);
+            }
+            Body::GroupLeave { client, group } => {
+                w.u8(3);
+                w.name(client, MAX_NAME_BYTES);
+                w.name(group, MAX_NAME_BYTES);
+            }
+            Body::ClientGone { client } => {
+                w.u8(4);
+                w.name(client, MAX_NAME_BYTES);
+            }
+            Body::FlushOk {
+                client,
+                group,
+                view,
+            } => {
+                w.u8(5);
+                w.name(client, MAX_NAME_BYTES);
+                w.name(group, MAX_NAME_BYTES);
+                w.u64(*view);
+            }
+        }
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<Body, DecodeError> {
+        Ok(match r.u8("body")? {
+            1 => {
+                let client = r.name("client", MAX_NAME_BYTES)?;
+                let n = r.count("groups", MAX_GROUPS_PER_MESSAGE)?;
+                if n == 0 {
+                    return Err(DecodeError::Empty { what: "groups" });
+                }
+                let mut groups = Vec::with_capacity(n.min(r.remaining() / 2));
+                for _ in 0..n {
+                    groups.push(r.name("group", MAX_NAME_BYTES)?);
+                }
+                let service = ServiceType::from_u8(r.u8("service type")?)?;
+                let payload = r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec();
+                Body::Client {
+                    client,
+                    groups,
+                    service,
+                    payload,
+                }
+            }
+            2 => Body::GroupJoin {
+                client: r.name("client", MAX_NAME_BYTES)?,
+                group: r.name("group", MAX_NAME_BYTES)?,
+                vs: read_bool(r, "vs")?,
+            },
+            3 => Body::GroupLeave {
+                client: r.name("client", MAX_NAME_BYTES)?,
+                group: r.name("group", MAX_NAME_BYTES)?,
+            },
+            4 => Body::ClientGone {
+                client: r.name("client", MAX_NAME_BYTES)?,
+            },
+            5 => Body::FlushOk {
+                client: r.name("client", MAX_NAME_BYTES)?,
+                group: r.name("group", MAX_NAME_BYTES)?,
+                view: r.u64("view")?,
+            },
+            tag => return Err(DecodeError::BadTag { what: "body", tag }),
+        })
+    }
+}
+
+impl Packet {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(64);
+        w.u8(VERSION);
+        match self {
+            Packet::Token(t) => {
+                w.u8(1);
+                write_ring(&mut w, &t.ring);
+                w.u64(t.token_seq);
+                w.u64(t.seq);
+                w.u64(t.aru);
+                match t.aru_id {
+                    None => w.u8(0),
+                    Some(id) => {
+                        w.u8(1);
+                        w.u32(id);
+                    }
+                }
+                w.u32(t.fcc);
+                w.u32(t.backlog);
+                w.count(t.rtr.len(), MAX_RTR);
+                for s in &t.rtr {
+                    w.u64(*s);
+                }
+            }
+            Packet::Data(d) => {
+                w.u8(2);
+                write_ring(&mut w, &d.ring);
+                w.u64(d.seq);
+                w.u32(d.sender);
+                match &d.origin {
+                    None => w.u8(0),
+                    Some((ring, seq, sender)) => {
+                        w.u8(1);
+                        write_ring(&mut w, ring);
+                        w.u64(*seq);
+                        w.u32(*sender);
+                    }
+                }
+                d.body.write(&mut w);
+            }
+            Packet::Join(j) => {
+                w.u8(3);
+                w.u32(j.sender);
+                w.u32(j.incarnation);
+                w.u64(j.ring_seq);
+                write_ids(&mut w, &j.procs);
+                write_ids(&mut w, &j.failed);
+            }
+            Packet::Commit(c) => {
+                w.u8(4);
+                write_ring(&mut w, &c.ring);
+                w.u8(c.rotation);
+                w.count(c.members.len(), MAX_RING_MEMBERS);
+                for m in &c.members {
+                    w.u32(m.id);
+                    write_ring(&mut w, &m.old_ring);
+                    w.u64(m.old_aru);
+                    w.u64(m.high_delivered);
+                    w.u8(m.filled as u8);
+                }
+            }
+            Packet::MergeDetect { ring } => {
+                w.u8(5);
+                write_ring(&mut w, ring);
+            }
+        }
+        w.into_vec()
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Packet, DecodeError> {
+        let mut r = Reader::new(buf);
+        let v = r.u8("version")?;
+        if v != VERSION {
+            return Err(DecodeError::BadVersion(v));
+        }
+        let p = match r.u8("packet")? {
+            1 => {
+                let ring = read_ring(&mut r)?;
+                let token_seq = r.u64("token seq")?;
+                let seq = r.u64("seq")?;
+                let aru = r.u64("aru")?;
+                let aru_id = match r.u8("aru id")? {
+                    0 => None,
+                    1 => Some(r.u32("aru id")?),
+                    tag => {
+                        return Err(DecodeError::BadTag {
+                            what: "aru id",
+                            tag,
+                        })
+                    }
+                };
+                let fcc = r.u32("fcc")?;
+                let backlog = r.u32("backlog")?;
+                let n = r.count("rtr", MAX_RTR)?;
+                let mut rtr = Vec::with_capacity(n.min(r.remaining() / 8));
+                for _ in 0..n {
+                    rtr.push(r.u64("rtr")?);
+                }
+                Packet::Token(Token {
+                    ring,
+                    token_seq,
+                    seq,
+                    aru,
+                    aru_id,
+                    fcc,
+                    backlog,
+                    rtr,
+                })
+            }
+            2 => {
+                let ring = read_ring(&mut r)?;
+                let seq = r.u64("seq")?;
+                let sender = r.u32("sender")?;
+                let origin = match r.u8("origin")? {
+                    0 => None,
+                    1 => Some((
+                        read_ring(&mut r)?,
+                        r.u64("origin seq")?,
+                        r.u32("origin sender")?,
+                    )),
+                    tag => {
+                        return Err(DecodeError::BadTag {
+                            what: "origin",
+                            tag,
+                        })
+                    }
+                };
+                let body = Body::read(&mut r)?;
+                Packet::Data(Data {
+                    ring,
+                    seq,
+                    sender,
+                    origin,
+                    body,
+                })
+            }
+            3 => Packet::Join(Join {
+                sender: r.u32("sender")?,
+                incarnation: r.u32("incarnation")?,
+                ring_seq: r.u64("ring seq")?,
+                procs: read_ids(&mut r, "procs")?,
+                failed: read_ids(&mut r, "failed")?,
+            }),
+            4 => {
+                let ring = read_ring(&mut r)?;
+                let rotation = r.u8("rotation")?;
+                let n = r.count("commit members", MAX_RING_MEMBERS)?;
+                let mut members = Vec::with_capacity(n.min(r.remaining() / 33));
+                for _ in 0..n {
+                    members.push(CommitEntry {
+                        id: r.u32("member")?,
+                        old_ring: read_ring(&mut r)?,
+                        old_aru: r.u64("old aru")?,
+                        high_delivered: r.u64("high delivered")?,
+                        filled: read_bool(&mut r, "filled")?,
+                    });
+                }
+                Packet::Commit(Commit {
+                    ring,
+                    rotation,
+                    members,
+                })
+            }
+            5 => Packet::MergeDetect {
+                ring: read_ring(&mut r)?,
+            },
+            tag => {
+                return Err(DecodeError::BadTag {
+                    what: "packet",
+                    tag,
+                })
+            }
+        };
+        r.finish()?;
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ring() -> impl Strategy<Value = RingId> {
+        (any::<u64>(), any::<u32>()).prop_map(|(seq, rep)| RingId { seq, rep })
+    }
+    fn name() -> impl Strategy<Value = String> {
+        "[a-z0-9.#-]{1,16}"
+    }
+    fn service() -> impl Strategy<Value = ServiceType> {
+        (0u8..6).prop_map(|v| ServiceType::from_u8(v).unwrap())
+    }
+    fn body() -> impl Strategy<Value = Body> {
+        prop_oneof![
+            (
+                name(),
+                prop::collection::vec(name(), 1..4),
+                service(),
+                prop::collection::vec(any::<u8>(), 0..64)
+            )
+                .prop_map(|(client, groups, service, payload)| Body::Client {
+                    client,
+                    groups,
+                    service,
+                    payload
+                }),
+            (name(), name(), any::<bool>()).prop_map(|(client, group, vs)| Body::GroupJoin {
+                client,
+                group,
+                vs
+            }),
+            (name(), name()).prop_map(|(client, group)| Body::GroupLeave { client, group }),
+            name().prop_map(|client| Body::ClientGone { client }),
+            (name(), name(), any::<u64>()).prop_map(|(client, group, view)| Body::FlushOk {
+                client,
+                group,
+                view
+            }),
+        ]
+    }
+    fn packet() -> impl Strategy<Value = Packet> {
+        prop_oneof![
+            (
+                ring(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<Option<u32>>(),
+                any::<u32>(),
+                any::<u32>(),
+                prop::collection::vec(any::<u64>(), 0..8)
+            )
+                .prop_map(|(ring, token_seq, seq, aru, aru_id, fcc, backlog, rtr)| {
+                    Packet::Token(Token {
+                        ring,
+                        token_seq,
+                        seq,
+                        aru,
+                        aru_id,
+                        fcc,
+                        backlog,
+                        rtr,
+                    })
+                }),
+            (
+                ring(),
+                any::<u64>(),
+                any::<u32>(),
+                prop::option::of((ring(), any::<u64>(), any::<u32>())),
+                body()
+            )
+                .prop_map(|(ring, seq, sender, origin, body)| Packet::Data(Data {
+                    ring,
+                    seq,
+                    sender,
+                    origin,
+                    body
+                })),
+            (
+                any::<u32>(),
+                any::<u32>(),
+                any::<u64>(),
+                prop::collection::vec(any::<u32>(), 0..8),
+                prop::collection::vec(any::<u32>(), 0..8)
+            )
+                .prop_map(|(sender, incarnation, ring_seq, procs, failed)| {
+                    Packet::Join(Join {
+                        sender,
+                        incarnation,
+                        ring_seq,
+                        procs,
+                        failed,
+                    })
+                }),
+            (
+                ring(),
+                any::<u8>(),
+                prop::collection::vec(
+                    (
+                        any::<u32>(),
+                        ring(),
+                        any::<u64>(),
+                        any::<u64>(),
+                        any::<bool>()
+                    ),
+                    0..6
+                )
+            )
+                .prop_map(|(ring, rotation, m)| Packet::Commit(Commit {
+                    ring,
+                    rotation,
+                    members: m
+                        .into_iter()
+                        .map(
+                            |(id, old_ring, old_aru, high_delivered, filled)| CommitEntry {
+                                id,
+                                old_ring,
+                                old_aru,
+                                high_delivered,
+                                filled
+                            }
+                        )
+                        .collect()
+                })),
+            ring().prop_map(|ring| Packet::MergeDetect { ring }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(p in packet()) {
+            let bytes = p.encode();
+            prop_assert_eq!(Packet::decode(&bytes).unwrap(), p);
+        }
+
+        #[test]
+        fn truncated_or_extended_packets_are_errors(p in packet(), cut in any::<prop::sample::Index>()) {
+            let bytes = p.encode();
+            prop_assert!(Packet::decode(&bytes[..cut.index(bytes.len())]).is_err());
+            let mut longer = bytes.clone();
+            longer.push(7);
+            prop_assert_eq!(Packet::decode(&longer).unwrap_err(), DecodeError::Trailing(1));
+        }
+
+        #[test]
+        fn garbage_never_panics(junk in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = Packet::decode(&junk);
+        }
+    }
+
+    #[test]
+    fn a_client_message_to_no_group_is_refused() {
+        let p = Packet::Data(Data {
+            ring: RingId { seq: 1, rep: 1 },
+            seq: 1,
+            sender: 1,
+            origin: None,
+            body: Body::ClientGone { client: "c".into() },
+        });
+        let mut bytes = p.encode();
+        // Rewrite the body as a client message with zero groups.
+        let at = bytes.len() - 3;
+        bytes.truncate(at);
+        bytes.extend_from_slice(&[1, 1, b'c', 0, 0, 0, 0, 4, 0, 0, 0, 0]);
+        assert_eq!(
+            Packet::decode(&bytes),
+            Err(DecodeError::Empty { what: "groups" })
+        );
+    }
+}
