@@ -1,10 +1,11 @@
-//! `conclave`: the one binary. Subcommands: `demo`, `gka run`, `check`, `bench gka`,
+//! `conclave`: the one binary. Subcommands: `demo`, `gka run`, `sim`, `check`, `bench gka`,
 //! `bench keygraph`.
 
 mod bench_cmd;
 mod check_cmd;
 mod demo;
 mod gka_cmd;
+mod sim_cmd;
 
 use anyhow::Result;
 
@@ -33,6 +34,8 @@ enum Command {
         #[command(subcommand)]
         command: gka_cmd::GkaCommand,
     },
+    /// Run seeds of the deterministic simulator and check each run's history.
+    Sim(sim_cmd::SimArgs),
     /// Check a recorded history (JSON lines) against the reliability properties.
     Check(check_cmd::CheckArgs),
     /// Run an experiment and print JSON lines (and plots).
@@ -49,5 +52,6 @@ fn main() -> Result<()> {
         Command::Gka { command } => gka_cmd::run(command),
         Command::Bench { command } => bench_cmd::run(command),
         Command::Check(args) => check_cmd::run(args),
+        Command::Sim(args) => sim_cmd::run_sim(args),
     }
 }

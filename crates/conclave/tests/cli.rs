@@ -240,3 +240,36 @@ fn check_reports_violations_as_json_lines_and_fails() {
     let (ok, _, err) = conclave(&["check", "-"], Some("{not json}\n"));
     assert!(!ok && err.contains("line 1"), "{err}");
 }
+
+#[test]
+fn sim_prints_a_line_per_seed_and_a_summary() {
+    let (ok, out, err) = conclave(
+        &[
+            "sim",
+            "--seeds",
+            "3..6",
+            "--daemons",
+            "3",
+            "--messages",
+            "10",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4);
+    for (i, l) in lines[..3].iter().enumerate() {
+        assert_eq!(l["seed"], 3 + i as u64);
+        assert_eq!(l["ok"], true);
+        assert_eq!(l["delivered"], 3 * 3 * 10);
+    }
+    assert_eq!(lines[3]["seeds"], 3);
+    assert_eq!(lines[3]["failed"], 0);
+    let (ok, _, err) = conclave(&["sim", "--seeds", "5..5"], None);
+    assert!(!ok && err.contains("empty seed range"), "{err}");
+    let (ok, _, err) = conclave(&["sim", "--faults", "gremlins"], None);
+    assert!(!ok && err.contains("unknown fault mix"), "{err}");
+}

@@ -1,0 +1,106 @@
+//! `conclave sim`: runs seeds of the deterministic simulator and judges each history.
+
+use anyhow::{Context, Result};
+use conclave_history::{check, Config};
+use conclave_sim::{run, FaultMix, SimConfig};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct SimArgs {
+    /// Seeds to run, as A..B (B excluded) or one number.
+    #[arg(long, default_value = "0..100")]
+    pub seeds: String,
+    #[arg(long, default_value_t = 5)]
+    pub daemons: usize,
+    /// Messages each daemon sends during the safety phase.
+    #[arg(long, default_value_t = 40)]
+    pub messages: usize,
+    /// Fault mix: swarm (each seed draws its own) or none.
+    #[arg(long, default_value = "swarm")]
+    pub faults: String,
+    /// Write the history of the last seed run to this file (JSON lines).
+    #[arg(long)]
+    pub history: Option<PathBuf>,
+}
+
+fn parse_seeds(s: &str) -> Result<std::ops::Range<u64>> {
+    if let Some((a, b)) = s.split_once("..") {
+        let a: u64 = a.trim().parse().context("seed range start")?;
+        let b: u64 = b.trim().parse().context("seed range end")?;
+        anyhow::ensure!(a < b, "empty seed range {s}");
+        Ok(a..b)
+    } else {
+        let a: u64 = s.trim().parse().context("seed")?;
+        Ok(a..a + 1)
+    }
+}
+
+/// One JSON line per seed and a summary; fails if any seed violates a property.
+pub fn run_sim(args: SimArgs) -> Result<()> {
+    let seeds = parse_seeds(&args.seeds)?;
+    let faults = match args.faults.as_str() {
+        "swarm" => FaultMix::Swarm,
+        "none" => FaultMix::None,
+        f => anyhow::bail!("unknown fault mix {f:?} (swarm or none)"),
+    };
+    anyhow::ensure!(
+        (1..=64).contains(&args.daemons),
+        "daemons must be between 1 and 64"
+    );
+    let mut out = std::io::stdout().lock();
+    let started = Instant::now();
+    let (mut failed, mut sim_us, mut runs) = (Vec::new(), 0u64, 0u64);
+    let mut last = None;
+    for seed in seeds {
+        let mut cfg = SimConfig::new(seed);
+        cfg.daemons = args.daemons;
+        cfg.messages = args.messages;
+        cfg.faults = faults;
+        let r = run(&cfg);
+        let v = check(&r.history, &Config::default());
+        let ok = v.is_empty() && r.completed;
+        sim_us += r.sim_us;
+        runs += 1;
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({
+                "seed": seed, "ok": ok, "violations": v.len(), "completed": r.completed,
+                "views": r.views, "delivered": r.delivered, "packets": r.packets,
+                "sim_ms": r.sim_us as f64 / 1000.0, "network": r.network,
+            })
+        )?;
+        if !ok {
+            for x in v.iter().take(5) {
+                eprint!("seed {seed}: {x}");
+            }
+            eprintln!(
+                "replay: conclave sim --seeds {seed} --daemons {} --messages {} --faults {} --history seed-{seed}.jsonl",
+                args.daemons, args.messages, args.faults
+            );
+            failed.push(seed);
+        }
+        last = Some(r);
+    }
+    if let (Some(path), Some(r)) = (&args.history, &last) {
+        let f =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        conclave_history::record::write(&r.history, std::io::BufWriter::new(f))?;
+    }
+    let wall = started.elapsed().as_secs_f64();
+    writeln!(
+        out,
+        "{}",
+        serde_json::json!({
+            "seeds": runs, "failed": failed.len(), "failed_seeds": &failed[..failed.len().min(100)],
+            "wall_s": wall,
+            "daemon_sim_s_per_wall_s": (sim_us as f64 / 1e6) * args.daemons as f64 / wall.max(1e-9),
+        })
+    )?;
+    if !failed.is_empty() {
+        anyhow::bail!("{} seed(s) failed", failed.len());
+    }
+    Ok(())
+}

@@ -1,0 +1,7 @@
+//! The group communication core of the daemons, as pure state machines (docs/gcs.md): so far the
+//! Totem ordering of one ring ([`ordering`]); membership, client groups and virtual synchrony
+//! come next.
+
+pub mod ordering;
+
+pub use ordering::{Delivered, Dest, Ordering, OrderingConfig, OrderingError, Transmit};

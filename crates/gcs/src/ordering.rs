@@ -1,0 +1,348 @@
+//! Totem single-ring ordering on one ring (Amir et al., ACM TOCS 1995, §3): the operational
+//! state, as a pure state machine.
+//!
+//! The holder of the token stamps its new messages with consecutive sequence numbers, multicasts
+//! them, answers the token's retransmission requests from its buffer, adds its own gaps to them,
+//! updates the token's `aru` by the TOCS rule, and passes the token to its successor. Messages
+//! are delivered in sequence order; a safe message waits until the `aru` seen on two successive
+//! token visits covers it (every member then holds it, §3.2). Messages every member holds are
+//! dropped from the buffer.
+//!
+//! Departures, for now: the ring is fixed (membership, gather, commit and recovery of §4 are the
+//! next step), so a lost token is only retransmitted by the last holder (§3.1's token retransmit
+//! timeout); flow control is a per-visit and a ring-wide window (§3.3 without the `fcc`/`backlog`
+//! sharing); messages are not batched into packets.
+
+use conclave_wire::gcs::{Body, DaemonId, Data, Packet, RingId, ServiceType, Token, MAX_RTR};
+use std::collections::{BTreeMap, VecDeque};
+
+/// Tunables, in milliseconds and messages.
+#[derive(Clone, Debug)]
+pub struct OrderingConfig {
+    /// The last token holder sends the token again if it hears nothing for this long.
+    pub token_retransmit_ms: u64,
+    /// Most new messages one token visit may send.
+    pub max_per_visit: u32,
+    /// Most messages between the token's `aru` and `seq` (sent but not yet everywhere).
+    pub window: u64,
+    /// Most messages a daemon queues before `submit` refuses.
+    pub max_queued: usize,
+}
+
+impl Default for OrderingConfig {
+    fn default() -> Self {
+        OrderingConfig {
+            token_retransmit_ms: 20,
+            max_per_visit: 30,
+            window: 400,
+            max_queued: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OrderingError {
+    #[error("{max} messages already wait to be sent")]
+    QueueFull { max: usize },
+}
+
+/// A packet to send: to one daemon, or to every other daemon of the ring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dest {
+    One(DaemonId),
+    AllOthers,
+}
+
+#[derive(Clone, Debug)]
+pub struct Transmit {
+    pub to: Dest,
+    pub packet: Packet,
+}
+
+/// A message delivered in the ring's total order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    pub seq: u64,
+    pub sender: DaemonId,
+    pub body: Body,
+}
+
+fn service_of(b: &Body) -> ServiceType {
+    match b {
+        Body::Client { service, .. } => *service,
+        // Membership of client groups travels agreed.
+        _ => ServiceType::Agreed,
+    }
+}
+
+/// One daemon's part in the ring.
+pub struct Ordering {
+    cfg: OrderingConfig,
+    me: DaemonId,
+    ring: RingId,
+    members: Vec<DaemonId>,
+    /// Received and not yet dropped, by sequence number.
+    buffer: BTreeMap<u64, Data>,
+    /// Every message up to here received.
+    my_aru: u64,
+    /// Highest sequence number heard of.
+    high_seq: u64,
+    delivered: u64,
+    /// `aru` of the token on this and the previous visit.
+    aru_now: u64,
+    aru_prev: u64,
+    last_token_seq: u64,
+    /// The token as last passed on, and when, for retransmission.
+    last_sent: Option<(Token, u64)>,
+    queue: VecDeque<Body>,
+    out: VecDeque<Transmit>,
+    delivered_out: VecDeque<Delivered>,
+    started: bool,
+}
+
+impl Ordering {
+    /// A member of `ring` with `members` in ring order.
+    pub fn new(
+        cfg: OrderingConfig,
+        me: DaemonId,
+        ring: RingId,
+        members: Vec<DaemonId>,
+    ) -> Ordering {
+        assert!(members.contains(&me), "a member of its own ring");
+        Ordering {
+            cfg,
+            me,
+            ring,
+            members,
+            buffer: BTreeMap::new(),
+            my_aru: 0,
+            high_seq: 0,
+            delivered: 0,
+            aru_now: 0,
+            aru_prev: 0,
+            last_token_seq: 0,
+            last_sent: None,
+            queue: VecDeque::new(),
+            out: VecDeque::new(),
+            delivered_out: VecDeque::new(),
+            started: false,
+        }
+    }
+
+    pub fn ring(&self) -> RingId {
+        self.ring
+    }
+    pub fn delivered_up_to(&self) -> u64 {
+        self.delivered
+    }
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+    pub fn buffered(&self) -> usize {
+        self.buffer.len()
+    }
+
+    fn successor(&self) -> DaemonId {
+        let i = self
+            .members
+            .iter()
+            .position(|m| *m == self.me)
+            .expect("member");
+        self.members[(i + 1) % self.members.len()]
+    }
+
+    /// Queues a message for the next token visit.
+    pub fn submit(&mut self, body: Body) -> Result<(), OrderingError> {
+        if self.queue.len() >= self.cfg.max_queued {
+            return Err(OrderingError::QueueFull {
+                max: self.cfg.max_queued,
+            });
+        }
+        self.queue.push_back(body);
+        Ok(())
+    }
+
+    /// The representative (the first member) creates the first token.
+    pub fn start(&mut self, now: u64) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        if self.members[0] == self.me {
+            let token = Token {
+                ring: self.ring,
+                token_seq: 0,
+                seq: 0,
+                aru: 0,
+                aru_id: None,
+                fcc: 0,
+                backlog: 0,
+                rtr: Vec::new(),
+            };
+            self.on_token(now, token);
+        }
+    }
+
+    pub fn handle_packet(&mut self, now: u64, packet: Packet) {
+        match packet {
+            // A token seen before is a retransmission this member already answered.
+            Packet::Token(t) if t.ring == self.ring && t.token_seq > self.last_token_seq => {
+                self.started = true;
+                self.on_token(now, t);
+            }
+            Packet::Data(d) if d.ring == self.ring => {
+                // A message newer than the token this member passed on proves a later holder
+                // got it (TOCS §3.1); an old one may be a late retransmission and proves nothing.
+                if self.last_sent.as_ref().is_some_and(|(t, _)| d.seq > t.seq) {
+                    self.last_sent = None;
+                }
+                self.on_data(d)
+            }
+            // Other rings and membership packets belong to the membership protocol.
+            _ => {}
+        }
+    }
+
+    fn on_data(&mut self, d: Data) {
+        if d.seq <= self.my_aru || self.buffer.contains_key(&d.seq) || d.seq == 0 {
+            return;
+        }
+        self.high_seq = self.high_seq.max(d.seq);
+        self.buffer.insert(d.seq, d);
+        self.advance();
+    }
+
+    /// Raises `my_aru` over what arrived, then delivers what may be delivered.
+    fn advance(&mut self) {
+        while self.buffer.contains_key(&(self.my_aru + 1)) {
+            self.my_aru += 1;
+        }
+        let safe_to = self.aru_now.min(self.aru_prev);
+        while self.delivered < self.my_aru {
+            let s = self.delivered + 1;
+            let d = &self.buffer[&s];
+            if service_of(&d.body) == ServiceType::Safe && s > safe_to {
+                break;
+            }
+            self.delivered = s;
+            self.delivered_out.push_back(Delivered {
+                seq: s,
+                sender: d.sender,
+                body: d.body.clone(),
+            });
+        }
+        // Drop what every member holds and this member delivered.
+        let keep_from = safe_to.min(self.delivered) + 1;
+        while let Some((&s, _)) = self.buffer.first_key_value() {
+            if s >= keep_from {
+                break;
+            }
+            self.buffer.pop_first();
+        }
+    }
+
+    fn on_token(&mut self, now: u64, mut t: Token) {
+        self.last_token_seq = t.token_seq;
+        self.aru_prev = self.aru_now;
+        self.aru_now = t.aru;
+        self.high_seq = self.high_seq.max(t.seq);
+        // Answer retransmission requests.
+        let mut still = Vec::new();
+        for s in std::mem::take(&mut t.rtr) {
+            match self.buffer.get(&s) {
+                Some(d) => self.out.push_back(Transmit {
+                    to: Dest::AllOthers,
+                    packet: Packet::Data(d.clone()),
+                }),
+                None => still.push(s),
+            }
+        }
+        // Ask for what this member misses.
+        for s in self.my_aru + 1..=t.seq {
+            if still.len() >= MAX_RTR {
+                break;
+            }
+            if !self.buffer.contains_key(&s) && !still.contains(&s) {
+                still.push(s);
+            }
+        }
+        t.rtr = still;
+        // New messages, within the windows.
+        let in_flight = t.seq.saturating_sub(t.aru);
+        let room = self
+            .cfg
+            .window
+            .saturating_sub(in_flight)
+            .min(self.cfg.max_per_visit as u64);
+        let mut sent = 0;
+        while sent < room {
+            let Some(body) = self.queue.pop_front() else {
+                break;
+            };
+            t.seq += 1;
+            sent += 1;
+            let d = Data {
+                ring: self.ring,
+                seq: t.seq,
+                sender: self.me,
+                origin: None,
+                body,
+            };
+            self.out.push_back(Transmit {
+                to: Dest::AllOthers,
+                packet: Packet::Data(d.clone()),
+            });
+            self.buffer.insert(t.seq, d);
+        }
+        self.high_seq = self.high_seq.max(t.seq);
+        while self.buffer.contains_key(&(self.my_aru + 1)) {
+            self.my_aru += 1;
+        }
+        // The aru rule of TOCS §3.1.
+        if self.my_aru < t.aru || t.aru_id == Some(self.me) || t.aru_id.is_none() {
+            t.aru = self.my_aru;
+            t.aru_id = if t.aru == t.seq { None } else { Some(self.me) };
+        }
+        t.fcc = sent as u32;
+        t.backlog = self.queue.len().min(u32::MAX as usize) as u32;
+        // The successor accepts it for its higher number; `last_token_seq` stays at the number
+        // received, so that on a ring of one the token comes back to its only member.
+        t.token_seq += 1;
+        self.last_sent = Some((t.clone(), now));
+        self.out.push_back(Transmit {
+            to: Dest::One(self.successor()),
+            packet: Packet::Token(t),
+        });
+        self.advance();
+    }
+
+    /// The token retransmission timer.
+    pub fn handle_timeout(&mut self, now: u64) {
+        if let Some((t, at)) = &mut self.last_sent {
+            if now >= *at + self.cfg.token_retransmit_ms * 1000 {
+                *at = now;
+                let t = t.clone();
+                let to = self.successor();
+                self.out.push_back(Transmit {
+                    to: Dest::One(to),
+                    packet: Packet::Token(t),
+                });
+            }
+        }
+    }
+
+    /// When `handle_timeout` wants to run next (microseconds).
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.last_sent
+            .as_ref()
+            .map(|(_, at)| at + self.cfg.token_retransmit_ms * 1000)
+    }
+
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.out.pop_front()
+    }
+
+    pub fn poll_delivery(&mut self) -> Option<Delivered> {
+        self.delivered_out.pop_front()
+    }
+}
