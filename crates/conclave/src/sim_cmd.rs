@@ -69,7 +69,7 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
             serde_json::json!({
                 "seed": seed, "ok": ok, "violations": v.len(), "completed": r.completed,
                 "views": r.views, "delivered": r.delivered, "packets": r.packets,
-                "sim_ms": r.sim_us as f64 / 1000.0, "network": r.network,
+                "sim_ms": r.sim_us as f64 / 1000.0, "network": r.network, "stats": r.stats,
             })
         )?;
         if !ok {

@@ -74,6 +74,30 @@ pub struct SimResult {
     pub sim_us: u64,
     /// Whether every message reached every daemon before the limit.
     pub completed: bool,
+    pub stats: Stats,
+}
+
+/// What the ordering cost and how long delivery took.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Stats {
+    /// Token and data packets sent (each copy to each daemon counts).
+    pub token_packets: u64,
+    pub data_packets: u64,
+    /// Median and 99th percentile, submit to delivery, microseconds, over all deliveries.
+    pub agreed_latency_us_p50: u64,
+    pub agreed_latency_us_p99: u64,
+    pub safe_latency_us_p50: u64,
+    pub safe_latency_us_p99: u64,
+    /// Mean time between two token visits at the first daemon, microseconds.
+    pub rotation_us: u64,
+}
+
+fn pct(v: &mut [u64], p: f64) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    v[((v.len() as f64 * p) as usize).min(v.len() - 1)]
 }
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -121,6 +145,12 @@ struct Sim {
     packets: u64,
     delivered: u64,
     view: ViewId,
+    submitted: std::collections::HashMap<String, u64>,
+    agreed_lat: Vec<u64>,
+    safe_lat: Vec<u64>,
+    token_visits: Vec<u64>,
+    token_packets: u64,
+    data_packets: u64,
 }
 
 impl Sim {
@@ -165,8 +195,14 @@ impl Sim {
                 Dest::One(d) => vec![d as usize - 1],
                 Dest::AllOthers => (0..self.nodes.len()).filter(|j| *j != i).collect(),
             };
+            let is_token = matches!(t.packet, Packet::Token(_));
             for j in targets {
                 self.packets += 1;
+                if is_token {
+                    self.token_packets += 1;
+                } else {
+                    self.data_packets += 1;
+                }
                 if self.lost() {
                     continue;
                 }
@@ -200,6 +236,14 @@ impl Sim {
                 let msg = String::from_utf8_lossy(payload).into_owned();
                 let view = self.view.clone();
                 self.delivered += 1;
+                if let Some(at) = self.submitted.get(&msg) {
+                    let lat = self.now - at;
+                    match s {
+                        ServiceType::Safe => self.safe_lat.push(lat),
+                        ServiceType::Agreed => self.agreed_lat.push(lat),
+                        _ => {}
+                    }
+                }
                 self.record(
                     &name(i as DaemonId + 1),
                     Event::Deliver {
@@ -271,6 +315,12 @@ pub fn run(cfg: &SimConfig) -> SimResult {
         packets: 0,
         delivered: 0,
         view: ViewId(ring.seq, name(ring.rep)),
+        submitted: std::collections::HashMap::new(),
+        agreed_lat: Vec::new(),
+        safe_lat: Vec::new(),
+        token_visits: Vec::new(),
+        token_packets: 0,
+        data_packets: 0,
     };
     let names: Vec<String> = members.iter().map(|m| name(*m)).collect();
     for p in &names {
@@ -326,6 +376,9 @@ pub fn run(cfg: &SimConfig) -> SimResult {
             What::Arrive { to, bytes } => {
                 // The wire is hostile even here: a packet that does not decode is dropped.
                 if let Ok(p) = Packet::decode(&bytes) {
+                    if to == 0 && matches!(p, Packet::Token(_)) {
+                        sim.token_visits.push(t);
+                    }
                     sim.nodes[to].handle_packet(t, p);
                 }
                 sim.drain(to);
@@ -347,6 +400,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
                     payload: msg.clone().into_bytes(),
                 };
                 if sim.nodes[node].submit(body).is_ok() {
+                    sim.submitted.insert(msg.clone(), t);
                     let view = sim.view.clone();
                     sim.record(
                         &name(node as DaemonId + 1),
@@ -370,7 +424,21 @@ pub fn run(cfg: &SimConfig) -> SimResult {
             ev: Event::Stable { processes: names },
         });
     }
+    let rotation_us = match sim.token_visits.as_slice() {
+        [first, .., last] => (last - first) / (sim.token_visits.len() as u64 - 1),
+        _ => 0,
+    };
+    let stats = Stats {
+        token_packets: sim.token_packets,
+        data_packets: sim.data_packets,
+        agreed_latency_us_p50: pct(&mut sim.agreed_lat, 0.5),
+        agreed_latency_us_p99: pct(&mut sim.agreed_lat, 0.99),
+        safe_latency_us_p50: pct(&mut sim.safe_lat, 0.5),
+        safe_latency_us_p99: pct(&mut sim.safe_lat, 0.99),
+        rotation_us,
+    };
     SimResult {
+        stats,
         seed: cfg.seed,
         network: sim.net,
         delivered: sim.delivered,
