@@ -98,6 +98,7 @@ pub struct Ordering {
     out: VecDeque<Transmit>,
     delivered_out: VecDeque<Delivered>,
     started: bool,
+    refused: u64,
 }
 
 impl Ordering {
@@ -126,6 +127,7 @@ impl Ordering {
             out: VecDeque::new(),
             delivered_out: VecDeque::new(),
             started: false,
+            refused: 0,
         }
     }
 
@@ -140,6 +142,10 @@ impl Ordering {
     }
     pub fn buffered(&self) -> usize {
         self.buffer.len()
+    }
+    /// Packets refused as impossible (hostile or corrupt).
+    pub fn refused(&self) -> u64 {
+        self.refused
     }
 
     fn successor(&self) -> DaemonId {
@@ -187,6 +193,10 @@ impl Ordering {
         match packet {
             // A token seen before is a retransmission this member already answered.
             Packet::Token(t) if t.ring == self.ring && t.token_seq > self.last_token_seq => {
+                if !self.plausible(&t) {
+                    self.refused += 1;
+                    return;
+                }
                 self.started = true;
                 self.on_token(now, t);
             }
@@ -203,8 +213,24 @@ impl Ordering {
         }
     }
 
+    /// The furthest ahead of this member's `aru` a sequence number can legitimately be: the
+    /// windows bound what the ring sends before everyone has it.
+    fn horizon(&self) -> u64 {
+        self.my_aru
+            .saturating_add(4 * (self.cfg.window + self.cfg.max_per_visit as u64))
+    }
+
+    /// Wire input is hostile: a token whose numbers no ring could produce is refused.
+    fn plausible(&self, t: &Token) -> bool {
+        t.aru <= t.seq && t.seq <= self.horizon() && t.token_seq < u64::MAX
+    }
+
     fn on_data(&mut self, d: Data) {
         if d.seq <= self.my_aru || self.buffer.contains_key(&d.seq) || d.seq == 0 {
+            return;
+        }
+        if d.seq > self.horizon() {
+            self.refused += 1;
             return;
         }
         self.high_seq = self.high_seq.max(d.seq);
