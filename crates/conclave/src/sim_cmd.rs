@@ -20,6 +20,9 @@ pub struct SimArgs {
     /// Fault mix: swarm (each seed draws its own) or none.
     #[arg(long, default_value = "swarm")]
     pub faults: String,
+    /// Simulate daemon membership (partitions, merges, loss) instead of ordering on one ring.
+    #[arg(long)]
+    pub membership: bool,
     /// Write the history of the last seed run to this file (JSON lines).
     #[arg(long)]
     pub history: Option<PathBuf>,
@@ -58,8 +61,21 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
         cfg.daemons = args.daemons;
         cfg.messages = args.messages;
         cfg.faults = faults;
-        let r = run(&cfg);
-        let v = check(&r.history, &Config::default());
+        let r = if args.membership {
+            let mut m = conclave_sim::MembershipSimConfig::new(seed);
+            m.daemons = args.daemons;
+            conclave_sim::run_membership(&m)
+        } else {
+            run(&cfg)
+        };
+        // Merges after the network settles may come one component at a time: allow a view per
+        // daemon beyond the default before calling it flapping.
+        let v = check(
+            &r.history,
+            &Config {
+                max_views_after_stable: Config::default().max_views_after_stable + args.daemons,
+            },
+        );
         let ok = v.is_empty() && r.completed;
         sim_us += r.sim_us;
         runs += 1;
@@ -77,8 +93,11 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
                 eprint!("seed {seed}: {x}");
             }
             eprintln!(
-                "replay: conclave sim --seeds {seed} --daemons {} --messages {} --faults {} --history seed-{seed}.jsonl",
-                args.daemons, args.messages, args.faults
+                "replay: conclave sim --seeds {seed} --daemons {} --messages {} --faults {}{} --history seed-{seed}.jsonl",
+                args.daemons,
+                args.messages,
+                args.faults,
+                if args.membership { " --membership" } else { "" }
             );
             failed.push(seed);
         }

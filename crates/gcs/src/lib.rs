@@ -2,6 +2,8 @@
 //! Totem ordering of one ring ([`ordering`]); membership, client groups and virtual synchrony
 //! come next.
 
+pub mod membership;
 pub mod ordering;
 
+pub use membership::{Configuration, Membership, MembershipConfig};
 pub use ordering::{Delivered, Dest, Ordering, OrderingConfig, OrderingError, Transmit};

@@ -134,6 +134,10 @@ impl Ordering {
     pub fn ring(&self) -> RingId {
         self.ring
     }
+    /// The ring's members, in ring order.
+    pub fn members(&self) -> &[DaemonId] {
+        &self.members
+    }
     pub fn delivered_up_to(&self) -> u64 {
         self.delivered
     }

@@ -7,6 +7,9 @@
 //! everywhere. Membership changes, partitions, crashes and client groups join as the daemon core
 //! grows (docs/gcs.md).
 
+mod membership;
+pub use membership::{run_membership, MembershipSimConfig};
+
 use conclave_gcs::{Dest, Ordering, OrderingConfig};
 use conclave_history::{Event, Record, Service, ViewId};
 use conclave_wire::gcs::{Body, DaemonId, Packet, RingId, ServiceType};

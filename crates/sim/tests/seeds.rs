@@ -66,3 +66,21 @@ fn regression_a_ring_of_one_delivers() {
         assert!(check(&r.history, &Config::default()).is_empty());
     }
 }
+
+#[test]
+fn membership_seeds_converge_and_pass_the_checker() {
+    use conclave_sim::{run_membership, MembershipSimConfig};
+    for seed in 0..40 {
+        let r = run_membership(&MembershipSimConfig::new(seed));
+        let cfg = Config {
+            max_views_after_stable: Config::default().max_views_after_stable + 5,
+        };
+        let v = check(&r.history, &cfg);
+        assert!(
+            v.is_empty(),
+            "membership seed {seed}: {}",
+            v.iter().map(|v| v.to_string()).collect::<String>()
+        );
+        assert!(r.completed, "membership seed {seed} did not converge");
+    }
+}

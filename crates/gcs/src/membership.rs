@@ -1,0 +1,522 @@
+//! Daemon membership: the Totem membership algorithm (Amir et al., ACM TOCS 1995, §4), gather
+//! and commit, as a pure state machine around the ring's [`Ordering`].
+//!
+//! A daemon that loses the token, or hears a daemon outside its ring (a join, or a merge detector
+//! of another ring), *gathers*: it multicasts join messages with the daemons it hears of (`procs`)
+//! and those it gave up on (`failed`), merging what others send, until every daemon of
+//! `procs - failed` has sent it the same two sets (consensus); daemons that stay silent past the
+//! consensus timeout are added to `failed`. The lowest daemon of the agreed set then sends the
+//! commit token around the new ring: the first rotation collects each member's old ring, the
+//! second installs the new ring everywhere, and the representative starts the regular token. The
+//! transitional set of a member is the members whose old ring was its own, read from the commit
+//! token. The representative of an operational ring announces it periodically (merge detection),
+//! so that rings that come to hear each other merge.
+//!
+//! Departure, for now: the recovery phase of §4.3 (retransmitting the old ring's messages so that
+//! members that move together deliver the same ones, then the transitional configuration of EVS)
+//! is the next step; so is keeping the old ring's undelivered messages across a change. Until
+//! then the simulator checks daemon views only when rings change.
+
+use crate::ordering::{Dest, Ordering, OrderingConfig, Transmit};
+use conclave_wire::gcs::{Commit, CommitEntry, DaemonId, Join, Packet, RingId};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// Timeouts in milliseconds.
+#[derive(Clone, Debug)]
+pub struct MembershipConfig {
+    pub ordering: OrderingConfig,
+    /// No token for this long: the ring is broken.
+    pub token_loss_ms: u64,
+    /// Join messages are sent again this often while gathering.
+    pub join_ms: u64,
+    /// Daemons that have not agreed within this long are given up on.
+    pub consensus_ms: u64,
+    /// A commit token that does not come back within this long: gather again.
+    pub commit_ms: u64,
+    /// A representative announces its ring this often.
+    pub merge_detect_ms: u64,
+}
+
+impl Default for MembershipConfig {
+    fn default() -> Self {
+        MembershipConfig {
+            ordering: OrderingConfig::default(),
+            token_loss_ms: 200,
+            join_ms: 30,
+            consensus_ms: 300,
+            commit_ms: 200,
+            merge_detect_ms: 100,
+        }
+    }
+}
+
+/// A configuration installed by this daemon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Configuration {
+    pub ring: RingId,
+    pub members: Vec<DaemonId>,
+    /// Members that came from this daemon's previous ring.
+    pub transitional: Vec<DaemonId>,
+}
+
+enum State {
+    Gather {
+        procs: BTreeSet<DaemonId>,
+        failed: BTreeSet<DaemonId>,
+        /// The last join each daemon sent: its procs and failed sets.
+        heard: BTreeMap<DaemonId, (BTreeSet<DaemonId>, BTreeSet<DaemonId>)>,
+        next_join: u64,
+        consensus_by: u64,
+    },
+    Commit {
+        ring: RingId,
+        members: Vec<DaemonId>,
+        by: u64,
+    },
+    Operational {
+        ordering: Box<Ordering>,
+        last_token: u64,
+        next_merge_detect: u64,
+    },
+}
+
+pub struct Membership {
+    cfg: MembershipConfig,
+    me: DaemonId,
+    state: State,
+    /// The ring this daemon last installed.
+    ring: Option<RingId>,
+    max_ring_seq: u64,
+    out: VecDeque<Transmit>,
+    configs: VecDeque<Configuration>,
+}
+
+fn ms(x: u64) -> u64 {
+    x * 1000
+}
+
+impl Membership {
+    /// A daemon starting (or restarting): it gathers with whoever it hears.
+    pub fn new(cfg: MembershipConfig, me: DaemonId, now: u64) -> Membership {
+        let mut m = Membership {
+            cfg,
+            me,
+            state: State::Operational {
+                ordering: Box::new(Ordering::new(
+                    OrderingConfig::default(),
+                    me,
+                    RingId { seq: 0, rep: me },
+                    vec![me],
+                )),
+                last_token: now,
+                next_merge_detect: now,
+            },
+            ring: None,
+            max_ring_seq: 0,
+            out: VecDeque::new(),
+            configs: VecDeque::new(),
+        };
+        m.gather(now, BTreeSet::new());
+        m
+    }
+
+    pub fn ring(&self) -> Option<RingId> {
+        self.ring
+    }
+    pub fn is_operational(&self) -> bool {
+        matches!(self.state, State::Operational { .. })
+    }
+
+    fn members_of_ring(&self) -> Vec<DaemonId> {
+        match &self.state {
+            State::Operational { ordering, .. } => ordering.members().to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn gather(&mut self, now: u64, also: BTreeSet<DaemonId>) {
+        let mut procs: BTreeSet<DaemonId> = self.members_of_ring().into_iter().collect();
+        procs.extend(also);
+        procs.insert(self.me);
+        self.state = State::Gather {
+            procs,
+            failed: BTreeSet::new(),
+            heard: BTreeMap::new(),
+            next_join: now,
+            consensus_by: now + ms(self.cfg.consensus_ms),
+        };
+        self.send_join(now);
+    }
+
+    fn send_join(&mut self, now: u64) {
+        let State::Gather {
+            procs,
+            failed,
+            next_join,
+            ..
+        } = &mut self.state
+        else {
+            return;
+        };
+        *next_join = now + ms(self.cfg.join_ms);
+        let join = Join {
+            sender: self.me,
+            incarnation: 0,
+            ring_seq: self.max_ring_seq,
+            procs: procs.iter().copied().collect(),
+            failed: failed.iter().copied().collect(),
+        };
+        self.out.push_back(Transmit {
+            to: Dest::AllOthers,
+            packet: Packet::Join(join),
+        });
+    }
+
+    /// Consensus: every live daemon of `procs` sent this daemon's own two sets.
+    fn try_consensus(&mut self, now: u64) {
+        let State::Gather {
+            procs,
+            failed,
+            heard,
+            ..
+        } = &self.state
+        else {
+            return;
+        };
+        let live: Vec<DaemonId> = procs.difference(failed).copied().collect();
+        let agreed = live
+            .iter()
+            .all(|p| *p == self.me || heard.get(p) == Some(&(procs.clone(), failed.clone())));
+        if !agreed || live.first() != Some(&self.me) {
+            return;
+        }
+        // This daemon represents the new ring.
+        let ring = RingId {
+            seq: self.max_ring_seq + 4,
+            rep: self.me,
+        };
+        // A later attempt must not reuse this ring id: a stale token of this one could arrive.
+        self.max_ring_seq = ring.seq;
+        let commit = Commit {
+            ring,
+            rotation: 1,
+            members: vec![self.entry()],
+        };
+        self.state = State::Commit {
+            ring,
+            members: live.clone(),
+            by: now + ms(self.cfg.commit_ms),
+        };
+        self.forward_commit(now, commit, &live);
+    }
+
+    fn entry(&self) -> CommitEntry {
+        CommitEntry {
+            id: self.me,
+            old_ring: self.ring.unwrap_or(RingId {
+                seq: 0,
+                rep: self.me,
+            }),
+            old_aru: 0,
+            high_delivered: 0,
+            filled: true,
+        }
+    }
+
+    fn forward_commit(&mut self, now: u64, commit: Commit, members: &[DaemonId]) {
+        let i = members
+            .iter()
+            .position(|m| *m == self.me)
+            .expect("a member");
+        let next = members[(i + 1) % members.len()];
+        if next == self.me {
+            // A ring of one: the token is back at once.
+            self.handle_commit(now, commit);
+            return;
+        }
+        self.out.push_back(Transmit {
+            to: Dest::One(next),
+            packet: Packet::Commit(commit),
+        });
+    }
+
+    /// Installs the ring of a commit token; refuses (returns false) a token that would not
+    /// move this daemon forward from the ring it is in: an older ring, or one whose first
+    /// rotation saw this daemon in another ring (a stale token).
+    fn install(&mut self, now: u64, commit: &Commit) -> bool {
+        let members: Vec<DaemonId> = commit.members.iter().map(|e| e.id).collect();
+        let my_old = self.ring.unwrap_or(RingId {
+            seq: 0,
+            rep: self.me,
+        });
+        let Some(mine) = commit.members.iter().find(|e| e.id == self.me) else {
+            return false;
+        };
+        if mine.old_ring != my_old || commit.ring.seq <= my_old.seq {
+            return false;
+        }
+        let transitional: Vec<DaemonId> = commit
+            .members
+            .iter()
+            .filter(|e| e.old_ring == my_old && (self.ring.is_some() || e.id == self.me))
+            .map(|e| e.id)
+            .collect();
+        self.ring = Some(commit.ring);
+        self.max_ring_seq = self.max_ring_seq.max(commit.ring.seq);
+        self.state = State::Operational {
+            ordering: Box::new(Ordering::new(
+                self.cfg.ordering.clone(),
+                self.me,
+                commit.ring,
+                members.clone(),
+            )),
+            last_token: now,
+            next_merge_detect: now + ms(self.cfg.merge_detect_ms),
+        };
+        self.configs.push_back(Configuration {
+            ring: commit.ring,
+            members,
+            transitional,
+        });
+        true
+    }
+
+    fn handle_commit(&mut self, now: u64, mut c: Commit) {
+        // Wire input is hostile: a token that does not hold this daemon once is refused.
+        let mut ids: Vec<DaemonId> = c.members.iter().map(|e| e.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.len() != c.members.len() || (c.rotation == 2 && !ids.contains(&self.me)) {
+            return;
+        }
+        self.max_ring_seq = self.max_ring_seq.max(c.ring.seq);
+        if c.rotation == 2 && c.ring.rep == self.me && self.ring == Some(c.ring) {
+            // The second rotation is back: every member has installed the ring.
+            self.start_token(now);
+            return;
+        }
+        let members: Vec<DaemonId> = match &self.state {
+            State::Commit { ring, members, .. } if *ring == c.ring => members.clone(),
+            State::Gather { procs, failed, .. } => {
+                let live: Vec<DaemonId> = procs.difference(failed).copied().collect();
+                // Accept only a ring this daemon would have formed itself.
+                if c.rotation != 1 || live.first() != Some(&c.ring.rep) || !live.contains(&self.me)
+                {
+                    return;
+                }
+                live
+            }
+            _ => return,
+        };
+        let rep = c.ring.rep;
+        match c.rotation {
+            1 if rep == self.me && c.members.len() == members.len() => {
+                // Back at the representative, full: second rotation installs.
+                c.rotation = 2;
+                if self.install(now, &c) {
+                    self.forward_commit(now, c, &members);
+                }
+            }
+            1 if rep != self.me => {
+                if !c.members.iter().any(|e| e.id == self.me) {
+                    c.members.push(self.entry());
+                }
+                self.state = State::Commit {
+                    ring: c.ring,
+                    members: members.clone(),
+                    by: now + ms(self.cfg.commit_ms),
+                };
+                self.forward_commit(now, c, &members);
+            }
+            2 if rep != self.me && self.install(now, &c) => {
+                self.forward_commit(now, c, &members);
+            }
+            _ => {}
+        }
+    }
+
+    fn start_token(&mut self, now: u64) {
+        if let State::Operational { ordering, .. } = &mut self.state {
+            ordering.start(now);
+            self.drain_ordering();
+        }
+    }
+
+    fn drain_ordering(&mut self) {
+        if let State::Operational { ordering, .. } = &mut self.state {
+            while let Some(t) = ordering.poll_transmit() {
+                self.out.push_back(t);
+            }
+        }
+    }
+
+    pub fn handle_packet(&mut self, now: u64, from: DaemonId, packet: Packet) {
+        match packet {
+            Packet::Join(j) => self.on_join(now, from, j),
+            Packet::Commit(c) => self.handle_commit(now, c),
+            Packet::MergeDetect { ring } => {
+                self.max_ring_seq = self.max_ring_seq.max(ring.seq);
+                if let State::Operational { .. } = self.state {
+                    if Some(ring) != self.ring && ring.rep != self.me {
+                        // Another ring can hear us: merge.
+                        self.gather(now, [ring.rep].into_iter().collect());
+                    }
+                }
+            }
+            p @ (Packet::Token(_) | Packet::Data(_)) => {
+                if let State::Operational {
+                    ordering,
+                    last_token,
+                    ..
+                } = &mut self.state
+                {
+                    if let Packet::Token(t) = &p {
+                        if t.ring == ordering.ring() {
+                            *last_token = now;
+                        }
+                    }
+                    ordering.handle_packet(now, p);
+                    self.drain_ordering();
+                }
+            }
+        }
+    }
+
+    fn on_join(&mut self, now: u64, from: DaemonId, j: Join) {
+        // A join that has not seen the newest ring this daemon knows of belongs to an older
+        // round: its sender will learn of that ring (from our joins, the commit token or the
+        // merge detector) and send a current one. Acting on stale joins makes rings flap.
+        if j.ring_seq < self.max_ring_seq {
+            return;
+        }
+        self.max_ring_seq = j.ring_seq;
+        if let State::Operational { .. } | State::Commit { .. } = self.state {
+            // A join from a member of this ring that predates the ring is a late one.
+            let stale = self
+                .ring
+                .is_some_and(|r| j.ring_seq < r.seq && self.members_of_ring().contains(&from));
+            if stale || matches!(self.state, State::Commit { .. }) && j.ring_seq < self.max_ring_seq
+            {
+                return;
+            }
+            // Someone is gathering: a member lost the ring, or an outsider wants in.
+            let mut also: BTreeSet<DaemonId> = j.procs.iter().copied().collect();
+            also.insert(from);
+            self.gather(now, also);
+        }
+        let State::Gather {
+            procs,
+            failed,
+            heard,
+            ..
+        } = &mut self.state
+        else {
+            return;
+        };
+        let jp: BTreeSet<DaemonId> = j.procs.iter().copied().collect();
+        let jf: BTreeSet<DaemonId> = j.failed.iter().copied().collect();
+        let mut changed = false;
+        if jf.contains(&self.me) {
+            // It gave up on this daemon: give up on it too, so both can go on.
+            changed |= failed.insert(from);
+        } else if !failed.contains(&from) {
+            for p in jp.iter().chain([&from]) {
+                changed |= procs.insert(*p);
+            }
+            for f in jf.iter().filter(|f| **f != self.me) {
+                changed |= failed.insert(*f);
+            }
+        }
+        heard.insert(from, (jp, jf));
+        if changed {
+            self.send_join(now);
+        }
+        self.try_consensus(now);
+    }
+
+    pub fn handle_timeout(&mut self, now: u64) {
+        match &mut self.state {
+            State::Operational {
+                ordering,
+                last_token,
+                next_merge_detect,
+            } => {
+                if now >= *last_token + ms(self.cfg.token_loss_ms) {
+                    self.gather(now, BTreeSet::new());
+                    return;
+                }
+                ordering.handle_timeout(now);
+                if now >= *next_merge_detect {
+                    *next_merge_detect = now + ms(self.cfg.merge_detect_ms);
+                    if ordering.members().first() == Some(&self.me) {
+                        let ring = ordering.ring();
+                        self.out.push_back(Transmit {
+                            to: Dest::AllOthers,
+                            packet: Packet::MergeDetect { ring },
+                        });
+                    }
+                }
+                self.drain_ordering();
+            }
+            State::Commit { by, .. } => {
+                if now >= *by {
+                    self.gather(now, BTreeSet::new());
+                }
+            }
+            State::Gather {
+                procs,
+                failed,
+                heard,
+                next_join,
+                consensus_by,
+            } => {
+                if now >= *consensus_by {
+                    // Give up on those who have not agreed.
+                    let mine = (procs.clone(), failed.clone());
+                    let silent: Vec<DaemonId> = procs
+                        .difference(failed)
+                        .filter(|p| **p != self.me && heard.get(p) != Some(&mine))
+                        .copied()
+                        .collect();
+                    failed.extend(silent);
+                    *consensus_by = now + ms(self.cfg.consensus_ms);
+                    self.send_join(now);
+                    self.try_consensus(now);
+                } else if now >= *next_join {
+                    self.send_join(now);
+                }
+            }
+        }
+    }
+
+    pub fn poll_timeout(&self) -> Option<u64> {
+        match &self.state {
+            State::Operational {
+                ordering,
+                last_token,
+                next_merge_detect,
+            } => {
+                let mut t = (*last_token + ms(self.cfg.token_loss_ms)).min(*next_merge_detect);
+                if let Some(o) = ordering.poll_timeout() {
+                    t = t.min(o);
+                }
+                Some(t)
+            }
+            State::Commit { by, .. } => Some(*by),
+            State::Gather {
+                next_join,
+                consensus_by,
+                ..
+            } => Some((*next_join).min(*consensus_by)),
+        }
+    }
+
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.out.pop_front()
+    }
+
+    /// Configurations installed, in order.
+    pub fn poll_configuration(&mut self) -> Option<Configuration> {
+        self.configs.pop_front()
+    }
+}

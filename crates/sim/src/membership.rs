@@ -1,0 +1,212 @@
+//! Daemon membership under partitions, merges, loss and delay: the daemons' views are recorded
+//! (group "" in the history) and judged by the checker; after the faults stop, every daemon must
+//! end in one ring of all daemons, without flapping.
+
+use crate::{Network, SimResult, Stats};
+use conclave_gcs::{Dest, Membership, MembershipConfig};
+use conclave_history::{Event, Record, ViewId};
+use conclave_wire::gcs::{DaemonId, Packet};
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+#[derive(Clone, Debug)]
+pub struct MembershipSimConfig {
+    pub seed: u64,
+    pub daemons: usize,
+    /// Length of the safety phase (partitions, loss), simulated milliseconds.
+    pub safety_ms: u64,
+    /// How long the fault-free phase may take to converge.
+    pub settle_ms: u64,
+}
+
+impl MembershipSimConfig {
+    pub fn new(seed: u64) -> Self {
+        MembershipSimConfig {
+            seed,
+            daemons: 5,
+            safety_ms: 2_000,
+            settle_ms: 8_000,
+        }
+    }
+}
+
+fn name(d: DaemonId) -> String {
+    format!("d{d}")
+}
+
+/// Runs one seed of the membership simulation.
+pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
+    let mut rng = ChaCha20Rng::seed_from_u64(cfg.seed ^ 0x6d656d62);
+    let n = cfg.daemons.max(1);
+    let unit = |rng: &mut ChaCha20Rng| rng.next_u32() as f64 / u32::MAX as f64;
+    let net = Network {
+        loss: unit(&mut rng) * 0.1,
+        bursty: false,
+        duplication: unit(&mut rng) * 0.2,
+        delay_min_us: 50,
+        delay_max_us: 50 + rng.next_u64() % 1_000,
+    };
+    // In flight: (arrival, order, from, to, bytes).
+    type InFlight = Reverse<(u64, u64, usize, usize, Vec<u8>)>;
+    let mut queue: BinaryHeap<InFlight> = BinaryHeap::new();
+    let mut timers: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    let mut order = 0u64;
+    let mut nodes: Vec<Membership> = (1..=n as DaemonId)
+        .map(|d| Membership::new(MembershipConfig::default(), d, 0))
+        .collect();
+    let mut comp: Vec<usize> = vec![0; n];
+    let mut history: Vec<Record> = Vec::new();
+    let names: Vec<String> = (1..=n as DaemonId).map(name).collect();
+    for p in &names {
+        history.push(Record {
+            t: 0,
+            p: p.clone(),
+            inc: 0,
+            ev: Event::Join {
+                group: String::new(),
+                vs: false,
+            },
+        });
+    }
+    let mut next_change = 100_000 + rng.next_u64() % 400_000;
+    let safety = cfg.safety_ms * 1000;
+    let end = safety + cfg.settle_ms * 1000;
+    let mut now = 0u64;
+    let mut faulty = true;
+    let (mut packets, mut views) = (0u64, 0u64);
+    let mut stable_at: Option<u64> = None;
+    let mut converged_at: Option<u64> = None;
+    let mut armed: Vec<Option<u64>> = vec![None; n];
+    let mut touched: Vec<usize> = (0..n).collect();
+    loop {
+        // Outputs of the daemons that just ran.
+        for i in std::mem::take(&mut touched) {
+            while let Some(t) = nodes[i].poll_transmit() {
+                let bytes = t.packet.encode();
+                let targets: Vec<usize> = match t.to {
+                    Dest::One(d) => vec![d as usize - 1],
+                    Dest::AllOthers => (0..n).filter(|j| *j != i).collect(),
+                };
+                for j in targets {
+                    packets += 1;
+                    let cut = comp[i] != comp[j];
+                    let lost = faulty && unit(&mut rng) < net.loss;
+                    if cut || lost {
+                        continue;
+                    }
+                    let copies = if faulty && unit(&mut rng) < net.duplication {
+                        2
+                    } else {
+                        1
+                    };
+                    for _ in 0..copies {
+                        let d = net.delay_min_us
+                            + rng.next_u64() % (net.delay_max_us - net.delay_min_us + 1);
+                        order += 1;
+                        queue.push(Reverse((now + d, order, i, j, bytes.clone())));
+                    }
+                }
+            }
+            while let Some(c) = nodes[i].poll_configuration() {
+                views += 1;
+                history.push(Record {
+                    t: now,
+                    p: name(i as DaemonId + 1),
+                    inc: 0,
+                    ev: Event::View {
+                        group: String::new(),
+                        view: ViewId(c.ring.seq, name(c.ring.rep)),
+                        members: c.members.iter().map(|m| name(*m)).collect(),
+                        transitional: c.transitional.iter().map(|m| name(*m)).collect(),
+                    },
+                });
+            }
+            if let Some(t) = nodes[i].poll_timeout() {
+                if armed[i] != Some(t) {
+                    armed[i] = Some(t);
+                    timers.push(Reverse((t, i)));
+                }
+            }
+        }
+        // Convergence: one operational ring of everyone, after the faults stopped.
+        if stable_at.is_some() && converged_at.is_none() {
+            let r0 = nodes[0].ring();
+            if nodes.iter().all(|m| m.is_operational() && m.ring() == r0) && views > 0 {
+                let last_view_members = history.iter().rev().find_map(|r| match &r.ev {
+                    Event::View { members, .. } => Some(members.len()),
+                    _ => None,
+                });
+                if last_view_members == Some(n) {
+                    converged_at = Some(now);
+                }
+            }
+        }
+        // Watch a while after convergence for flapping, then stop.
+        if converged_at.is_some_and(|c| now > c + 1_000_000) || now > end {
+            break;
+        }
+        let next_packet = queue.peek().map(|Reverse((t, ..))| *t);
+        let next_timer = timers.peek().map(|Reverse((t, _))| *t);
+        let next_topology = if faulty {
+            Some(next_change.min(safety))
+        } else {
+            None
+        };
+        let Some(t) = [next_packet, next_timer, next_topology]
+            .into_iter()
+            .flatten()
+            .min()
+        else {
+            break;
+        };
+        now = t;
+        if faulty && now >= safety {
+            faulty = false;
+            comp = vec![0; n];
+            stable_at = Some(now);
+            history.push(Record {
+                t: now,
+                p: String::new(),
+                inc: 0,
+                ev: Event::Stable {
+                    processes: names.clone(),
+                },
+            });
+            continue;
+        }
+        if faulty && now >= next_change {
+            // A new topology: one to three components, each daemon placed at random.
+            let k = 1 + (rng.next_u32() % 3) as usize;
+            comp = (0..n).map(|_| (rng.next_u32() as usize) % k).collect();
+            next_change = now + 100_000 + rng.next_u64() % 400_000;
+            continue;
+        }
+        if next_packet == Some(t) {
+            let Reverse((_, _, from, to, bytes)) = queue.pop().expect("peeked");
+            if let Ok(p) = Packet::decode(&bytes) {
+                nodes[to].handle_packet(now, from as DaemonId + 1, p);
+            }
+            touched.push(to);
+        } else if next_timer == Some(t) {
+            let Reverse((_, i)) = timers.pop().expect("peeked");
+            if armed[i] == Some(t) {
+                armed[i] = None;
+                nodes[i].handle_timeout(now);
+                touched.push(i);
+            }
+        }
+    }
+    SimResult {
+        seed: cfg.seed,
+        network: net,
+        history,
+        delivered: 0,
+        views,
+        packets,
+        sim_us: now,
+        completed: converged_at.is_some(),
+        stats: Stats::default(),
+    }
+}
