@@ -6,7 +6,11 @@ use conclave_wire::gcs::{Packet, RingId};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let ring = RingId { seq: 1, rep: 1 };
+    let ring = RingId {
+        seq: 1,
+        rep: 1,
+        inc: 0,
+    };
     let mut n = Ordering::new(OrderingConfig::default(), 2, ring, vec![1, 2, 3]);
     let mut rest = data;
     let mut now = 0u64;

@@ -12,6 +12,12 @@
 //! token. The representative of an operational ring announces it periodically (merge detection),
 //! so that rings that come to hear each other merge.
 //!
+//! The commit token lists the new ring's members from the start (Totem's membership list), each
+//! member fills in its entry, and a daemon takes part only in a ring whose members are exactly
+//! the ones it agreed on; stale joins (that have not seen the newest ring) and stale commit tokens
+//! are ignored. A daemon keeps nothing across a crash: it restarts as a new incarnation, which
+//! ring ids carry so that a restarted daemon's rings never share an id with its earlier ones.
+//!
 //! Departure, for now: the recovery phase of §4.3 (retransmitting the old ring's messages so that
 //! members that move together deliver the same ones, then the transitional configuration of EVS)
 //! is the next step; so is keeping the old ring's undelivered messages across a change. Until
@@ -87,6 +93,7 @@ pub struct Membership {
     /// The ring this daemon last installed.
     ring: Option<RingId>,
     max_ring_seq: u64,
+    incarnation: u32,
     out: VecDeque<Transmit>,
     configs: VecDeque<Configuration>,
 }
@@ -96,8 +103,11 @@ fn ms(x: u64) -> u64 {
 }
 
 impl Membership {
-    /// A daemon starting (or restarting): it gathers with whoever it hears.
-    pub fn new(cfg: MembershipConfig, me: DaemonId, now: u64) -> Membership {
+    /// A daemon starting (or restarting): it gathers with whoever it hears. `incarnation` must
+    /// grow with every start of this daemon (a boot counter, or the boot time in seconds): it
+    /// keeps no state across a crash, and its incarnation in the ids of the rings it creates
+    /// keeps them apart from its earlier incarnations' rings.
+    pub fn new(cfg: MembershipConfig, me: DaemonId, incarnation: u32, now: u64) -> Membership {
         let mut m = Membership {
             cfg,
             me,
@@ -105,7 +115,11 @@ impl Membership {
                 ordering: Box::new(Ordering::new(
                     OrderingConfig::default(),
                     me,
-                    RingId { seq: 0, rep: me },
+                    RingId {
+                        seq: 0,
+                        rep: me,
+                        inc: incarnation,
+                    },
                     vec![me],
                 )),
                 last_token: now,
@@ -113,6 +127,7 @@ impl Membership {
             },
             ring: None,
             max_ring_seq: 0,
+            incarnation,
             out: VecDeque::new(),
             configs: VecDeque::new(),
         };
@@ -161,7 +176,7 @@ impl Membership {
         *next_join = now + ms(self.cfg.join_ms);
         let join = Join {
             sender: self.me,
-            incarnation: 0,
+            incarnation: self.incarnation,
             ring_seq: self.max_ring_seq,
             procs: procs.iter().copied().collect(),
             failed: failed.iter().copied().collect(),
@@ -194,13 +209,29 @@ impl Membership {
         let ring = RingId {
             seq: self.max_ring_seq + 4,
             rep: self.me,
+            inc: self.incarnation,
         };
         // A later attempt must not reuse this ring id: a stale token of this one could arrive.
         self.max_ring_seq = ring.seq;
         let commit = Commit {
             ring,
             rotation: 1,
-            members: vec![self.entry()],
+            members: live
+                .iter()
+                .map(|id| {
+                    if *id == self.me {
+                        self.entry()
+                    } else {
+                        CommitEntry {
+                            id: *id,
+                            old_ring: ring,
+                            old_aru: 0,
+                            high_delivered: 0,
+                            filled: false,
+                        }
+                    }
+                })
+                .collect(),
         };
         self.state = State::Commit {
             ring,
@@ -210,13 +241,19 @@ impl Membership {
         self.forward_commit(now, commit, &live);
     }
 
+    /// The ring a daemon that has installed none counts as coming from.
+    fn placeholder(&self) -> RingId {
+        self.ring.unwrap_or(RingId {
+            seq: 0,
+            rep: self.me,
+            inc: self.incarnation,
+        })
+    }
+
     fn entry(&self) -> CommitEntry {
         CommitEntry {
             id: self.me,
-            old_ring: self.ring.unwrap_or(RingId {
-                seq: 0,
-                rep: self.me,
-            }),
+            old_ring: self.placeholder(),
             old_aru: 0,
             high_delivered: 0,
             filled: true,
@@ -245,10 +282,7 @@ impl Membership {
     /// rotation saw this daemon in another ring (a stale token).
     fn install(&mut self, now: u64, commit: &Commit) -> bool {
         let members: Vec<DaemonId> = commit.members.iter().map(|e| e.id).collect();
-        let my_old = self.ring.unwrap_or(RingId {
-            seq: 0,
-            rep: self.me,
-        });
+        let my_old = self.placeholder();
         let Some(mine) = commit.members.iter().find(|e| e.id == self.me) else {
             return false;
         };
@@ -282,11 +316,12 @@ impl Membership {
     }
 
     fn handle_commit(&mut self, now: u64, mut c: Commit) {
-        // Wire input is hostile: a token that does not hold this daemon once is refused.
-        let mut ids: Vec<DaemonId> = c.members.iter().map(|e| e.id).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        if ids.len() != c.members.len() || (c.rotation == 2 && !ids.contains(&self.me)) {
+        // Wire input is hostile: a token that does not list this daemon exactly once is refused.
+        let ids: Vec<DaemonId> = c.members.iter().map(|e| e.id).collect();
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != ids.len() || !ids.contains(&self.me) {
             return;
         }
         self.max_ring_seq = self.max_ring_seq.max(c.ring.seq);
@@ -295,41 +330,44 @@ impl Membership {
             self.start_token(now);
             return;
         }
-        let members: Vec<DaemonId> = match &self.state {
-            State::Commit { ring, members, .. } if *ring == c.ring => members.clone(),
+        // The token lists the new ring's members from the start; a daemon takes part only in
+        // the ring it would have formed itself (TOCS §4.2).
+        let agrees = match &self.state {
+            State::Commit { ring, members, .. } => *ring == c.ring && *members == ids,
             State::Gather { procs, failed, .. } => {
                 let live: Vec<DaemonId> = procs.difference(failed).copied().collect();
-                // Accept only a ring this daemon would have formed itself.
-                if c.rotation != 1 || live.first() != Some(&c.ring.rep) || !live.contains(&self.me)
-                {
-                    return;
-                }
-                live
+                c.rotation == 1 && live == ids && live.first() == Some(&c.ring.rep)
             }
-            _ => return,
+            State::Operational { .. } => false,
         };
+        if !agrees {
+            return;
+        }
         let rep = c.ring.rep;
         match c.rotation {
-            1 if rep == self.me && c.members.len() == members.len() => {
-                // Back at the representative, full: second rotation installs.
-                c.rotation = 2;
-                if self.install(now, &c) {
-                    self.forward_commit(now, c, &members);
+            1 if rep == self.me => {
+                if c.members.iter().all(|e| e.filled) {
+                    // Back at the representative, full: the second rotation installs.
+                    c.rotation = 2;
+                    if self.install(now, &c) {
+                        self.forward_commit(now, c, &ids);
+                    }
                 }
             }
-            1 if rep != self.me => {
-                if !c.members.iter().any(|e| e.id == self.me) {
-                    c.members.push(self.entry());
+            1 => {
+                let mine = self.entry();
+                if let Some(e) = c.members.iter_mut().find(|e| e.id == self.me) {
+                    *e = mine;
                 }
                 self.state = State::Commit {
                     ring: c.ring,
-                    members: members.clone(),
+                    members: ids.clone(),
                     by: now + ms(self.cfg.commit_ms),
                 };
-                self.forward_commit(now, c, &members);
+                self.forward_commit(now, c, &ids);
             }
-            2 if rep != self.me && self.install(now, &c) => {
-                self.forward_commit(now, c, &members);
+            2 if rep != self.me && c.members.iter().all(|e| e.filled) && self.install(now, &c) => {
+                self.forward_commit(now, c, &ids);
             }
             _ => {}
         }

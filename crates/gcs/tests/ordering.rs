@@ -4,7 +4,11 @@ use conclave_gcs::{Dest, Ordering, OrderingConfig, OrderingError};
 use conclave_wire::gcs::{Body, Data, Packet, RingId, ServiceType, Token};
 
 fn ring() -> RingId {
-    RingId { seq: 1, rep: 1 }
+    RingId {
+        seq: 1,
+        rep: 1,
+        inc: 0,
+    }
 }
 
 fn msg(service: ServiceType, tag: u8) -> Body {

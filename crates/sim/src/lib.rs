@@ -93,6 +93,8 @@ pub struct Stats {
     pub safe_latency_us_p99: u64,
     /// Mean time between two token visits at the first daemon, microseconds.
     pub rotation_us: u64,
+    /// Membership runs: from the end of the faults to one ring of all daemons, microseconds.
+    pub converge_us: u64,
 }
 
 fn pct(v: &mut [u64], p: f64) -> u64 {
@@ -299,7 +301,11 @@ pub fn run(cfg: &SimConfig) -> SimResult {
             }
         }
     };
-    let ring = RingId { seq: 1, rep: 1 };
+    let ring = RingId {
+        seq: 1,
+        rep: 1,
+        inc: 0,
+    };
     let members: Vec<DaemonId> = (1..=n as DaemonId).collect();
     let mut sim = Sim {
         rng,
@@ -439,6 +445,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
         safe_latency_us_p50: pct(&mut sim.safe_lat, 0.5),
         safe_latency_us_p99: pct(&mut sim.safe_lat, 0.99),
         rotation_us,
+        converge_us: 0,
     };
     SimResult {
         stats,

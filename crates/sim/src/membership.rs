@@ -1,6 +1,7 @@
-//! Daemon membership under partitions, merges, loss and delay: the daemons' views are recorded
-//! (group "" in the history) and judged by the checker; after the faults stop, every daemon must
-//! end in one ring of all daemons, without flapping.
+//! Daemon membership under partitions, merges, crashes and restarts, loss and delay: the daemons'
+//! views are recorded
+//! (group "" in the history) and judged by the checker; after the faults stop (crashed daemons
+//! restarted), every daemon must end in one ring of all daemons, without flapping.
 
 use crate::{Network, SimResult, Stats};
 use conclave_gcs::{Dest, Membership, MembershipConfig};
@@ -54,7 +55,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     let mut timers: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let mut order = 0u64;
     let mut nodes: Vec<Membership> = (1..=n as DaemonId)
-        .map(|d| Membership::new(MembershipConfig::default(), d, 0))
+        .map(|d| Membership::new(MembershipConfig::default(), d, 0, 0))
         .collect();
     let mut comp: Vec<usize> = vec![0; n];
     let mut history: Vec<Record> = Vec::new();
@@ -79,10 +80,16 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     let mut stable_at: Option<u64> = None;
     let mut converged_at: Option<u64> = None;
     let mut armed: Vec<Option<u64>> = vec![None; n];
+    // Crashes: a dead daemon neither sends nor receives; it comes back as a new incarnation.
+    let mut alive: Vec<bool> = vec![true; n];
+    let mut inc: Vec<u32> = vec![0; n];
     let mut touched: Vec<usize> = (0..n).collect();
     loop {
         // Outputs of the daemons that just ran.
         for i in std::mem::take(&mut touched) {
+            if !alive[i] {
+                continue;
+            }
             while let Some(t) = nodes[i].poll_transmit() {
                 let bytes = t.packet.encode();
                 let targets: Vec<usize> = match t.to {
@@ -114,10 +121,10 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 history.push(Record {
                     t: now,
                     p: name(i as DaemonId + 1),
-                    inc: 0,
+                    inc: inc[i],
                     ev: Event::View {
                         group: String::new(),
-                        view: ViewId(c.ring.seq, name(c.ring.rep)),
+                        view: ViewId(c.ring.seq, format!("{}.{}", name(c.ring.rep), c.ring.inc)),
                         members: c.members.iter().map(|m| name(*m)).collect(),
                         transitional: c.transitional.iter().map(|m| name(*m)).collect(),
                     },
@@ -165,6 +172,20 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         if faulty && now >= safety {
             faulty = false;
             comp = vec![0; n];
+            for i in 0..n {
+                if !alive[i] {
+                    restart(
+                        i,
+                        now,
+                        &mut nodes,
+                        &mut alive,
+                        &mut inc,
+                        &mut armed,
+                        &mut history,
+                    );
+                    touched.push(i);
+                }
+            }
             stable_at = Some(now);
             history.push(Record {
                 t: now,
@@ -181,17 +202,45 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             let k = 1 + (rng.next_u32() % 3) as usize;
             comp = (0..n).map(|_| (rng.next_u32() as usize) % k).collect();
             next_change = now + 100_000 + rng.next_u64() % 400_000;
+            // Sometimes a daemon crashes, or a crashed one restarts.
+            let i = (rng.next_u32() as usize) % n;
+            match rng.next_u32() % 4 {
+                0 if alive[i] => {
+                    alive[i] = false;
+                    history.push(Record {
+                        t: now,
+                        p: name(i as DaemonId + 1),
+                        inc: inc[i],
+                        ev: Event::Crash,
+                    });
+                }
+                1 if !alive[i] => {
+                    restart(
+                        i,
+                        now,
+                        &mut nodes,
+                        &mut alive,
+                        &mut inc,
+                        &mut armed,
+                        &mut history,
+                    );
+                    touched.push(i);
+                }
+                _ => {}
+            }
             continue;
         }
         if next_packet == Some(t) {
             let Reverse((_, _, from, to, bytes)) = queue.pop().expect("peeked");
-            if let Ok(p) = Packet::decode(&bytes) {
-                nodes[to].handle_packet(now, from as DaemonId + 1, p);
+            if alive[to] {
+                if let Ok(p) = Packet::decode(&bytes) {
+                    nodes[to].handle_packet(now, from as DaemonId + 1, p);
+                }
+                touched.push(to);
             }
-            touched.push(to);
         } else if next_timer == Some(t) {
             let Reverse((_, i)) = timers.pop().expect("peeked");
-            if armed[i] == Some(t) {
+            if armed[i] == Some(t) && alive[i] {
                 armed[i] = None;
                 nodes[i].handle_timeout(now);
                 touched.push(i);
@@ -207,6 +256,37 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         packets,
         sim_us: now,
         completed: converged_at.is_some(),
-        stats: Stats::default(),
+        stats: Stats {
+            converge_us: match (stable_at, converged_at) {
+                (Some(s), Some(c)) => c - s,
+                _ => 0,
+            },
+            ..Stats::default()
+        },
     }
+}
+
+/// A crashed daemon comes back with no state, as the next incarnation.
+fn restart(
+    i: usize,
+    now: u64,
+    nodes: &mut [Membership],
+    alive: &mut [bool],
+    inc: &mut [u32],
+    armed: &mut [Option<u64>],
+    history: &mut Vec<Record>,
+) {
+    alive[i] = true;
+    inc[i] += 1;
+    armed[i] = None;
+    nodes[i] = Membership::new(MembershipConfig::default(), i as DaemonId + 1, inc[i], now);
+    history.push(Record {
+        t: now,
+        p: name(i as DaemonId + 1),
+        inc: inc[i],
+        ev: Event::Join {
+            group: String::new(),
+            vs: false,
+        },
+    });
 }

@@ -84,3 +84,18 @@ fn membership_seeds_converge_and_pass_the_checker() {
         assert!(r.completed, "membership seed {seed} did not converge");
     }
 }
+
+/// Seed 879 (5 daemons) once never converged: the representative formed a ring of the two
+/// daemons it had heard from while the others, knowing all five, took part with their own member
+/// list, so every commit token came back with the wrong members. The token now lists the
+/// members from the start and a daemon takes part only in the ring it would have formed.
+#[test]
+fn regression_membership_seed_879_commit_token_with_other_members() {
+    use conclave_sim::{run_membership, MembershipSimConfig};
+    let r = run_membership(&MembershipSimConfig::new(879));
+    assert!(r.completed);
+    let cfg = Config {
+        max_views_after_stable: Config::default().max_views_after_stable + 5,
+    };
+    assert!(check(&r.history, &cfg).is_empty());
+}

@@ -20,11 +20,14 @@ pub const MAX_NAME_BYTES: usize = 64;
 
 pub type DaemonId = u32;
 
-/// A ring (a daemon configuration): its sequence number and representative.
+/// A ring (a daemon configuration): its sequence number, its representative, and the
+/// representative's incarnation (daemons keep nothing across a crash, so a restarted daemon may
+/// count ring numbers again; its incarnation keeps its rings apart from its earlier ones).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RingId {
     pub seq: u64,
     pub rep: DaemonId,
+    pub inc: u32,
 }
 
 /// The six service types, weakest first.
@@ -165,11 +168,13 @@ pub enum Packet {
 fn write_ring(w: &mut Writer, r: &RingId) {
     w.u64(r.seq);
     w.u32(r.rep);
+    w.u32(r.inc);
 }
 fn read_ring(r: &mut Reader<'_>) -> Result<RingId, DecodeError> {
     Ok(RingId {
         seq: r.u64("ring seq")?,
         rep: r.u32("ring rep")?,
+        inc: r.u32("ring incarnation")?,
     })
 }
 fn write_ids(w: &mut Writer, ids: &[DaemonId]) {
@@ -431,7 +436,7 @@ impl Packet {
                 let ring = read_ring(&mut r)?;
                 let rotation = r.u8("rotation")?;
                 let n = r.count("commit members", MAX_RING_MEMBERS)?;
-                let mut members = Vec::with_capacity(n.min(r.remaining() / 33));
+                let mut members = Vec::with_capacity(n.min(r.remaining() / 37));
                 for _ in 0..n {
                     members.push(CommitEntry {
                         id: r.u32("member")?,
@@ -468,7 +473,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn ring() -> impl Strategy<Value = RingId> {
-        (any::<u64>(), any::<u32>()).prop_map(|(seq, rep)| RingId { seq, rep })
+        (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(seq, rep, inc)| RingId {
+            seq,
+            rep,
+            inc,
+        })
     }
     fn name() -> impl Strategy<Value = String> {
         "[a-z0-9.#-]{1,16}"
@@ -617,7 +626,11 @@ mod tests {
     #[test]
     fn a_client_message_to_no_group_is_refused() {
         let p = Packet::Data(Data {
-            ring: RingId { seq: 1, rep: 1 },
+            ring: RingId {
+                seq: 1,
+                rep: 1,
+                inc: 0,
+            },
             seq: 1,
             sender: 1,
             origin: None,
