@@ -345,15 +345,14 @@ impl Membership {
         }
         let rep = c.ring.rep;
         match c.rotation {
-            1 if rep == self.me => {
-                if c.members.iter().all(|e| e.filled) {
-                    // Back at the representative, full: the second rotation installs.
-                    c.rotation = 2;
-                    if self.install(now, &c) {
-                        self.forward_commit(now, c, &ids);
-                    }
+            // Back at the representative, full: the second rotation installs.
+            1 if rep == self.me && c.members.iter().all(|e| e.filled) => {
+                c.rotation = 2;
+                if self.install(now, &c) {
+                    self.forward_commit(now, c, &ids);
                 }
             }
+            1 if rep == self.me => {}
             1 => {
                 let mine = self.entry();
                 if let Some(e) = c.members.iter_mut().find(|e| e.id == self.me) {
