@@ -98,6 +98,10 @@ pub struct Membership {
     configs: VecDeque<Configuration>,
 }
 
+/// Ring sequence numbers above this are refused: no ring gets there (one a microsecond would take
+/// 146,000 years), and refusing them keeps `seq + 4` from overflowing on hostile input.
+pub const MAX_RING_SEQ: u64 = 1 << 62;
+
 fn ms(x: u64) -> u64 {
     x * 1000
 }
@@ -388,6 +392,16 @@ impl Membership {
     }
 
     pub fn handle_packet(&mut self, now: u64, from: DaemonId, packet: Packet) {
+        let seq = match &packet {
+            Packet::Join(j) => j.ring_seq,
+            Packet::Commit(c) => c.ring.seq,
+            Packet::MergeDetect { ring } => ring.seq,
+            Packet::Token(t) => t.ring.seq,
+            Packet::Data(d) => d.ring.seq,
+        };
+        if seq > MAX_RING_SEQ {
+            return;
+        }
         match packet {
             Packet::Join(j) => self.on_join(now, from, j),
             Packet::Commit(c) => self.handle_commit(now, c),
