@@ -39,6 +39,62 @@ pub struct SimConfig {
     pub safety_ms: u64,
     /// The run is a failure if the liveness phase has not delivered everything by then.
     pub limit_ms: u64,
+    /// Test only: a fault planted in what daemon d2 records, which the checker must catch.
+    pub planted: Option<Planted>,
+}
+
+/// Faults the simulator can plant in a run's history, to prove the checker catches them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Planted {
+    /// d2 misses an agreed message.
+    SkipMessage,
+    /// d2 delivers a message in a view it was not sent in.
+    WrongView,
+    /// d2 delivers two agreed messages in the opposite order.
+    SwapAgreed,
+    /// d2 installs the first view without d3.
+    ViewWithoutMember,
+}
+
+fn plant(history: &mut [Record], fault: Planted) -> Vec<Record> {
+    let agreed = |r: &Record| {
+        r.p == "d2" && matches!(&r.ev, Event::Deliver { service, .. } if service.at_least_agreed())
+    };
+    let mut h = history.to_vec();
+    match fault {
+        Planted::SkipMessage => {
+            if let Some(i) = h.iter().position(agreed) {
+                h.remove(i);
+            }
+        }
+        Planted::WrongView => {
+            if let Some(r) = h.iter_mut().find(|r| agreed(r)) {
+                if let Event::Deliver { view, .. } = &mut r.ev {
+                    *view = ViewId(view.0 + 1, view.1.clone());
+                }
+            }
+        }
+        Planted::SwapAgreed => {
+            let idx: Vec<usize> = (0..h.len()).filter(|i| agreed(&h[*i])).take(2).collect();
+            if let [a, b] = idx[..] {
+                let (ta, tb) = (h[a].t, h[b].t);
+                h.swap(a, b);
+                h[a].t = ta;
+                h[b].t = tb;
+            }
+        }
+        Planted::ViewWithoutMember => {
+            if let Some(r) = h
+                .iter_mut()
+                .find(|r| r.p == "d2" && matches!(r.ev, Event::View { .. }))
+            {
+                if let Event::View { members, .. } = &mut r.ev {
+                    members.retain(|m| m != "d3");
+                }
+            }
+        }
+    }
+    h
 }
 
 impl SimConfig {
@@ -50,6 +106,7 @@ impl SimConfig {
             faults: FaultMix::Swarm,
             safety_ms: 500,
             limit_ms: 20_000,
+            planted: None,
         }
     }
 }
@@ -447,6 +504,9 @@ pub fn run(cfg: &SimConfig) -> SimResult {
         rotation_us,
         converge_us: 0,
     };
+    if let Some(fault) = cfg.planted {
+        sim.history = plant(&mut sim.history, fault);
+    }
     SimResult {
         stats,
         seed: cfg.seed,

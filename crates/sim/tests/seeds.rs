@@ -99,3 +99,29 @@ fn regression_membership_seed_879_commit_token_with_other_members() {
     };
     assert!(check(&r.history, &cfg).is_empty());
 }
+
+/// The checker can fail: each fault the simulator can plant in a run is caught.
+#[test]
+fn planted_faults_are_caught() {
+    use conclave_sim::Planted;
+    for (fault, expect) in [
+        (Planted::SkipMessage, &["V1", "O3", "L2", "O4"][..]),
+        (Planted::WrongView, &["M3", "D2"][..]),
+        (Planted::SwapAgreed, &["O3"][..]),
+        (Planted::ViewWithoutMember, &["M4"][..]),
+    ] {
+        for seed in 0..10 {
+            let mut cfg = SimConfig::new(seed);
+            cfg.daemons = 3;
+            cfg.messages = 20;
+            cfg.planted = Some(fault);
+            let r = run(&cfg);
+            let v = check(&r.history, &Config::default());
+            assert!(
+                v.iter().any(|v| expect.contains(&v.property)),
+                "{fault:?} in seed {seed} not caught as {expect:?}: {:?}",
+                v.iter().map(|v| v.property).collect::<Vec<_>>()
+            );
+        }
+    }
+}
