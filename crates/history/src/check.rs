@@ -80,8 +80,6 @@ struct Delivery {
     payload: String,
     rec: usize,
     t: u64,
-    /// Position among this process's events.
-    pos: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -364,7 +362,6 @@ fn gather(records: &[Record], rep: &mut Report<'_>) -> Facts {
                     payload: payload.clone(),
                     rec: i,
                     t: r.t,
-                    pos,
                 });
                 f.timeline
                     .entry(proc)
@@ -803,92 +800,84 @@ fn order(f: &Facts, rep: &mut Report<'_>) {
     for s in &f.sends {
         sends.entry(s.msg.as_str()).or_insert(s);
     }
-    // O1: per sender and view, FIFO-or-stronger messages in send order, no holes in a regular view.
+    // O1: the place of each FIFO-or-stronger message in its sender's sends of that view.
     let mut send_index: HashMap<&str, usize> = HashMap::new();
-    let mut sender_seqs: HashMap<(&Proc, &str, &ViewId), Vec<&str>> = HashMap::new();
+    let mut sender_count: HashMap<(&Proc, &str, &ViewId), usize> = HashMap::new();
     for s in &f.sends {
         if s.service.at_least_fifo() {
-            let v = sender_seqs
+            let c = sender_count
                 .entry((&s.proc, s.group.as_str(), &s.view))
                 .or_default();
-            send_index.insert(s.msg.as_str(), v.len());
-            v.push(s.msg.as_str());
+            send_index.insert(s.msg.as_str(), *c);
+            *c += 1;
         }
     }
-    // O2: the causal past of each causal-or-stronger message, within its view.
-    let causal_past = causal_pasts(f);
+    // O2: vector clocks of the causal-or-stronger messages, within their view.
+    let clocks = causal_clocks(f);
     for (proc, steps) in &f.timeline {
-        let mut got: HashMap<&str, usize> = HashMap::new();
+        // Per sender and view: FIFO messages delivered in order so far; causal ones, counted.
+        let mut next: HashMap<(&str, &str, &ViewId), usize> = HashMap::new();
+        let mut causal_got: HashMap<(&str, &str, &ViewId), u32> = HashMap::new();
         for st in steps {
             let Step::Deliver(di) = st else { continue };
             let d = &f.deliveries[*di];
             let Some(s) = sends.get(d.msg.as_str()) else {
                 continue;
             };
-            if d.service.at_least_fifo() {
-                if let Some(k) = send_index.get(d.msg.as_str()) {
-                    let seq = &sender_seqs[&(&s.proc, s.group.as_str(), &s.view)];
-                    for earlier in &seq[..*k] {
-                        match got.get(earlier) {
-                            Some(_) => {}
-                            None if d.in_trans => {
-                                // A hole is allowed in the transitional part, not a reversal.
-                                if f.deliveries.iter().any(|x| {
-                                    &x.proc == proc && x.msg == *earlier && x.pos > d.pos
-                                }) {
-                                    rep.add(
-                                        "O1",
-                                        format!("{} delivered {} before the earlier {earlier}", proc.0, d.msg),
-                                        &[d.rec],
-                                    );
-                                }
-                            }
-                            None => rep.add(
-                                "O1",
-                                format!(
-                                    "{} delivered {} in regular view {} without the earlier {earlier}",
-                                    proc.0, d.msg, d.view
-                                ),
-                                &[sends[earlier].rec, d.rec],
-                            ),
-                        }
-                    }
+            let key = (s.proc.0.as_str(), d.group.as_str(), &s.view);
+            if let (true, Some(&k)) = (d.service.at_least_fifo(), send_index.get(d.msg.as_str())) {
+                let n = next.entry(key).or_default();
+                // In a regular view no hole and no reversal; in the transitional part holes are
+                // allowed, reversals are not.
+                if k < *n || (!d.in_trans && k > *n) {
+                    rep.add(
+                        "O1",
+                        format!(
+                            "{} delivered {} (number {} from {} in {}) after {} of that sender's messages",
+                            proc.0, d.msg, k + 1, s.proc.0, s.view, *n
+                        ),
+                        &[s.rec, d.rec],
+                    );
                 }
+                *n = (*n).max(k + 1);
             }
             if d.service.at_least_causal() {
-                if let Some(past) = causal_past.get(d.msg.as_str()) {
-                    for m1 in past {
-                        if got.contains_key(m1) {
-                            continue;
-                        }
-                        let later = f
-                            .deliveries
-                            .iter()
-                            .find(|x| &x.proc == proc && x.msg == *m1 && x.pos > d.pos);
-                        if !d.in_trans || later.is_some() {
-                            let mut recs = vec![d.rec];
-                            recs.extend(later.map(|x| x.rec));
+                if let (false, Some(vc)) = (d.in_trans, clocks.get(d.msg.as_str())) {
+                    for (sender, need) in vc {
+                        let need = if *sender == s.proc.0.as_str() {
+                            need - 1
+                        } else {
+                            *need
+                        };
+                        let have = causal_got
+                            .get(&(*sender, d.group.as_str(), &s.view))
+                            .copied()
+                            .unwrap_or(0);
+                        if have < need {
                             rep.add(
                                 "O2",
                                 format!(
-                                    "{} delivered {} without first delivering {m1}, which causally precedes it",
-                                    proc.0, d.msg
+                                    "{} delivered {} having delivered {have} causal messages of {sender} in {}, but {need} precede it",
+                                    proc.0, d.msg, s.view
                                 ),
-                                &recs,
+                                &[s.rec, d.rec],
                             );
+                            break;
                         }
                     }
                 }
+                *causal_got.entry(key).or_default() += 1;
             }
-            got.insert(d.msg.as_str(), d.pos);
         }
     }
     agreed(f, rep);
 }
 
-/// Causal pasts (within one view) of the causal-or-stronger messages.
-fn causal_pasts(f: &Facts) -> HashMap<&str, BTreeSet<&str>> {
-    let mut past: HashMap<&str, BTreeSet<&str>> = HashMap::new();
+/// Vector clocks (within one view) of the causal-or-stronger messages: for each sender, how many
+/// of its causal-or-stronger messages precede the message, the message itself included for its
+/// own sender. The transitional part is not held to causal order across senders (FIFO holds).
+fn causal_clocks(f: &Facts) -> HashMap<&str, BTreeMap<&str, u32>> {
+    let mut clocks: HashMap<&str, BTreeMap<&str, u32>> = HashMap::new();
     // Process events in time order (a send precedes its deliveries); ties by record index.
     let mut events: Vec<(u64, usize, bool, usize)> = Vec::new();
     for (i, s) in f.sends.iter().enumerate() {
@@ -902,27 +891,25 @@ fn causal_pasts(f: &Facts) -> HashMap<&str, BTreeSet<&str>> {
         }
     }
     events.sort_unstable();
-    // What each process incarnation knows, per group and view.
-    let mut knows: HashMap<(&Proc, &str, &ViewId), BTreeSet<&str>> = HashMap::new();
+    let mut now: HashMap<(&Proc, &str, &ViewId), BTreeMap<&str, u32>> = HashMap::new();
     for (_, _, is_send, i) in events {
         if is_send {
             let s = &f.sends[i];
-            let k = knows
-                .entry((&s.proc, s.group.as_str(), &s.view))
-                .or_default();
-            past.insert(s.msg.as_str(), k.clone());
-            k.insert(s.msg.as_str());
+            let vc = now.entry((&s.proc, s.group.as_str(), &s.view)).or_default();
+            *vc.entry(s.proc.0.as_str()).or_default() += 1;
+            clocks.insert(s.msg.as_str(), vc.clone());
         } else {
             let d = &f.deliveries[i];
-            let p = past.get(d.msg.as_str()).cloned().unwrap_or_default();
-            let k = knows
-                .entry((&d.proc, d.group.as_str(), &d.view))
-                .or_default();
-            k.extend(p);
-            k.insert(d.msg.as_str());
+            if let Some(m) = clocks.get(d.msg.as_str()).cloned() {
+                let vc = now.entry((&d.proc, d.group.as_str(), &d.view)).or_default();
+                for (k, v) in m {
+                    let e = vc.entry(k).or_default();
+                    *e = (*e).max(v);
+                }
+            }
         }
     }
-    past
+    clocks
 }
 
 /// O3: one order of agreed and safe messages and views everywhere; no holes in a regular view.

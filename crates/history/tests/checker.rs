@@ -203,3 +203,76 @@ fn a_violation_names_its_property_and_shows_the_lines() {
     assert!(i2.excerpt.len() == 2 && i2.excerpt.iter().all(|l| l.contains("\"deliver\"")));
     assert!(i2.to_string().starts_with("I2: "));
 }
+
+fn line(t: u64, p: &str, ev: &str) -> String {
+    format!(r#"{{"t":{t},"p":"{p}",{ev}}}"#)
+}
+
+/// Three members in one view; `body` follows.
+fn three(body: &[String]) -> Vec<Record> {
+    let mut l = Vec::new();
+    for p in ["c1", "c2", "c3"] {
+        l.push(line(1, p, r#""ev":"view","group":"g","view":[1,"c1"],"members":["c1","c2","c3"],"transitional":["PP"]"#.replace("PP", p).as_str()));
+    }
+    l.extend_from_slice(body);
+    let text = l.join("\n");
+    conclave_history::record::read(text.as_bytes()).unwrap()
+}
+
+fn send(t: u64, p: &str, m: &str, service: &str) -> String {
+    line(
+        t,
+        p,
+        &format!(
+            r#""ev":"send","group":"g","msg":"{m}","service":"{service}","view":[1,"c1"],"payload":"{m}""#
+        ),
+    )
+}
+fn deliver(t: u64, p: &str, m: &str, from: &str, service: &str) -> String {
+    line(
+        t,
+        p,
+        &format!(
+            r#""ev":"deliver","group":"g","msg":"{m}","sender":"{from}","service":"{service}","view":[1,"c1"],"transitional":false,"payload":"{m}""#
+        ),
+    )
+}
+
+#[test]
+fn a_causal_order_violation_is_o2_and_a_fifo_one_is_o1() {
+    // c2 delivers m1 from c1, then sends m2: m1 precedes m2. c3 delivers m2 first.
+    let h = three(&[
+        send(2, "c1", "m1", "causal"),
+        deliver(3, "c1", "m1", "c1", "causal"),
+        deliver(4, "c2", "m1", "c1", "causal"),
+        send(5, "c2", "m2", "causal"),
+        deliver(6, "c2", "m2", "c2", "causal"),
+        deliver(7, "c1", "m2", "c2", "causal"),
+        deliver(8, "c3", "m2", "c2", "causal"),
+        deliver(9, "c3", "m1", "c1", "causal"),
+    ]);
+    let v = check(&h, &Config::default());
+    assert!(props(&v).contains(&"O2"), "{:?}", props(&v));
+    // c1 sends a then b, FIFO; c2 delivers b then a.
+    let h = three(&[
+        send(2, "c1", "a", "fifo"),
+        send(3, "c1", "b", "fifo"),
+        deliver(4, "c1", "a", "c1", "fifo"),
+        deliver(5, "c1", "b", "c1", "fifo"),
+        deliver(6, "c2", "b", "c1", "fifo"),
+        deliver(7, "c2", "a", "c1", "fifo"),
+    ]);
+    let v = check(&h, &Config::default());
+    assert!(props(&v).contains(&"O1"), "{:?}", props(&v));
+    // And in the right order, neither.
+    let h = three(&[
+        send(2, "c1", "a", "fifo"),
+        send(3, "c1", "b", "fifo"),
+        deliver(4, "c1", "a", "c1", "fifo"),
+        deliver(5, "c1", "b", "c1", "fifo"),
+        deliver(6, "c2", "a", "c1", "fifo"),
+        deliver(7, "c2", "b", "c1", "fifo"),
+    ]);
+    let v = check(&h, &Config::default());
+    assert!(!props(&v).contains(&"O1"), "{:?}", props(&v));
+}
