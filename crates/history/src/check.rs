@@ -1178,16 +1178,18 @@ fn liveness(f: &Facts, cfg: &Config, rep: &mut Report<'_>) {
         }
         // L2: everything sent in the final view reaches every member of it.
         if let Some(fv) = final_view {
+            let delivered: HashSet<(&str, &str)> = f
+                .deliveries
+                .iter()
+                .filter(|d| d.group == g && d.view == fv.view)
+                .map(|d| (d.proc.0.as_str(), d.msg.as_str()))
+                .collect();
             for s in f.sends.iter().filter(|s| s.group == g && s.view == fv.view) {
                 if s.service == Service::Unreliable {
                     continue;
                 }
                 for p in &should {
-                    let got = f
-                        .deliveries
-                        .iter()
-                        .any(|d| d.proc.0 == *p && d.group == g && d.msg == s.msg);
-                    if !got {
+                    if !delivered.contains(&(*p, s.msg.as_str())) {
                         rep.add(
                             "L2",
                             format!(

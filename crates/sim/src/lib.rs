@@ -41,6 +41,8 @@ pub struct SimConfig {
     pub limit_ms: u64,
     /// Test only: a fault planted in what daemon d2 records, which the checker must catch.
     pub planted: Option<Planted>,
+    /// Send every message with this service type (by default each draws one of the six).
+    pub service: Option<ServiceType>,
 }
 
 /// Faults the simulator can plant in a run's history, to prove the checker catches them.
@@ -107,6 +109,7 @@ impl SimConfig {
             safety_ms: 500,
             limit_ms: 20_000,
             planted: None,
+            service: None,
         }
     }
 }
@@ -457,7 +460,8 @@ pub fn run(cfg: &SimConfig) -> SimResult {
                 }
             }
             What::Submit { node, k } => {
-                let s = SERVICES[(sim.rng.next_u32() % 6) as usize];
+                let drawn = SERVICES[(sim.rng.next_u32() % 6) as usize];
+                let s = cfg.service.unwrap_or(drawn);
                 let msg = format!("{}/0/{k}", name(node as DaemonId + 1));
                 let body = Body::Client {
                     client: name(node as DaemonId + 1),

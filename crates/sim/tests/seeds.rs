@@ -125,3 +125,23 @@ fn planted_faults_are_caught() {
         }
     }
 }
+
+/// 9,000 agreed messages from each daemon, under loss, duplication and reordering: one order
+/// everywhere (O3), everything delivered (L2).
+#[test]
+fn nine_thousand_agreed_messages_per_daemon_in_one_order() {
+    let mut cfg = SimConfig::new(9000);
+    cfg.daemons = 3;
+    cfg.messages = 9000;
+    cfg.safety_ms = 2_000;
+    cfg.service = Some(conclave_wire::gcs::ServiceType::Agreed);
+    let r = run(&cfg);
+    assert!(r.completed);
+    assert_eq!(r.delivered, 3 * 3 * 9000);
+    let v = check(&r.history, &Config::default());
+    assert!(
+        v.is_empty(),
+        "{}",
+        v.iter().map(|v| v.to_string()).collect::<String>()
+    );
+}
