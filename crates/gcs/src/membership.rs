@@ -146,6 +146,11 @@ impl Membership {
         matches!(self.state, State::Operational { .. })
     }
 
+    /// The members of the ring this daemon is operational in (empty while it gathers or commits).
+    pub fn ring_members(&self) -> Vec<DaemonId> {
+        self.members_of_ring()
+    }
+
     fn members_of_ring(&self) -> Vec<DaemonId> {
         match &self.state {
             State::Operational { ordering, .. } => ordering.members().to_vec(),

@@ -155,6 +155,10 @@ pub struct Stats {
     pub rotation_us: u64,
     /// Membership runs: from the end of the faults to one ring of all daemons, microseconds.
     pub converge_us: u64,
+    /// Membership runs: from each change of the network (partition, merge, crash, restart) to
+    /// every live daemon operational in a ring of exactly the live daemons it can reach; one
+    /// entry per change that settled before the next, microseconds.
+    pub topology_settle_us: Vec<u64>,
 }
 
 fn pct(v: &mut [u64], p: f64) -> u64 {
@@ -507,6 +511,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
         safe_latency_us_p99: pct(&mut sim.safe_lat, 0.99),
         rotation_us,
         converge_us: 0,
+        topology_settle_us: Vec::new(),
     };
     if let Some(fault) = cfg.planted {
         sim.history = plant(&mut sim.history, fault);

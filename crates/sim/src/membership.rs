@@ -83,6 +83,8 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     // Crashes: a dead daemon neither sends nor receives; it comes back as a new incarnation.
     let mut alive: Vec<bool> = vec![true; n];
     let mut inc: Vec<u32> = vec![0; n];
+    let mut changed_at: Option<u64> = None;
+    let mut settle: Vec<u64> = Vec::new();
     let mut touched: Vec<usize> = (0..n).collect();
     loop {
         // Outputs of the daemons that just ran.
@@ -135,6 +137,24 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                     armed[i] = Some(t);
                     timers.push(Reverse((t, i)));
                 }
+            }
+        }
+        // After a change of the network: has every live daemon a ring of exactly the live
+        // daemons of its component?
+        if let Some(since) = changed_at {
+            let settled = (0..n).filter(|i| alive[*i]).all(|i| {
+                let mut want: Vec<DaemonId> = (0..n)
+                    .filter(|j| alive[*j] && comp[*j] == comp[i])
+                    .map(|j| j as DaemonId + 1)
+                    .collect();
+                want.sort_unstable();
+                let mut have = nodes[i].ring_members();
+                have.sort_unstable();
+                nodes[i].is_operational() && have == want
+            });
+            if settled {
+                settle.push(now - since);
+                changed_at = None;
             }
         }
         // Convergence: one operational ring of everyone, after the faults stopped.
@@ -202,6 +222,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             let k = 1 + (rng.next_u32() % 3) as usize;
             comp = (0..n).map(|_| (rng.next_u32() as usize) % k).collect();
             next_change = now + 100_000 + rng.next_u64() % 400_000;
+            changed_at = Some(now);
             // Sometimes a daemon crashes, or a crashed one restarts.
             let i = (rng.next_u32() as usize) % n;
             match rng.next_u32() % 4 {
@@ -261,6 +282,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 (Some(s), Some(c)) => c - s,
                 _ => 0,
             },
+            topology_settle_us: settle,
             ..Stats::default()
         },
     }
