@@ -142,7 +142,8 @@ impl Member {
         epoch: u64,
         keys: Vec<(KeyRef, GroupKey)>,
         shape: GraphShape,
-    ) -> Member {
+    ) -> Result<Member, MemberError> {
+        check_slot(cfg.graph, slot)?;
         let group_key = keys.last().map(|(r, _)| *r);
         let keys = keys
             .into_iter()
@@ -164,7 +165,7 @@ impl Member {
                 version: *v,
             });
         }
-        m
+        Ok(m)
     }
 
     /// The server moved this member (compaction): from `ack.epoch` on its keys follow the new

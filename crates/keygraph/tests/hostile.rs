@@ -42,6 +42,7 @@ fn setup(signing: Signing, strategy: Strategy) -> Setup {
                 keys,
                 server.shape(),
             )
+            .unwrap()
         })
         .collect();
     Setup {
@@ -112,7 +113,8 @@ fn tampered_and_truncated_messages_change_nothing() {
                                 degree: 4,
                                 height: 2,
                             },
-                        );
+                        )
+                        .unwrap();
                     }
                     Ok(a) => {
                         panic!("{signing:?}: flipping bit {flip:#x} of byte {i} applied: {a:?}")
@@ -176,7 +178,8 @@ fn foreign_skipped_and_misaddressed_messages_are_refused() {
     let mut other_cfg = member_config(&s.server);
     other_cfg.group = "elsewhere".into();
     let (slot, keys) = s.server.member_keys(UserId(1)).unwrap();
-    let mut stranger = Member::with_keys(other_cfg, UserId(1), slot, 0, keys, s.server.shape());
+    let mut stranger =
+        Member::with_keys(other_cfg, UserId(1), slot, 0, keys, s.server.shape()).unwrap();
     assert!(matches!(
         stranger.handle_rekey(&first),
         Err(MemberError::WrongGroup(_))
@@ -237,5 +240,36 @@ fn server_refuses_bad_requests_with_typed_errors() {
     assert!(matches!(
         s.queue_join(UserId(13), &k),
         Err(conclave_keygraph::ServerError::BatchOnComplete)
+    ));
+}
+
+#[test]
+fn members_refuse_slots_their_graph_cannot_have() {
+    let cfg = MemberConfig {
+        group: "c".into(),
+        graph: GraphKind::Complete,
+        aead: AeadAlg::Aes256Gcm,
+        server: None,
+    };
+    let ack = conclave_keygraph::JoinAck {
+        user: UserId(1),
+        slot: conclave_keygraph::Slot(64),
+        epoch: 1,
+    };
+    assert_eq!(
+        Member::new(cfg.clone(), &ack, GroupKey::from_bytes([1; 32])).unwrap_err(),
+        MemberError::BadSlot(conclave_keygraph::Slot(64))
+    );
+    let shape = conclave_wire::lkh::GraphShape::Complete { members: 1 };
+    assert!(matches!(
+        Member::with_keys(
+            cfg,
+            UserId(1),
+            conclave_keygraph::Slot(12),
+            0,
+            vec![],
+            shape
+        ),
+        Err(MemberError::BadSlot(_))
     ));
 }

@@ -2,10 +2,13 @@
 //! duplicates, delays and reorders packets as the seed decides; every run is recorded as a
 //! history (docs/history.md) and judged by the checker. One seed replays one run exactly.
 //!
-//! This first version runs the ordering of one fixed ring (`conclave_gcs::ordering`): a safety
-//! phase with faults, then a fault-free phase in which everything sent must be delivered
-//! everywhere. Membership changes, partitions, crashes and client groups join as the daemon core
-//! grows (docs/gcs.md).
+//! Two kinds of run for now: the ordering of one fixed ring (`conclave_gcs::ordering`) with
+//! messages of every service type, and daemon membership ([`run_membership`]) with partitions,
+//! crashes and restarts. Each has a safety phase with faults, then a fault-free phase in which
+//! everything sent must be delivered everywhere, or one ring of all daemons form. The two event
+//! loops become one when messages survive ring changes (the recovery phase); until then each
+//! keeps its own draw order, so that every recorded seed replays. Client groups join as the
+//! daemon core grows (docs/gcs.md).
 
 mod membership;
 pub use membership::{run_membership, MembershipSimConfig};
@@ -124,6 +127,13 @@ pub struct Network {
     pub delay_max_us: u64,
 }
 
+impl Network {
+    /// A packet's delay from one random draw.
+    pub(crate) fn delay_us(&self, draw: u64) -> u64 {
+        self.delay_min_us + draw % (self.delay_max_us - self.delay_min_us + 1)
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct SimResult {
     pub seed: u64,
@@ -239,8 +249,8 @@ impl Sim {
         p > 0.0 && (self.rng.next_u64() as f64 / u64::MAX as f64) < p
     }
     fn delay(&mut self) -> u64 {
-        let span = self.net.delay_max_us - self.net.delay_min_us + 1;
-        self.net.delay_min_us + self.rng.next_u64() % span
+        let draw = self.rng.next_u64();
+        self.net.delay_us(draw)
     }
     fn lost(&mut self) -> bool {
         if !self.faulty {

@@ -111,8 +111,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                         1
                     };
                     for _ in 0..copies {
-                        let d = net.delay_min_us
-                            + rng.next_u64() % (net.delay_max_us - net.delay_min_us + 1);
+                        let d = net.delay_us(rng.next_u64());
                         order += 1;
                         queue.push(Reverse((now + d, order, i, j, bytes.clone())));
                     }

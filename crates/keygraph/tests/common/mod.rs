@@ -76,7 +76,7 @@ impl World {
         let shape = w.server.shape();
         for u in 0..n {
             let (slot, keys) = w.server.member_keys(UserId(u)).unwrap();
-            let m = Member::with_keys(w.member_config(), UserId(u), slot, 0, keys, shape);
+            let m = Member::with_keys(w.member_config(), UserId(u), slot, 0, keys, shape).unwrap();
             w.joined_at.insert(u, 0);
             w.members.insert(u, m);
         }
