@@ -20,6 +20,6 @@ fuzz_target!(|data: &[u8]| {
             Err(_) => m.handle_timeout(now),
         }
         while m.poll_transmit().is_some() {}
-        while m.poll_configuration().is_some() {}
+        while m.poll_event().is_some() {}
     }
 });

@@ -5,5 +5,5 @@
 pub mod membership;
 pub mod ordering;
 
-pub use membership::{Configuration, Membership, MembershipConfig};
-pub use ordering::{Delivered, Dest, Ordering, OrderingConfig, OrderingError, Transmit};
+pub use membership::{Configuration, Membership, MembershipConfig, RingEvent};
+pub use ordering::{Delivered, Dest, Finished, Ordering, OrderingConfig, OrderingError, Transmit};

@@ -18,13 +18,36 @@
 //! are ignored. A daemon keeps nothing across a crash: it restarts as a new incarnation, which
 //! ring ids carry so that a restarted daemon's rings never share an id with its earlier ones.
 //!
-//! Departure, for now: the recovery phase of §4.3 (retransmitting the old ring's messages so that
-//! members that move together deliver the same ones, then the transitional configuration of EVS)
-//! is the next step; so is keeping the old ring's undelivered messages across a change. Until
-//! then the simulator checks daemon views only when rings change.
+//! Recovery (TOCS §4.3) and the installation of the new configuration (§4.4) follow the commit
+//! token's second rotation. The new ring starts in recovery: each member retransmits on it,
+//! marked with their origin, the messages of its old ring it holds above the lowest `aru` that
+//! the members coming from that ring reported in the commit token, then a
+//! [`Body::RecoveryDone`] marker. New messages wait. Once a member has delivered, in the new
+//! ring's order, the marker of every member, it holds every message of its old ring that any
+//! member coming with it holds; once the token shows that every member holds every marker (its
+//! `aru` covered the last one on two successive visits), it delivers those by extended virtual
+//! synchrony
+//! ([`Ordering::finish`]): in the old regular configuration what may be delivered there, then the
+//! transitional signal, the rest in the transitional configuration, then the new regular
+//! configuration. A membership change during recovery sends the daemon back to gather with its
+//! old ring's messages (and whatever recovery brought it) still held.
+//!
+//! The second condition matters: a member that loses the new ring after the others installed it
+//! still holds everything they delivered of the old ring (it had every marker), goes back to
+//! gather, and delivers those messages with its next configuration; had each member ended
+//! recovery on its own markers alone, it could miss a safe message the others delivered in a
+//! transitional configuration naming it.
+//!
+//! Departures from Totem: recovery ends on the markers rather than on the token's retransmission
+//! flag, which is simpler to reason about with in-order delivery and costs one small message per
+//! member. Every member retransmits every message it
+//! holds above the low `aru`, not only those another member lacks: more traffic at a ring
+//! change, no per-message bookkeeping. Messages queued but not yet sent on the old ring are sent
+//! on the new one once it is installed (they belong to the configuration in which they are
+//! first sent). While gathering, nothing more of the old ring is received or delivered.
 
-use crate::ordering::{Dest, Ordering, OrderingConfig, Transmit};
-use conclave_wire::gcs::{Commit, CommitEntry, DaemonId, Join, Packet, RingId};
+use crate::ordering::{Delivered, Dest, Ordering, OrderingConfig, OrderingError, Transmit};
+use conclave_wire::gcs::{Body, Commit, CommitEntry, DaemonId, Join, Packet, RingId};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Timeouts in milliseconds.
@@ -65,6 +88,27 @@ pub struct Configuration {
     pub transitional: Vec<DaemonId>,
 }
 
+/// What the ring layer tells the layer above, in the order it happens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RingEvent {
+    /// A message this daemon submitted went out on `ring` (it is sent in that configuration).
+    Sent { ring: RingId, seq: u64, body: Body },
+    /// A message of `ring`, in its regular configuration or (`transitional`) in the
+    /// transitional configuration that follows it.
+    Deliver {
+        ring: RingId,
+        seq: u64,
+        sender: DaemonId,
+        body: Body,
+        transitional: bool,
+    },
+    /// What follows until the next configuration is delivered in `ring`'s transitional
+    /// configuration.
+    TransitionalSignal { ring: RingId },
+    /// A new regular configuration.
+    Configuration(Configuration),
+}
+
 enum State {
     Gather {
         procs: BTreeSet<DaemonId>,
@@ -79,8 +123,22 @@ enum State {
         members: Vec<DaemonId>,
         by: u64,
     },
-    Operational {
+    /// The new ring runs, carrying the old rings' messages (TOCS §4.3).
+    Recovery {
         ordering: Box<Ordering>,
+        /// Members that came from this daemon's old ring.
+        transitional: Vec<DaemonId>,
+        /// The highest sequence number of the old ring any of them delivered.
+        max_delivered: u64,
+        /// Members whose recovery marker was delivered.
+        done: BTreeSet<DaemonId>,
+        /// The sequence number of the last marker, once all are in.
+        done_at: Option<u64>,
+        /// New messages of members that installed the new ring before this one did.
+        early: Vec<Delivered>,
+        last_token: u64,
+    },
+    Operational {
         last_token: u64,
         next_merge_detect: u64,
     },
@@ -90,12 +148,16 @@ pub struct Membership {
     cfg: MembershipConfig,
     me: DaemonId,
     state: State,
-    /// The ring this daemon last installed.
-    ring: Option<RingId>,
+    /// The regular configuration this daemon last installed: its ring, running while
+    /// operational, frozen (its messages kept for recovery) from gather until the next one is
+    /// installed.
+    regular: Option<Box<Ordering>>,
+    /// Messages submitted while no ring may send them.
+    waiting: VecDeque<Body>,
     max_ring_seq: u64,
     incarnation: u32,
     out: VecDeque<Transmit>,
-    configs: VecDeque<Configuration>,
+    events: VecDeque<RingEvent>,
 }
 
 /// Ring sequence numbers above this are refused: no ring gets there (one a microsecond would take
@@ -116,50 +178,80 @@ impl Membership {
             cfg,
             me,
             state: State::Operational {
-                ordering: Box::new(Ordering::new(
-                    OrderingConfig::default(),
-                    me,
-                    RingId {
-                        seq: 0,
-                        rep: me,
-                        inc: incarnation,
-                    },
-                    vec![me],
-                )),
                 last_token: now,
                 next_merge_detect: now,
             },
-            ring: None,
+            regular: None,
+            waiting: VecDeque::new(),
             max_ring_seq: 0,
             incarnation,
             out: VecDeque::new(),
-            configs: VecDeque::new(),
+            events: VecDeque::new(),
         };
         m.gather(now, BTreeSet::new());
         m
     }
 
+    /// The ring of the regular configuration this daemon last installed.
     pub fn ring(&self) -> Option<RingId> {
-        self.ring
+        self.regular.as_ref().map(|o| o.ring())
     }
     pub fn is_operational(&self) -> bool {
         matches!(self.state, State::Operational { .. })
     }
 
-    /// The members of the ring this daemon is operational in (empty while it gathers or commits).
+    /// The members of the ring this daemon is operational in (empty while it gathers, commits or
+    /// recovers).
     pub fn ring_members(&self) -> Vec<DaemonId> {
-        self.members_of_ring()
+        match (&self.state, &self.regular) {
+            (State::Operational { .. }, Some(o)) => o.members().to_vec(),
+            _ => Vec::new(),
+        }
     }
 
+    /// Queues a message to be sent to every daemon of the configuration in which it goes out
+    /// (reported by [`RingEvent::Sent`]).
+    pub fn submit(&mut self, body: Body) -> Result<(), OrderingError> {
+        match (&self.state, &mut self.regular) {
+            (State::Operational { .. }, Some(o)) => o.submit(body),
+            _ if self.waiting.len() >= self.cfg.ordering.max_queued => {
+                Err(OrderingError::QueueFull {
+                    max: self.cfg.ordering.max_queued,
+                })
+            }
+            _ => {
+                self.waiting.push_back(body);
+                Ok(())
+            }
+        }
+    }
+
+    /// The members of the ring this daemon runs (the new one while recovering).
     fn members_of_ring(&self) -> Vec<DaemonId> {
-        match &self.state {
-            State::Operational { ordering, .. } => ordering.members().to_vec(),
+        match (&self.state, &self.regular) {
+            (State::Operational { .. }, Some(o)) => o.members().to_vec(),
+            (State::Recovery { ordering, .. }, _) => ordering.members().to_vec(),
             _ => Vec::new(),
+        }
+    }
+
+    /// The ring this daemon runs, if any.
+    fn running_ring(&self) -> Option<RingId> {
+        match (&self.state, &self.regular) {
+            (State::Operational { .. }, Some(o)) => Some(o.ring()),
+            (State::Recovery { ordering, .. }, _) => Some(ordering.ring()),
+            _ => None,
         }
     }
 
     fn gather(&mut self, now: u64, also: BTreeSet<DaemonId>) {
         let mut procs: BTreeSet<DaemonId> = self.members_of_ring().into_iter().collect();
+        if let (State::Operational { .. }, Some(o)) = (&self.state, &mut self.regular) {
+            // The old ring is frozen; what it has not sent goes out on the next one.
+            let mut q = o.take_queue();
+            q.extend(self.waiting.drain(..));
+            self.waiting = q;
+        }
         procs.extend(also);
         procs.insert(self.me);
         self.state = State::Gather {
@@ -252,7 +344,7 @@ impl Membership {
 
     /// The ring a daemon that has installed none counts as coming from.
     fn placeholder(&self) -> RingId {
-        self.ring.unwrap_or(RingId {
+        self.ring().unwrap_or(RingId {
             seq: 0,
             rep: self.me,
             inc: self.incarnation,
@@ -263,8 +355,8 @@ impl Membership {
         CommitEntry {
             id: self.me,
             old_ring: self.placeholder(),
-            old_aru: 0,
-            high_delivered: 0,
+            old_aru: self.regular.as_ref().map_or(0, |o| o.my_aru()),
+            high_delivered: self.regular.as_ref().map_or(0, |o| o.delivered_up_to()),
             filled: true,
         }
     }
@@ -286,9 +378,9 @@ impl Membership {
         });
     }
 
-    /// Installs the ring of a commit token; refuses (returns false) a token that would not
-    /// move this daemon forward from the ring it is in: an older ring, or one whose first
-    /// rotation saw this daemon in another ring (a stale token).
+    /// Starts recovery on the ring of a commit token; refuses (returns false) a token that
+    /// would not move this daemon forward from the ring it is in: an older ring, or one whose
+    /// first rotation saw this daemon in another ring (a stale token).
     fn install(&mut self, now: u64, commit: &Commit) -> bool {
         let members: Vec<DaemonId> = commit.members.iter().map(|e| e.id).collect();
         let my_old = self.placeholder();
@@ -298,30 +390,107 @@ impl Membership {
         if mine.old_ring != my_old || commit.ring.seq <= my_old.seq {
             return false;
         }
-        let transitional: Vec<DaemonId> = commit
+        let from_mine: Vec<&CommitEntry> = commit
             .members
             .iter()
-            .filter(|e| e.old_ring == my_old && (self.ring.is_some() || e.id == self.me))
-            .map(|e| e.id)
+            .filter(|e| e.old_ring == my_old && (self.regular.is_some() || e.id == self.me))
             .collect();
-        self.ring = Some(commit.ring);
+        let transitional: Vec<DaemonId> = from_mine.iter().map(|e| e.id).collect();
+        let low = from_mine.iter().map(|e| e.old_aru).min().unwrap_or(0);
+        let max_delivered = from_mine
+            .iter()
+            .map(|e| e.high_delivered)
+            .max()
+            .unwrap_or(0);
+        let mut recovery: Vec<_> = match &self.regular {
+            Some(o) => o
+                .held_above(low)
+                .map(|d| (Some((o.ring(), d.seq, d.sender)), d.body.clone()))
+                .collect(),
+            None => Vec::new(),
+        };
+        recovery.push((None, Body::RecoveryDone));
         self.max_ring_seq = self.max_ring_seq.max(commit.ring.seq);
-        self.state = State::Operational {
-            ordering: Box::new(Ordering::new(
+        self.state = State::Recovery {
+            ordering: Box::new(Ordering::recovering(
                 self.cfg.ordering.clone(),
                 self.me,
                 commit.ring,
-                members.clone(),
+                members,
+                recovery,
             )),
-            last_token: now,
-            next_merge_detect: now + ms(self.cfg.merge_detect_ms),
-        };
-        self.configs.push_back(Configuration {
-            ring: commit.ring,
-            members,
             transitional,
-        });
+            max_delivered,
+            done: BTreeSet::new(),
+            done_at: None,
+            early: Vec::new(),
+            last_token: now,
+        };
         true
+    }
+
+    /// Every member's recovery marker is in: the old ring's last messages, the transitional
+    /// configuration, and the new regular configuration (TOCS §4.4).
+    fn end_recovery(&mut self, now: u64) {
+        let State::Recovery {
+            ordering,
+            transitional,
+            max_delivered,
+            early,
+            ..
+        } = std::mem::replace(
+            &mut self.state,
+            State::Operational {
+                last_token: now,
+                next_merge_detect: now + ms(self.cfg.merge_detect_ms),
+            },
+        )
+        else {
+            return;
+        };
+        if let Some(old) = &mut self.regular {
+            let ring = old.ring();
+            let mut signalled = false;
+            for f in old.finish(max_delivered) {
+                if f.transitional && !signalled {
+                    signalled = true;
+                    self.events.push_back(RingEvent::TransitionalSignal { ring });
+                }
+                self.events.push_back(RingEvent::Deliver {
+                    ring,
+                    seq: f.seq,
+                    sender: f.sender,
+                    body: f.body,
+                    transitional: f.transitional,
+                });
+            }
+            if !signalled {
+                self.events.push_back(RingEvent::TransitionalSignal { ring });
+            }
+        }
+        let mut ordering = ordering;
+        ordering.end_recovery();
+        for body in self.waiting.drain(..) {
+            // The queue held no more than the limit before; it holds no more now.
+            let _ = ordering.submit(body);
+        }
+        self.events
+            .push_back(RingEvent::Configuration(Configuration {
+                ring: ordering.ring(),
+                members: ordering.members().to_vec(),
+                transitional,
+            }));
+        let ring = ordering.ring();
+        for d in early {
+            self.events.push_back(RingEvent::Deliver {
+                ring,
+                seq: d.seq,
+                sender: d.sender,
+                body: d.body,
+                transitional: false,
+            });
+        }
+        self.regular = Some(ordering);
     }
 
     fn handle_commit(&mut self, now: u64, mut c: Commit) {
@@ -334,8 +503,8 @@ impl Membership {
             return;
         }
         self.max_ring_seq = self.max_ring_seq.max(c.ring.seq);
-        if c.rotation == 2 && c.ring.rep == self.me && self.ring == Some(c.ring) {
-            // The second rotation is back: every member has installed the ring.
+        if c.rotation == 2 && c.ring.rep == self.me && self.running_ring() == Some(c.ring) {
+            // The second rotation is back: every member is in the new ring.
             self.start_token(now);
             return;
         }
@@ -347,7 +516,7 @@ impl Membership {
                 let live: Vec<DaemonId> = procs.difference(failed).copied().collect();
                 c.rotation == 1 && live == ids && live.first() == Some(&c.ring.rep)
             }
-            State::Operational { .. } => false,
+            State::Operational { .. } | State::Recovery { .. } => false,
         };
         if !agrees {
             return;
@@ -382,16 +551,82 @@ impl Membership {
     }
 
     fn start_token(&mut self, now: u64) {
-        if let State::Operational { ordering, .. } = &mut self.state {
+        if let State::Recovery { ordering, .. } = &mut self.state {
             ordering.start(now);
-            self.drain_ordering();
         }
+        self.drain_ordering(now);
     }
 
-    fn drain_ordering(&mut self) {
-        if let State::Operational { ordering, .. } = &mut self.state {
-            while let Some(t) = ordering.poll_transmit() {
-                self.out.push_back(t);
+    /// The running ring's packets, sends and deliveries; deliveries during recovery feed it.
+    fn drain_ordering(&mut self, now: u64) {
+        loop {
+            let (ring, d, from_member, members) = {
+                let ordering = match (&mut self.state, &mut self.regular) {
+                    (State::Recovery { ordering, .. }, _) => ordering,
+                    (State::Operational { .. }, Some(o)) => o,
+                    _ => return,
+                };
+                let ring = ordering.ring();
+                while let Some(t) = ordering.poll_transmit() {
+                    self.out.push_back(t);
+                }
+                while let Some((seq, body)) = ordering.poll_sent() {
+                    self.events.push_back(RingEvent::Sent { ring, seq, body });
+                }
+                let stable = ordering.stable_up_to();
+                let Some(d) = ordering.poll_delivery() else {
+                    // Recovery ends once every member holds every marker (so every member holds
+                    // every retransmission: whoever installs the new ring, the others hold all
+                    // it delivers of their old ring, and deliver it, here or after another
+                    // gather).
+                    if let State::Recovery {
+                        done_at: Some(at), ..
+                    } = &self.state
+                    {
+                        if stable >= *at {
+                            self.end_recovery(now);
+                            continue;
+                        }
+                    }
+                    return;
+                };
+                let from_member = ordering.members().contains(&d.sender);
+                (ring, d, from_member, ordering.members().len())
+            };
+            match &mut self.state {
+                State::Recovery {
+                    done,
+                    done_at,
+                    early,
+                    ..
+                } => {
+                    match (d.origin, d.body) {
+                        (Some((old, seq, sender)), body) => {
+                            if let Some(o) = self.regular.as_mut().filter(|o| o.ring() == old) {
+                                o.insert_recovered(seq, sender, body);
+                            }
+                        }
+                        (None, Body::RecoveryDone) if from_member => {
+                            done.insert(d.sender);
+                            if done.len() == members {
+                                *done_at = Some(d.seq);
+                            }
+                        }
+                        (None, Body::RecoveryDone) => {}
+                        (None, body) => early.push(Delivered { body, ..d }),
+                    }
+                }
+                _ => {
+                    if d.origin.is_none() && d.body != Body::RecoveryDone {
+                        self.events.push_back(RingEvent::Deliver {
+                            ring,
+                            seq: d.seq,
+                            sender: d.sender,
+                            body: d.body,
+                            transitional: false,
+                        });
+                    }
+                }
             }
         }
     }
@@ -413,27 +648,32 @@ impl Membership {
             Packet::MergeDetect { ring } => {
                 self.max_ring_seq = self.max_ring_seq.max(ring.seq);
                 if let State::Operational { .. } = self.state {
-                    if Some(ring) != self.ring && ring.rep != self.me {
+                    if Some(ring) != self.running_ring() && ring.rep != self.me {
                         // Another ring can hear us: merge.
                         self.gather(now, [ring.rep].into_iter().collect());
                     }
                 }
             }
             p @ (Packet::Token(_) | Packet::Data(_)) => {
-                if let State::Operational {
-                    ordering,
-                    last_token,
-                    ..
-                } = &mut self.state
-                {
-                    if let Packet::Token(t) = &p {
-                        if t.ring == ordering.ring() {
-                            *last_token = now;
-                        }
+                let (ordering, last_token) = match (&mut self.state, &mut self.regular) {
+                    (
+                        State::Recovery {
+                            ordering,
+                            last_token,
+                            ..
+                        },
+                        _,
+                    ) => (ordering, last_token),
+                    (State::Operational { last_token, .. }, Some(o)) => (o, last_token),
+                    _ => return,
+                };
+                if let Packet::Token(t) = &p {
+                    if t.ring == ordering.ring() {
+                        *last_token = now;
                     }
-                    ordering.handle_packet(now, p);
-                    self.drain_ordering();
                 }
+                ordering.handle_packet(now, p);
+                self.drain_ordering(now);
             }
         }
     }
@@ -446,10 +686,11 @@ impl Membership {
             return;
         }
         self.max_ring_seq = j.ring_seq;
-        if let State::Operational { .. } | State::Commit { .. } = self.state {
+        if let State::Operational { .. } | State::Commit { .. } | State::Recovery { .. } = self.state
+        {
             // A join from a member of this ring that predates the ring is a late one.
             let stale = self
-                .ring
+                .running_ring()
                 .is_some_and(|r| j.ring_seq < r.seq && self.members_of_ring().contains(&from));
             if stale || matches!(self.state, State::Commit { .. }) && j.ring_seq < self.max_ring_seq
             {
@@ -491,12 +732,29 @@ impl Membership {
     }
 
     pub fn handle_timeout(&mut self, now: u64) {
-        match &mut self.state {
-            State::Operational {
-                ordering,
-                last_token,
-                next_merge_detect,
-            } => {
+        match (&mut self.state, &mut self.regular) {
+            (
+                State::Recovery {
+                    ordering,
+                    last_token,
+                    ..
+                },
+                _,
+            ) => {
+                if now >= *last_token + ms(self.cfg.token_loss_ms) {
+                    self.gather(now, BTreeSet::new());
+                    return;
+                }
+                ordering.handle_timeout(now);
+                self.drain_ordering(now);
+            }
+            (
+                State::Operational {
+                    last_token,
+                    next_merge_detect,
+                },
+                Some(ordering),
+            ) => {
                 if now >= *last_token + ms(self.cfg.token_loss_ms) {
                     self.gather(now, BTreeSet::new());
                     return;
@@ -512,20 +770,24 @@ impl Membership {
                         });
                     }
                 }
-                self.drain_ordering();
+                self.drain_ordering(now);
             }
-            State::Commit { by, .. } => {
+            (State::Operational { .. }, None) => {}
+            (State::Commit { by, .. }, _) => {
                 if now >= *by {
                     self.gather(now, BTreeSet::new());
                 }
             }
-            State::Gather {
-                procs,
-                failed,
-                heard,
-                next_join,
-                consensus_by,
-            } => {
+            (
+                State::Gather {
+                    procs,
+                    failed,
+                    heard,
+                    next_join,
+                    consensus_by,
+                },
+                _,
+            ) => {
                 if now >= *consensus_by {
                     // Give up on those who have not agreed.
                     let mine = (procs.clone(), failed.clone());
@@ -546,24 +808,36 @@ impl Membership {
     }
 
     pub fn poll_timeout(&self) -> Option<u64> {
-        match &self.state {
-            State::Operational {
-                ordering,
-                last_token,
-                next_merge_detect,
-            } => {
-                let mut t = (*last_token + ms(self.cfg.token_loss_ms)).min(*next_merge_detect);
-                if let Some(o) = ordering.poll_timeout() {
-                    t = t.min(o);
-                }
-                Some(t)
+        let loss = |last_token: u64| last_token + ms(self.cfg.token_loss_ms);
+        match (&self.state, &self.regular) {
+            (
+                State::Recovery {
+                    ordering,
+                    last_token,
+                    ..
+                },
+                _,
+            ) => Some(ordering.poll_timeout().map_or(loss(*last_token), |o| o.min(loss(*last_token)))),
+            (
+                State::Operational {
+                    last_token,
+                    next_merge_detect,
+                },
+                Some(ordering),
+            ) => {
+                let t = loss(*last_token).min(*next_merge_detect);
+                Some(ordering.poll_timeout().map_or(t, |o| o.min(t)))
             }
-            State::Commit { by, .. } => Some(*by),
-            State::Gather {
-                next_join,
-                consensus_by,
-                ..
-            } => Some((*next_join).min(*consensus_by)),
+            (State::Operational { .. }, None) => None,
+            (State::Commit { by, .. }, _) => Some(*by),
+            (
+                State::Gather {
+                    next_join,
+                    consensus_by,
+                    ..
+                },
+                _,
+            ) => Some((*next_join).min(*consensus_by)),
         }
     }
 
@@ -571,8 +845,9 @@ impl Membership {
         self.out.pop_front()
     }
 
-    /// Configurations installed, in order.
-    pub fn poll_configuration(&mut self) -> Option<Configuration> {
-        self.configs.pop_front()
+    /// What happened, in order: messages sent and delivered, transitional signals,
+    /// configurations.
+    pub fn poll_event(&mut self) -> Option<RingEvent> {
+        self.events.pop_front()
     }
 }

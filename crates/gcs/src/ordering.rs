@@ -59,17 +59,36 @@ pub struct Transmit {
     pub packet: Packet,
 }
 
+/// Where a message retransmitted during recovery comes from: its old ring, its sequence number
+/// there, its original sender.
+pub type Origin = (RingId, u64, DaemonId);
+
 /// A message delivered in the ring's total order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivered {
     pub seq: u64,
     pub sender: DaemonId,
+    /// For a message of an old ring retransmitted during recovery: that ring, its sequence
+    /// number there and its original sender.
+    pub origin: Option<Origin>,
     pub body: Body,
 }
 
-fn service_of(b: &Body) -> ServiceType {
-    match b {
-        Body::Client { service, .. } => *service,
+/// A message of this ring delivered when the ring ends ([`Ordering::finish`]): in the regular
+/// configuration or in the transitional one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finished {
+    pub seq: u64,
+    pub sender: DaemonId,
+    pub body: Body,
+    pub transitional: bool,
+}
+
+fn service_of(d: &Data) -> ServiceType {
+    match &d.body {
+        // Retransmissions of an old ring are delivered by the membership layer, in the old
+        // ring's order; here they only need to arrive in order.
+        Body::Client { service, .. } if d.origin.is_none() => *service,
         // Membership of client groups travels agreed.
         _ => ServiceType::Agreed,
     }
@@ -95,8 +114,14 @@ pub struct Ordering {
     /// The token as last passed on, and when, for retransmission.
     last_sent: Option<(Token, u64)>,
     queue: VecDeque<Body>,
+    /// Recovery retransmissions of an old ring, sent before anything of `queue`.
+    recovery: VecDeque<(Option<Origin>, Body)>,
+    /// While recovering, the messages of `queue` wait: they belong to the configuration this
+    /// ring becomes once recovery ends.
+    hold_queue: bool,
     out: VecDeque<Transmit>,
     delivered_out: VecDeque<Delivered>,
+    sent_out: VecDeque<(u64, Body)>,
     started: bool,
     refused: u64,
 }
@@ -124,8 +149,11 @@ impl Ordering {
             last_token_seq: 0,
             last_sent: None,
             queue: VecDeque::new(),
+            recovery: VecDeque::new(),
+            hold_queue: false,
             out: VecDeque::new(),
             delivered_out: VecDeque::new(),
+            sent_out: VecDeque::new(),
             started: false,
             refused: 0,
         }
@@ -159,6 +187,107 @@ impl Ordering {
             .position(|m| *m == self.me)
             .expect("member");
         self.members[(i + 1) % self.members.len()]
+    }
+
+    /// A ring in recovery (TOCS §4.3): it sends `recovery` (retransmissions of an old ring, then
+    /// the [`Body::RecoveryDone`] marker) and holds back new messages until
+    /// [`Ordering::end_recovery`].
+    pub fn recovering(
+        cfg: OrderingConfig,
+        me: DaemonId,
+        ring: RingId,
+        members: Vec<DaemonId>,
+        recovery: Vec<(Option<Origin>, Body)>,
+    ) -> Ordering {
+        let mut o = Ordering::new(cfg, me, ring, members);
+        o.recovery = recovery.into();
+        o.hold_queue = true;
+        o
+    }
+
+    /// Recovery is over: new messages may go out.
+    pub fn end_recovery(&mut self) {
+        self.hold_queue = false;
+    }
+
+    /// Takes the messages not yet sent (the ring is ending; they go out on the next one).
+    pub fn take_queue(&mut self) -> VecDeque<Body> {
+        std::mem::take(&mut self.queue)
+    }
+
+    /// Every member holds every message up to here (the token's `aru` on two successive visits).
+    pub fn stable_up_to(&self) -> u64 {
+        self.aru_now.min(self.aru_prev)
+    }
+
+    /// Every message up to here received.
+    pub fn my_aru(&self) -> u64 {
+        self.my_aru
+    }
+
+    /// The messages held with sequence numbers above `low`, for recovery.
+    pub fn held_above(&self, low: u64) -> impl Iterator<Item = &Data> {
+        self.buffer.range(low + 1..).map(|(_, d)| d)
+    }
+
+    /// Adds a message of this ring that another member retransmitted during recovery; nothing
+    /// is delivered (the ring has ended: [`Ordering::finish`] delivers).
+    pub fn insert_recovered(&mut self, seq: u64, sender: DaemonId, body: Body) {
+        if seq == 0 || seq <= self.delivered || self.buffer.contains_key(&seq) {
+            return;
+        }
+        if seq > self.horizon() {
+            self.refused += 1;
+            return;
+        }
+        self.high_seq = self.high_seq.max(seq);
+        self.buffer.insert(
+            seq,
+            Data {
+                ring: self.ring,
+                seq,
+                sender,
+                origin: None,
+                body,
+            },
+        );
+        while self.buffer.contains_key(&(self.my_aru + 1)) {
+            self.my_aru += 1;
+        }
+    }
+
+    /// The ring has ended and recovery is over: delivers what is left, by extended virtual
+    /// synchrony (Moser et al., ICDCS 1994; TOCS §4.4). Members that came to the next ring
+    /// together now hold the same messages of this one. In the regular configuration: in
+    /// order, everything up to `max_delivered` (some of them delivered it there already), then
+    /// on while there is no hole and no safe message (its stability in the whole old ring is
+    /// unknown). The rest, holes skipped, in the transitional configuration.
+    pub fn finish(&mut self, max_delivered: u64) -> Vec<Finished> {
+        let mut out = Vec::new();
+        let mut s = self.delivered + 1;
+        while let Some(d) = self.buffer.get(&s) {
+            if s > max_delivered && service_of(d) == ServiceType::Safe {
+                break;
+            }
+            out.push(Finished {
+                seq: s,
+                sender: d.sender,
+                body: d.body.clone(),
+                transitional: false,
+            });
+            s += 1;
+        }
+        for (seq, d) in self.buffer.range(s..) {
+            out.push(Finished {
+                seq: *seq,
+                sender: d.sender,
+                body: d.body.clone(),
+                transitional: true,
+            });
+        }
+        self.delivered = self.buffer.last_key_value().map_or(self.delivered, |(s, _)| *s);
+        self.buffer.clear();
+        out
     }
 
     /// Queues a message for the next token visit.
@@ -251,13 +380,14 @@ impl Ordering {
         while self.delivered < self.my_aru {
             let s = self.delivered + 1;
             let d = &self.buffer[&s];
-            if service_of(&d.body) == ServiceType::Safe && s > safe_to {
+            if service_of(d) == ServiceType::Safe && s > safe_to {
                 break;
             }
             self.delivered = s;
             self.delivered_out.push_back(Delivered {
                 seq: s,
                 sender: d.sender,
+                origin: d.origin,
                 body: d.body.clone(),
             });
         }
@@ -306,16 +436,25 @@ impl Ordering {
             .min(self.cfg.max_per_visit as u64);
         let mut sent = 0;
         while sent < room {
-            let Some(body) = self.queue.pop_front() else {
+            let (origin, body) = if let Some(r) = self.recovery.pop_front() {
+                r
+            } else if self.hold_queue {
+                break;
+            } else if let Some(b) = self.queue.pop_front() {
+                (None, b)
+            } else {
                 break;
             };
             t.seq += 1;
             sent += 1;
+            if origin.is_none() && body != Body::RecoveryDone {
+                self.sent_out.push_back((t.seq, body.clone()));
+            }
             let d = Data {
                 ring: self.ring,
                 seq: t.seq,
                 sender: self.me,
-                origin: None,
+                origin,
                 body,
             };
             self.out.push_back(Transmit {
@@ -334,7 +473,7 @@ impl Ordering {
             t.aru_id = if t.aru == t.seq { None } else { Some(self.me) };
         }
         t.fcc = sent as u32;
-        t.backlog = self.queue.len().min(u32::MAX as usize) as u32;
+        t.backlog = (self.queue.len() + self.recovery.len()).min(u32::MAX as usize) as u32;
         // The successor accepts it for its higher number; `last_token_seq` stays at the number
         // received, so that on a ring of one the token comes back to its only member.
         t.token_seq += 1;
@@ -374,5 +513,10 @@ impl Ordering {
 
     pub fn poll_delivery(&mut self) -> Option<Delivered> {
         self.delivered_out.pop_front()
+    }
+
+    /// Messages of the queue as they are first sent: their sequence number and body.
+    pub fn poll_sent(&mut self) -> Option<(u64, Body)> {
+        self.sent_out.pop_front()
     }
 }

@@ -2,13 +2,13 @@
 //! duplicates, delays and reorders packets as the seed decides; every run is recorded as a
 //! history (docs/history.md) and judged by the checker. One seed replays one run exactly.
 //!
-//! Two kinds of run for now: the ordering of one fixed ring (`conclave_gcs::ordering`) with
-//! messages of every service type, and daemon membership ([`run_membership`]) with partitions,
-//! crashes and restarts. Each has a safety phase with faults, then a fault-free phase in which
-//! everything sent must be delivered everywhere, or one ring of all daemons form. The two event
-//! loops become one when messages survive ring changes (the recovery phase); until then each
-//! keeps its own draw order, so that every recorded seed replays. Client groups join as the
-//! daemon core grows (docs/gcs.md).
+//! Two kinds of run: the ordering of one fixed ring (`conclave_gcs::ordering`) with messages of
+//! every service type, under heavier loss, for the ordering protocol's own measurements; and
+//! full daemon runs ([`run_membership`]): partitions, crashes and restarts, with messages of
+//! every service type sent throughout, so that recovery and extended virtual synchrony are
+//! checked across every ring change. Each has a safety phase with faults, then a fault-free
+//! phase in which everything sent must be delivered everywhere, and one ring of all daemons form.
+//! Client groups join as the daemon core grows (docs/gcs.md).
 
 mod membership;
 pub use membership::{run_membership, MembershipSimConfig};
@@ -186,7 +186,7 @@ enum What {
     Submit { node: usize, k: usize },
 }
 
-const SERVICES: [ServiceType; 6] = [
+pub(crate) const SERVICES: [ServiceType; 6] = [
     ServiceType::Unreliable,
     ServiceType::Reliable,
     ServiceType::Fifo,
@@ -195,7 +195,7 @@ const SERVICES: [ServiceType; 6] = [
     ServiceType::Safe,
 ];
 
-fn service(s: ServiceType) -> Service {
+pub(crate) fn service(s: ServiceType) -> Service {
     match s {
         ServiceType::Unreliable => Service::Unreliable,
         ServiceType::Reliable => Service::Reliable,
@@ -305,6 +305,8 @@ impl Sim {
                 }
             }
         }
+        // The send was recorded at submission: one fixed ring, nothing to wait for.
+        while self.nodes[i].poll_sent().is_some() {}
         while let Some(d) = self.nodes[i].poll_delivery() {
             if let Body::Client {
                 service: s,

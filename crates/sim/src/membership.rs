@@ -1,12 +1,14 @@
-//! Daemon membership under partitions, merges, crashes and restarts, loss and delay: the daemons'
-//! views are recorded
-//! (group "" in the history) and judged by the checker; after the faults stop (crashed daemons
-//! restarted), every daemon must end in one ring of all daemons, without flapping.
+//! Daemon membership under partitions, merges, crashes and restarts, loss and delay, with
+//! messages of all six service types sent throughout: the daemons' configurations, transitional
+//! signals, sends and deliveries are recorded (group "" in the history) and judged by the
+//! checker, so extended virtual synchrony across ring changes is checked; after the faults stop
+//! (crashed daemons restarted), every daemon must end in one ring of all daemons, without
+//! flapping, and everything sent in it must be delivered everywhere.
 
-use crate::{Network, SimResult, Stats};
-use conclave_gcs::{Dest, Membership, MembershipConfig};
+use crate::{service, Network, SimResult, Stats, SERVICES};
+use conclave_gcs::{Dest, Membership, MembershipConfig, RingEvent};
 use conclave_history::{Event, Record, ViewId};
-use conclave_wire::gcs::{DaemonId, Packet};
+use conclave_wire::gcs::{Body, DaemonId, Packet, RingId};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use std::cmp::Reverse;
@@ -35,6 +37,86 @@ impl MembershipSimConfig {
 
 fn name(d: DaemonId) -> String {
     format!("d{d}")
+}
+
+fn view_id(ring: RingId) -> ViewId {
+    ViewId(ring.seq, format!("{}.{}", name(ring.rep), ring.inc))
+}
+
+/// Records what daemon `i` reports: its sends, deliveries, transitional signals and
+/// configurations. Returns the number of deliveries and of configurations.
+fn record_events(
+    node: &mut Membership,
+    who: &str,
+    inc: u32,
+    now: u64,
+    history: &mut Vec<Record>,
+) -> (u64, u64) {
+    let (mut delivered, mut views) = (0, 0);
+    let rec = |ev| Record {
+        t: now,
+        p: who.to_owned(),
+        inc,
+        ev,
+    };
+    let client = |body: &Body| match body {
+        Body::Client {
+            service: s,
+            payload,
+            ..
+        } => Some((service(*s), String::from_utf8_lossy(payload).into_owned())),
+        _ => None,
+    };
+    while let Some(ev) = node.poll_event() {
+        match ev {
+            RingEvent::Sent { ring, body, .. } => {
+                if let Some((service, msg)) = client(&body) {
+                    history.push(rec(Event::Send {
+                        group: String::new(),
+                        msg: msg.clone(),
+                        service,
+                        view: view_id(ring),
+                        payload: msg,
+                    }));
+                }
+            }
+            RingEvent::Deliver {
+                ring,
+                sender,
+                body,
+                transitional,
+                ..
+            } => {
+                if let Some((service, msg)) = client(&body) {
+                    delivered += 1;
+                    history.push(rec(Event::Deliver {
+                        group: String::new(),
+                        msg: msg.clone(),
+                        sender: name(sender),
+                        service,
+                        view: view_id(ring),
+                        transitional,
+                        payload: msg,
+                    }));
+                }
+            }
+            RingEvent::TransitionalSignal { .. } => {
+                history.push(rec(Event::TransSignal {
+                    group: String::new(),
+                }));
+            }
+            RingEvent::Configuration(c) => {
+                views += 1;
+                history.push(rec(Event::View {
+                    group: String::new(),
+                    view: view_id(c.ring),
+                    members: c.members.iter().map(|m| name(*m)).collect(),
+                    transitional: c.transitional.iter().map(|m| name(*m)).collect(),
+                }));
+            }
+        }
+    }
+    (delivered, views)
 }
 
 /// Runs one seed of the membership simulation.
@@ -76,7 +158,12 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     let end = safety + cfg.settle_ms * 1000;
     let mut now = 0u64;
     let mut faulty = true;
-    let (mut packets, mut views) = (0u64, 0u64);
+    let (mut packets, mut views, mut delivered) = (0u64, 0u64, 0u64);
+    // Messages: one every `send_gap_us` on average, from a daemon drawn at random, until
+    // shortly after the run has converged (so that everything sent can still be delivered).
+    let send_gap_us = 500 + rng.next_u64() % 10_000;
+    let mut next_send = rng.next_u64() % send_gap_us;
+    let mut sent_count: Vec<u64> = vec![0; n];
     let mut stable_at: Option<u64> = None;
     let mut converged_at: Option<u64> = None;
     let mut armed: Vec<Option<u64>> = vec![None; n];
@@ -117,20 +204,9 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                     }
                 }
             }
-            while let Some(c) = nodes[i].poll_configuration() {
-                views += 1;
-                history.push(Record {
-                    t: now,
-                    p: name(i as DaemonId + 1),
-                    inc: inc[i],
-                    ev: Event::View {
-                        group: String::new(),
-                        view: ViewId(c.ring.seq, format!("{}.{}", name(c.ring.rep), c.ring.inc)),
-                        members: c.members.iter().map(|m| name(*m)).collect(),
-                        transitional: c.transitional.iter().map(|m| name(*m)).collect(),
-                    },
-                });
-            }
+            let (d, v) = record_events(&mut nodes[i], &names[i], inc[i], now, &mut history);
+            delivered += d;
+            views += v;
             if let Some(t) = nodes[i].poll_timeout() {
                 if armed[i] != Some(t) {
                     armed[i] = Some(t);
@@ -180,7 +256,9 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         } else {
             None
         };
-        let Some(t) = [next_packet, next_timer, next_topology]
+        let sending = converged_at.is_none_or(|c| next_send < c + 500_000);
+        let next_submit = sending.then_some(next_send);
+        let Some(t) = [next_packet, next_timer, next_topology, next_submit]
             .into_iter()
             .flatten()
             .min()
@@ -250,6 +328,25 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             }
             continue;
         }
+        if next_submit == Some(t) {
+            next_send = now + 1 + rng.next_u64() % (2 * send_gap_us);
+            let i = (rng.next_u32() as usize) % n;
+            let s = SERVICES[(rng.next_u32() % 6) as usize];
+            if alive[i] {
+                let msg = format!("{}/{}/{}", names[i], inc[i], sent_count[i]);
+                sent_count[i] += 1;
+                let body = Body::Client {
+                    client: names[i].clone(),
+                    groups: vec!["daemons".into()],
+                    service: s,
+                    payload: msg.into_bytes(),
+                };
+                // A full queue refuses; the message was never sent.
+                let _ = nodes[i].submit(body);
+                touched.push(i);
+            }
+            continue;
+        }
         if next_packet == Some(t) {
             let Reverse((_, _, from, to, bytes)) = queue.pop().expect("peeked");
             if alive[to] {
@@ -271,7 +368,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         seed: cfg.seed,
         network: net,
         history,
-        delivered: 0,
+        delivered,
         views,
         packets,
         sim_us: now,

@@ -110,6 +110,11 @@ pub enum Body {
         group: String,
         view: u64,
     },
+    /// During recovery (TOCS §4.3): the sender has retransmitted on the new ring every message
+    /// of its old ring it holds that a member of the new ring may lack. Once a member has this
+    /// marker from every member, in order, it holds everything of its old ring that anyone who
+    /// came with it holds.
+    RecoveryDone,
 }
 
 /// A message on the ring.
@@ -242,6 +247,7 @@ impl Body {
                 w.name(group, MAX_NAME_BYTES);
                 w.u64(*view);
             }
+            Body::RecoveryDone => w.u8(6),
         }
     }
 
@@ -283,6 +289,7 @@ impl Body {
                 group: r.name("group", MAX_NAME_BYTES)?,
                 view: r.u64("view")?,
             },
+            6 => Body::RecoveryDone,
             tag => return Err(DecodeError::BadTag { what: "body", tag }),
         })
     }
@@ -511,6 +518,7 @@ mod tests {
                 group,
                 view
             }),
+            Just(Body::RecoveryDone),
         ]
     }
     fn packet() -> impl Strategy<Value = Packet> {
