@@ -42,9 +42,12 @@
 //! flag, which is simpler to reason about with in-order delivery and costs one small message per
 //! member. Every member retransmits every message it
 //! holds above the low `aru`, not only those another member lacks: more traffic at a ring
-//! change, no per-message bookkeeping. Messages queued but not yet sent on the old ring are sent
-//! on the new one once it is installed (they belong to the configuration in which they are
-//! first sent). While gathering, nothing more of the old ring is received or delivered.
+//! change, no per-message bookkeeping. Messages accepted while the old ring was installed but
+//! never sent on it (the ring broke first) are retransmitted too, as *unsequenced* messages of
+//! the old ring, and delivered at the end of its transitional configuration by sender and
+//! number: so every message is delivered in the configuration in which it was accepted, which is
+//! what the group layer's views rest on. While gathering, nothing more of the old ring is
+//! received or delivered.
 
 use crate::ordering::{Delivered, Dest, Ordering, OrderingConfig, OrderingError, Transmit};
 use conclave_wire::gcs::{Body, Commit, CommitEntry, DaemonId, Join, Packet, RingId};
@@ -91,7 +94,9 @@ pub struct Configuration {
 /// What the ring layer tells the layer above, in the order it happens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RingEvent {
-    /// A message this daemon submitted went out on `ring` (it is sent in that configuration).
+    /// A message this daemon submitted went out on `ring` (it is sent in that configuration);
+    /// `seq` is 0 for one that `ring` never ordered (it broke first), which is delivered in its
+    /// transitional configuration.
     Sent { ring: RingId, seq: u64, body: Body },
     /// A message of `ring`, in its regular configuration or (`transitional`) in the
     /// transitional configuration that follows it.
@@ -246,12 +251,6 @@ impl Membership {
 
     fn gather(&mut self, now: u64, also: BTreeSet<DaemonId>) {
         let mut procs: BTreeSet<DaemonId> = self.members_of_ring().into_iter().collect();
-        if let (State::Operational { .. }, Some(o)) = (&self.state, &mut self.regular) {
-            // The old ring is frozen; what it has not sent goes out on the next one.
-            let mut q = o.take_queue();
-            q.extend(self.waiting.drain(..));
-            self.waiting = q;
-        }
         procs.extend(also);
         procs.insert(self.me);
         self.state = State::Gather {
@@ -402,11 +401,17 @@ impl Membership {
             .map(|e| e.high_delivered)
             .max()
             .unwrap_or(0);
-        let mut recovery: Vec<_> = match &self.regular {
-            Some(o) => o
-                .held_above(low)
-                .map(|d| (Some((o.ring(), d.seq, d.sender)), d.body.clone()))
-                .collect(),
+        let mut recovery = match &mut self.regular {
+            Some(o) => {
+                // What was accepted while the old ring was installed and never went out on it
+                // is sent now, in that configuration, and delivered in its transitional part.
+                let ring = o.ring();
+                for body in o.close_unsent(self.waiting.drain(..)) {
+                    self.events
+                        .push_back(RingEvent::Sent { ring, seq: 0, body });
+                }
+                o.for_recovery(low)
+            }
             None => Vec::new(),
         };
         recovery.push((None, Body::RecoveryDone));

@@ -13,7 +13,9 @@
 //! timeout); flow control is a per-visit and a ring-wide window (§3.3 without the `fcc`/`backlog`
 //! sharing); messages are not batched into packets.
 
-use conclave_wire::gcs::{Body, DaemonId, Data, Packet, RingId, ServiceType, Token, MAX_RTR};
+use conclave_wire::gcs::{
+    Body, DaemonId, Data, Packet, RingId, ServiceType, Token, MAX_RING_MEMBERS, MAX_RTR,
+};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Tunables, in milliseconds and messages.
@@ -62,6 +64,12 @@ pub struct Transmit {
 /// Where a message retransmitted during recovery comes from: its old ring, its sequence number
 /// there, its original sender.
 pub type Origin = (RingId, u64, DaemonId);
+
+/// An origin sequence number with this bit set names not a place in the old ring's order but the
+/// sender's k-th message (k below the bit) that was accepted while the old ring was installed and
+/// never ordered on it: the ring broke first. Such messages are delivered at the end of the old
+/// ring's transitional configuration, by sender and k.
+pub const UNSEQUENCED: u64 = 1 << 63;
 
 /// A message delivered in the ring's total order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,6 +122,10 @@ pub struct Ordering {
     /// The token as last passed on, and when, for retransmission.
     last_sent: Option<(Token, u64)>,
     queue: VecDeque<Body>,
+    /// Messages accepted while this ring was the installed one but never ordered on it, by
+    /// sender and number: this member's own, and others' received during recovery.
+    unsequenced: BTreeMap<(DaemonId, u64), Body>,
+    next_unsequenced: u64,
     /// Recovery retransmissions of an old ring, sent before anything of `queue`.
     recovery: VecDeque<(Option<Origin>, Body)>,
     /// While recovering, the messages of `queue` wait: they belong to the configuration this
@@ -149,6 +161,8 @@ impl Ordering {
             last_token_seq: 0,
             last_sent: None,
             queue: VecDeque::new(),
+            unsequenced: BTreeMap::new(),
+            next_unsequenced: 0,
             recovery: VecDeque::new(),
             hold_queue: false,
             out: VecDeque::new(),
@@ -210,11 +224,6 @@ impl Ordering {
         self.hold_queue = false;
     }
 
-    /// Takes the messages not yet sent (the ring is ending; they go out on the next one).
-    pub fn take_queue(&mut self) -> VecDeque<Body> {
-        std::mem::take(&mut self.queue)
-    }
-
     /// Every member holds every message up to here (the token's `aru` on two successive visits).
     pub fn stable_up_to(&self) -> u64 {
         self.aru_now.min(self.aru_prev)
@@ -225,14 +234,50 @@ impl Ordering {
         self.my_aru
     }
 
-    /// The messages held with sequence numbers above `low`, for recovery.
-    pub fn held_above(&self, low: u64) -> impl Iterator<Item = &Data> {
-        self.buffer.range(low + 1..).map(|(_, d)| d)
+    /// What recovery retransmits of this ring: the messages held with sequence numbers above
+    /// `low`, then every unsequenced message held.
+    pub fn for_recovery(&self, low: u64) -> Vec<(Option<Origin>, Body)> {
+        let sequenced = self
+            .buffer
+            .range(low + 1..)
+            .map(|(_, d)| (Some((self.ring, d.seq, d.sender)), d.body.clone()));
+        let unsequenced = self
+            .unsequenced
+            .iter()
+            .map(|((sender, k), b)| (Some((self.ring, UNSEQUENCED | k, *sender)), b.clone()));
+        sequenced.chain(unsequenced).collect()
+    }
+
+    /// The ring has ended: messages accepted while it was installed and not sent on it become
+    /// unsequenced messages of it, delivered in its transitional configuration. Returns them
+    /// (they are sent now, in this ring's configuration).
+    pub fn close_unsent(&mut self, unsent: impl IntoIterator<Item = Body>) -> Vec<Body> {
+        let mut out = Vec::new();
+        for b in self.queue.drain(..).chain(unsent) {
+            if self.next_unsequenced >= UNSEQUENCED {
+                break;
+            }
+            self.unsequenced
+                .insert((self.me, self.next_unsequenced), b.clone());
+            self.next_unsequenced += 1;
+            out.push(b);
+        }
+        out
     }
 
     /// Adds a message of this ring that another member retransmitted during recovery; nothing
     /// is delivered (the ring has ended: [`Ordering::finish`] delivers).
     pub fn insert_recovered(&mut self, seq: u64, sender: DaemonId, body: Body) {
+        if seq & UNSEQUENCED != 0 {
+            if self.unsequenced.len() < self.cfg.max_queued * MAX_RING_MEMBERS {
+                self.unsequenced
+                    .entry((sender, seq & !UNSEQUENCED))
+                    .or_insert(body);
+            } else {
+                self.refused += 1;
+            }
+            return;
+        }
         if seq == 0 || seq <= self.delivered || self.buffer.contains_key(&seq) {
             return;
         }
@@ -261,7 +306,8 @@ impl Ordering {
     /// together now hold the same messages of this one. In the regular configuration: in
     /// order, everything up to `max_delivered` (some of them delivered it there already), then
     /// on while there is no hole and no safe message (its stability in the whole old ring is
-    /// unknown). The rest, holes skipped, in the transitional configuration.
+    /// unknown). The rest, holes skipped, in the transitional configuration, and after them the
+    /// unsequenced messages, by sender and number.
     pub fn finish(&mut self, max_delivered: u64) -> Vec<Finished> {
         let mut out = Vec::new();
         let mut s = self.delivered + 1;
@@ -282,6 +328,14 @@ impl Ordering {
                 seq: *seq,
                 sender: d.sender,
                 body: d.body.clone(),
+                transitional: true,
+            });
+        }
+        for ((sender, k), body) in std::mem::take(&mut self.unsequenced) {
+            out.push(Finished {
+                seq: UNSEQUENCED | k,
+                sender,
+                body,
                 transitional: true,
             });
         }
