@@ -1,9 +1,14 @@
-//! The group communication core of the daemons, as pure state machines (docs/gcs.md): so far the
-//! Totem ordering of one ring ([`ordering`]); membership, client groups and virtual synchrony
-//! come next.
+//! The group communication core of the daemons, as pure state machines (docs/gcs.md): the Totem
+//! ordering of one ring ([`ordering`]), daemon membership with recovery and extended virtual
+//! synchrony ([`membership`]), and client groups with views, flushes and the service types on
+//! top ([`groups`], whose [`Daemon`] is what a daemon process runs).
 
+pub mod groups;
 pub mod membership;
 pub mod ordering;
 
+pub use groups::{
+    ClientCommand, ClientEvent, Daemon, DaemonConfig, DaemonError, GroupViewId, Reason,
+};
 pub use membership::{Configuration, Membership, MembershipConfig, RingEvent};
 pub use ordering::{Delivered, Dest, Finished, Ordering, OrderingConfig, OrderingError, Transmit};

@@ -459,7 +459,8 @@ impl Membership {
             for f in old.finish(max_delivered) {
                 if f.transitional && !signalled {
                     signalled = true;
-                    self.events.push_back(RingEvent::TransitionalSignal { ring });
+                    self.events
+                        .push_back(RingEvent::TransitionalSignal { ring });
                 }
                 self.events.push_back(RingEvent::Deliver {
                     ring,
@@ -470,7 +471,8 @@ impl Membership {
                 });
             }
             if !signalled {
-                self.events.push_back(RingEvent::TransitionalSignal { ring });
+                self.events
+                    .push_back(RingEvent::TransitionalSignal { ring });
             }
         }
         let mut ordering = ordering;
@@ -604,23 +606,21 @@ impl Membership {
                     done_at,
                     early,
                     ..
-                } => {
-                    match (d.origin, d.body) {
-                        (Some((old, seq, sender)), body) => {
-                            if let Some(o) = self.regular.as_mut().filter(|o| o.ring() == old) {
-                                o.insert_recovered(seq, sender, body);
-                            }
+                } => match (d.origin, d.body) {
+                    (Some((old, seq, sender)), body) => {
+                        if let Some(o) = self.regular.as_mut().filter(|o| o.ring() == old) {
+                            o.insert_recovered(seq, sender, body);
                         }
-                        (None, Body::RecoveryDone) if from_member => {
-                            done.insert(d.sender);
-                            if done.len() == members {
-                                *done_at = Some(d.seq);
-                            }
-                        }
-                        (None, Body::RecoveryDone) => {}
-                        (None, body) => early.push(Delivered { body, ..d }),
                     }
-                }
+                    (None, Body::RecoveryDone) if from_member => {
+                        done.insert(d.sender);
+                        if done.len() == members {
+                            *done_at = Some(d.seq);
+                        }
+                    }
+                    (None, Body::RecoveryDone) => {}
+                    (None, body) => early.push(Delivered { body, ..d }),
+                },
                 _ => {
                     if d.origin.is_none() && d.body != Body::RecoveryDone {
                         self.events.push_back(RingEvent::Deliver {
@@ -691,7 +691,8 @@ impl Membership {
             return;
         }
         self.max_ring_seq = j.ring_seq;
-        if let State::Operational { .. } | State::Commit { .. } | State::Recovery { .. } = self.state
+        if let State::Operational { .. } | State::Commit { .. } | State::Recovery { .. } =
+            self.state
         {
             // A join from a member of this ring that predates the ring is a late one.
             let stale = self
@@ -822,7 +823,11 @@ impl Membership {
                     ..
                 },
                 _,
-            ) => Some(ordering.poll_timeout().map_or(loss(*last_token), |o| o.min(loss(*last_token)))),
+            ) => Some(
+                ordering
+                    .poll_timeout()
+                    .map_or(loss(*last_token), |o| o.min(loss(*last_token))),
+            ),
             (
                 State::Operational {
                     last_token,

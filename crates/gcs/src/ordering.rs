@@ -339,7 +339,10 @@ impl Ordering {
                 transitional: true,
             });
         }
-        self.delivered = self.buffer.last_key_value().map_or(self.delivered, |(s, _)| *s);
+        self.delivered = self
+            .buffer
+            .last_key_value()
+            .map_or(self.delivered, |(s, _)| *s);
         self.buffer.clear();
         out
     }

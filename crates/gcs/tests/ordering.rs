@@ -16,6 +16,7 @@ fn msg(service: ServiceType, tag: u8) -> Body {
         client: "c".into(),
         groups: vec!["g".into()],
         service,
+        view: 0,
         payload: vec![tag],
     }
 }

@@ -1116,10 +1116,12 @@ fn liveness(f: &Facts, cfg: &Config, rep: &mut Report<'_>) {
         return;
     };
     let alive: BTreeSet<&str> = procs.iter().map(String::as_str).collect();
-    // The latest incarnation of each stable process, and the groups it is in at the end.
+    // The latest incarnation of each stable process, and the groups it is in at the end. An
+    // incarnation that crashed is over: a process listed as alive runs a later one (which may
+    // not have done anything yet).
     let mut latest: BTreeMap<&str, &Proc> = BTreeMap::new();
     for p in f.timeline.keys().chain(f.joined_at_end.keys()) {
-        if alive.contains(p.0.as_str()) {
+        if alive.contains(p.0.as_str()) && !f.crashed.contains_key(p) {
             let e = latest.entry(p.0.as_str()).or_insert(p);
             if p.1 > e.1 {
                 *e = p;

@@ -483,6 +483,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
                     client: name(node as DaemonId + 1),
                     groups: vec!["g".into()],
                     service: s,
+                    view: 0,
                     payload: msg.clone().into_bytes(),
                 };
                 if sim.nodes[node].submit(body).is_ok() {

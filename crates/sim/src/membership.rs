@@ -1,23 +1,34 @@
-//! Daemon membership under partitions, merges, crashes and restarts, loss and delay, with
-//! messages of all six service types sent throughout: the daemons' configurations, transitional
-//! signals, sends and deliveries are recorded (group "" in the history) and judged by the
-//! checker, so extended virtual synchrony across ring changes is checked; after the faults stop
-//! (crashed daemons restarted), every daemon must end in one ring of all daemons, without
-//! flapping, and everything sent in it must be delivered everywhere.
+//! Full runs: daemons with their clients and groups, under partitions, merges, crashes and
+//! restarts, loss, duplication and delay. Clients join and leave groups (some asking for virtual
+//! synchrony), send messages of all six service types, disconnect and reconnect; a daemon's crash
+//! takes its clients with it. Two levels are recorded in one history and judged by the checker:
+//! each client's group views, transitional signals, flush acknowledgements, sends and deliveries
+//! (groups `g0`..), and each daemon's configurations and the ring-level sends and deliveries of
+//! the clients' messages (group "", messages named `r:` and the client's message), so that
+//! recovery and extended virtual synchrony of the ring are checked too. After the faults stop
+//! (crashed daemons restarted, their clients reconnected), every daemon must end in one ring of
+//! all daemons, every group in one view of its connected members, without flapping, and
+//! everything sent in the final views be delivered everywhere.
 
 use crate::{service, Network, SimResult, Stats, SERVICES};
-use conclave_gcs::{Dest, Membership, MembershipConfig, RingEvent};
+use conclave_gcs::{
+    ClientCommand, ClientEvent, Daemon, DaemonConfig, Dest, GroupViewId, RingEvent,
+};
 use conclave_history::{Event, Record, ViewId};
-use conclave_wire::gcs::{Body, DaemonId, Packet, RingId};
+use conclave_wire::gcs::{Body, DaemonId, RingId};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 
 #[derive(Clone, Debug)]
 pub struct MembershipSimConfig {
     pub seed: u64,
     pub daemons: usize,
+    /// Clients connected to each daemon.
+    pub clients_per_daemon: usize,
+    /// Groups the clients choose from.
+    pub groups: usize,
     /// Length of the safety phase (partitions, loss), simulated milliseconds.
     pub safety_ms: u64,
     /// How long the fault-free phase may take to converge.
@@ -29,9 +40,19 @@ impl MembershipSimConfig {
         MembershipSimConfig {
             seed,
             daemons: 5,
+            clients_per_daemon: 2,
+            groups: 3,
             safety_ms: 2_000,
             settle_ms: 8_000,
         }
+    }
+
+    /// The checker's bound on views after the faults stop (L3): merges may come one component
+    /// at a time, and clients left with no group join one then.
+    pub fn max_views_after_stable(&self) -> usize {
+        conclave_history::Config::default().max_views_after_stable
+            + self.daemons
+            + self.daemons * self.clients_per_daemon
     }
 }
 
@@ -39,87 +60,262 @@ fn name(d: DaemonId) -> String {
     format!("d{d}")
 }
 
-fn view_id(ring: RingId) -> ViewId {
+fn client_name(d: usize, j: usize) -> String {
+    format!("c{}.{j}", d + 1)
+}
+
+fn ring_view(ring: RingId) -> ViewId {
     ViewId(ring.seq, format!("{}.{}", name(ring.rep), ring.inc))
 }
 
-/// Records what daemon `i` reports: its sends, deliveries, transitional signals and
-/// configurations. Returns the number of deliveries and of configurations.
-fn record_events(
-    node: &mut Membership,
-    who: &str,
+/// A group view in the history: the ring's number, then the group's count on that ring.
+fn group_view(v: GroupViewId) -> ViewId {
+    ViewId(
+        (v.ring.seq << 20) | v.index as u64,
+        format!("{}.{}", name(v.ring.rep), v.ring.inc),
+    )
+}
+
+/// One simulated client: which daemon it is on, its incarnation, what it has joined.
+struct SimClient {
+    daemon: usize,
+    name: String,
     inc: u32,
+    connected: bool,
+    groups: BTreeMap<String, bool>,
+    sent: u64,
+}
+
+struct World {
+    nodes: Vec<Daemon>,
+    clients: Vec<SimClient>,
+    history: Vec<Record>,
+    dinc: Vec<u32>,
+    delivered: u64,
+    views: u64,
     now: u64,
-    history: &mut Vec<Record>,
-) -> (u64, u64) {
-    let (mut delivered, mut views) = (0, 0);
-    let rec = |ev| Record {
-        t: now,
-        p: who.to_owned(),
-        inc,
-        ev,
-    };
-    let client = |body: &Body| match body {
-        Body::Client {
-            service: s,
-            payload,
-            ..
-        } => Some((service(*s), String::from_utf8_lossy(payload).into_owned())),
-        _ => None,
-    };
-    while let Some(ev) = node.poll_event() {
-        match ev {
-            RingEvent::Sent { ring, body, .. } => {
-                if let Some((service, msg)) = client(&body) {
-                    history.push(rec(Event::Send {
+}
+
+impl World {
+    fn push(&mut self, p: &str, inc: u32, ev: Event) {
+        self.history.push(Record {
+            t: self.now,
+            p: p.to_owned(),
+            inc,
+            ev,
+        });
+    }
+
+    fn client_index(&self, name: &str) -> Option<usize> {
+        self.clients.iter().position(|c| c.name == name)
+    }
+
+    /// Records what daemon `i` reported, at both levels; VS clients acknowledge flushes at once.
+    fn record(&mut self, i: usize) {
+        let dname = name(i as DaemonId + 1);
+        let dinc = self.dinc[i];
+        let msg_of = |body: &Body| match body {
+            Body::Client {
+                service: s,
+                payload,
+                ..
+            } => Some((
+                service(*s),
+                format!("r:{}", String::from_utf8_lossy(payload)),
+            )),
+            _ => None,
+        };
+        while let Some(ev) = self.nodes[i].poll_ring_event() {
+            let ev = match ev {
+                RingEvent::Sent { ring, body, .. } => match msg_of(&body) {
+                    Some((service, msg)) => Event::Send {
                         group: String::new(),
                         msg: msg.clone(),
                         service,
-                        view: view_id(ring),
+                        view: ring_view(ring),
                         payload: msg,
-                    }));
-                }
-            }
-            RingEvent::Deliver {
-                ring,
-                sender,
-                body,
-                transitional,
-                ..
-            } => {
-                if let Some((service, msg)) = client(&body) {
-                    delivered += 1;
-                    history.push(rec(Event::Deliver {
+                    },
+                    None => continue,
+                },
+                RingEvent::Deliver {
+                    ring,
+                    sender,
+                    body,
+                    transitional,
+                    ..
+                } => match msg_of(&body) {
+                    Some((service, msg)) => Event::Deliver {
                         group: String::new(),
                         msg: msg.clone(),
                         sender: name(sender),
                         service,
-                        view: view_id(ring),
+                        view: ring_view(ring),
                         transitional,
                         payload: msg,
-                    }));
+                    },
+                    None => continue,
+                },
+                RingEvent::TransitionalSignal { .. } => Event::TransSignal {
+                    group: String::new(),
+                },
+                RingEvent::Configuration(c) => {
+                    self.views += 1;
+                    Event::View {
+                        group: String::new(),
+                        view: ring_view(c.ring),
+                        members: c.members.iter().map(|m| name(*m)).collect(),
+                        transitional: c.transitional.iter().map(|m| name(*m)).collect(),
+                    }
                 }
-            }
-            RingEvent::TransitionalSignal { .. } => {
-                history.push(rec(Event::TransSignal {
-                    group: String::new(),
-                }));
-            }
-            RingEvent::Configuration(c) => {
-                views += 1;
-                history.push(rec(Event::View {
-                    group: String::new(),
-                    view: view_id(c.ring),
-                    members: c.members.iter().map(|m| name(*m)).collect(),
-                    transitional: c.transitional.iter().map(|m| name(*m)).collect(),
-                }));
-            }
+            };
+            self.push(&dname, dinc, ev);
+        }
+        let mut acks = Vec::new();
+        while let Some((client, ev)) = self.nodes[i].poll_event() {
+            let Some(ci) = self.client_index(&client) else {
+                continue;
+            };
+            let inc = self.clients[ci].inc;
+            let text = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
+            let ev = match ev {
+                ClientEvent::Joined { group, vs } => Event::Join { group, vs },
+                ClientEvent::Left { group } => Event::Leave { group },
+                ClientEvent::Sent {
+                    group,
+                    service: s,
+                    payload,
+                    view,
+                } => Event::Send {
+                    group,
+                    msg: text(&payload),
+                    service: service(s),
+                    view: group_view(view),
+                    payload: text(&payload),
+                },
+                ClientEvent::FlushAcked { group } => Event::FlushAck { group },
+                ClientEvent::View {
+                    group,
+                    view,
+                    members,
+                    transitional,
+                    ..
+                } => Event::View {
+                    group,
+                    view: group_view(view),
+                    members,
+                    transitional,
+                },
+                ClientEvent::TransitionalSignal { group } => Event::TransSignal { group },
+                ClientEvent::FlushRequest { group } => {
+                    acks.push((client.clone(), group));
+                    continue;
+                }
+                ClientEvent::Message {
+                    group,
+                    sender,
+                    service: s,
+                    payload,
+                    view,
+                    transitional,
+                } => {
+                    self.delivered += 1;
+                    Event::Deliver {
+                        group,
+                        msg: text(&payload),
+                        sender,
+                        service: service(s),
+                        view: group_view(view),
+                        transitional,
+                        payload: text(&payload),
+                    }
+                }
+            };
+            self.push(&client, inc, ev);
+        }
+        for (client, group) in acks {
+            let now = self.now;
+            // A client that left meanwhile has nothing to acknowledge.
+            let _ = self.nodes[i].handle_client(now, &client, ClientCommand::FlushAck { group });
         }
     }
-    (delivered, views)
+
+    fn connect(&mut self, ci: usize) {
+        let d = self.clients[ci].daemon;
+        let name = self.clients[ci].name.clone();
+        if self.nodes[d].connect(&name).is_ok() {
+            self.clients[ci].connected = true;
+            self.clients[ci].groups.clear();
+        }
+    }
+
+    /// A client crashes or disconnects: its incarnation ends.
+    fn client_crash(&mut self, ci: usize) {
+        let c = &mut self.clients[ci];
+        if !c.connected {
+            return;
+        }
+        c.connected = false;
+        c.groups.clear();
+        let (name, inc) = (c.name.clone(), c.inc);
+        c.inc += 1;
+        self.push(&name, inc, Event::Crash);
+    }
+
+    /// One step of client `ci`'s workload.
+    fn act(&mut self, ci: usize, rng: &mut ChaCha20Rng, groups: usize, calm: bool) {
+        let d = self.clients[ci].daemon;
+        let now = self.now;
+        if !self.clients[ci].connected {
+            if !calm {
+                self.connect(ci);
+            }
+            return;
+        }
+        let roll = rng.next_u32() % 100;
+        // Membership requests wait while the daemon's configuration changes (a client would
+        // see the transitional signal); messages may be sent at any time.
+        let roll = if self.nodes[d].ready() { roll } else { 100 };
+        let joined: Vec<String> = self.clients[ci].groups.keys().cloned().collect();
+        let name = self.clients[ci].name.clone();
+        let pick = format!("g{}", rng.next_u32() as usize % groups.max(1));
+        if (joined.is_empty() && roll < 100) || (!calm && roll < 6) {
+            if !self.clients[ci].groups.contains_key(&pick) {
+                let vs = rng.next_u32().is_multiple_of(2);
+                let cmd = ClientCommand::Join {
+                    group: pick.clone(),
+                    vs,
+                };
+                if self.nodes[d].handle_client(now, &name, cmd).is_ok() {
+                    self.clients[ci].groups.insert(pick, vs);
+                }
+            }
+        } else if !calm && roll < 10 {
+            let g = joined[rng.next_u32() as usize % joined.len()].clone();
+            let cmd = ClientCommand::Leave { group: g.clone() };
+            if self.nodes[d].handle_client(now, &name, cmd).is_ok() {
+                self.clients[ci].groups.remove(&g);
+            }
+        } else if !calm && roll < 12 {
+            let _ = self.nodes[d].disconnect(now, &name);
+            self.client_crash(ci);
+        } else if !joined.is_empty() {
+            let g = joined[rng.next_u32() as usize % joined.len()].clone();
+            let s = SERVICES[(rng.next_u32() % 6) as usize];
+            let c = &mut self.clients[ci];
+            let msg = format!("{}/{}/{}", c.name, c.inc, c.sent);
+            c.sent += 1;
+            let cmd = ClientCommand::Multicast {
+                service: s,
+                group: g,
+                payload: msg.into_bytes(),
+            };
+            // A full queue refuses; the message was never sent.
+            let _ = self.nodes[d].handle_client(now, &name, cmd);
+        }
+    }
 }
 
-/// Runs one seed of the membership simulation.
+/// Runs one seed of the full simulation.
 pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     let mut rng = ChaCha20Rng::seed_from_u64(cfg.seed ^ 0x6d656d62);
     let n = cfg.daemons.max(1);
@@ -131,55 +327,78 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         delay_min_us: 50,
         delay_max_us: 50 + rng.next_u64() % 1_000,
     };
+    let dcfg = DaemonConfig {
+        record_ring: true,
+        ..DaemonConfig::default()
+    };
     // In flight: (arrival, order, from, to, bytes).
     type InFlight = Reverse<(u64, u64, usize, usize, Vec<u8>)>;
     let mut queue: BinaryHeap<InFlight> = BinaryHeap::new();
     let mut timers: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let mut order = 0u64;
-    let mut nodes: Vec<Membership> = (1..=n as DaemonId)
-        .map(|d| Membership::new(MembershipConfig::default(), d, 0, 0))
-        .collect();
-    let mut comp: Vec<usize> = vec![0; n];
-    let mut history: Vec<Record> = Vec::new();
-    let names: Vec<String> = (1..=n as DaemonId).map(name).collect();
-    for p in &names {
-        history.push(Record {
-            t: 0,
-            p: p.clone(),
-            inc: 0,
-            ev: Event::Join {
+    let mut w = World {
+        nodes: (1..=n as DaemonId)
+            .map(|d| Daemon::new(dcfg.clone(), d, 0, 0))
+            .collect(),
+        clients: (0..n)
+            .flat_map(|d| {
+                (0..cfg.clients_per_daemon).map(move |j| SimClient {
+                    daemon: d,
+                    name: client_name(d, j),
+                    inc: 0,
+                    connected: false,
+                    groups: BTreeMap::new(),
+                    sent: 0,
+                })
+            })
+            .collect(),
+        history: Vec::new(),
+        dinc: vec![0; n],
+        delivered: 0,
+        views: 0,
+        now: 0,
+    };
+    for ci in 0..w.clients.len() {
+        w.connect(ci);
+    }
+    let dnames: Vec<String> = (1..=n as DaemonId).map(name).collect();
+    for p in &dnames {
+        w.push(
+            p,
+            0,
+            Event::Join {
                 group: String::new(),
                 vs: false,
             },
-        });
+        );
     }
+    let mut comp: Vec<usize> = vec![0; n];
     let mut next_change = 100_000 + rng.next_u64() % 400_000;
     let safety = cfg.safety_ms * 1000;
     let end = safety + cfg.settle_ms * 1000;
-    let mut now = 0u64;
     let mut faulty = true;
-    let (mut packets, mut views, mut delivered) = (0u64, 0u64, 0u64);
-    // Messages: one every `send_gap_us` on average, from a daemon drawn at random, until
+    let mut packets = 0u64;
+    // Client actions: one every `act_gap_us` on average, from a client drawn at random, until
     // shortly after the run has converged (so that everything sent can still be delivered).
-    let send_gap_us = 500 + rng.next_u64() % 10_000;
-    let mut next_send = rng.next_u64() % send_gap_us;
-    let mut sent_count: Vec<u64> = vec![0; n];
+    let act_gap_us = 300 + rng.next_u64() % 5_000;
+    let mut next_act = rng.next_u64() % act_gap_us;
     let mut stable_at: Option<u64> = None;
     let mut converged_at: Option<u64> = None;
     let mut armed: Vec<Option<u64>> = vec![None; n];
     // Crashes: a dead daemon neither sends nor receives; it comes back as a new incarnation.
     let mut alive: Vec<bool> = vec![true; n];
-    let mut inc: Vec<u32> = vec![0; n];
     let mut changed_at: Option<u64> = None;
     let mut settle: Vec<u64> = Vec::new();
     let mut touched: Vec<usize> = (0..n).collect();
     loop {
         // Outputs of the daemons that just ran.
+        touched.sort_unstable();
+        touched.dedup();
         for i in std::mem::take(&mut touched) {
             if !alive[i] {
                 continue;
             }
-            while let Some(t) = nodes[i].poll_transmit() {
+            while let Some(t) = w.nodes[i].poll_transmit() {
                 let bytes = t.packet.encode();
                 let targets: Vec<usize> = match t.to {
                     Dest::One(d) => vec![d as usize - 1],
@@ -200,20 +419,37 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                     for _ in 0..copies {
                         let d = net.delay_us(rng.next_u64());
                         order += 1;
-                        queue.push(Reverse((now + d, order, i, j, bytes.clone())));
+                        queue.push(Reverse((w.now + d, order, i, j, bytes.clone())));
                     }
                 }
             }
-            let (d, v) = record_events(&mut nodes[i], &names[i], inc[i], now, &mut history);
-            delivered += d;
-            views += v;
-            if let Some(t) = nodes[i].poll_timeout() {
+            w.record(i);
+            // Acknowledgements may have produced more.
+            while let Some(t) = w.nodes[i].poll_transmit() {
+                let bytes = t.packet.encode();
+                let targets: Vec<usize> = match t.to {
+                    Dest::One(d) => vec![d as usize - 1],
+                    Dest::AllOthers => (0..n).filter(|j| *j != i).collect(),
+                };
+                for j in targets {
+                    packets += 1;
+                    if comp[i] != comp[j] || (faulty && unit(&mut rng) < net.loss) {
+                        continue;
+                    }
+                    let d = net.delay_us(rng.next_u64());
+                    order += 1;
+                    queue.push(Reverse((w.now + d, order, i, j, bytes.clone())));
+                }
+            }
+            w.record(i);
+            if let Some(t) = w.nodes[i].poll_timeout() {
                 if armed[i] != Some(t) {
                     armed[i] = Some(t);
                     timers.push(Reverse((t, i)));
                 }
             }
         }
+        let now = w.now;
         // After a change of the network: has every live daemon a ring of exactly the live
         // daemons of its component?
         if let Some(since) = changed_at {
@@ -223,26 +459,23 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                     .map(|j| j as DaemonId + 1)
                     .collect();
                 want.sort_unstable();
-                let mut have = nodes[i].ring_members();
+                let mut have = w.nodes[i].membership().ring_members();
                 have.sort_unstable();
-                nodes[i].is_operational() && have == want
+                w.nodes[i].ready() && have == want
             });
             if settled {
                 settle.push(now - since);
                 changed_at = None;
             }
         }
-        // Convergence: one operational ring of everyone, after the faults stopped.
+        // Convergence: one ring of everyone with its groups settled, after the faults stopped.
         if stable_at.is_some() && converged_at.is_none() {
-            let r0 = nodes[0].ring();
-            if nodes.iter().all(|m| m.is_operational() && m.ring() == r0) && views > 0 {
-                let last_view_members = history.iter().rev().find_map(|r| match &r.ev {
-                    Event::View { members, .. } => Some(members.len()),
-                    _ => None,
-                });
-                if last_view_members == Some(n) {
-                    converged_at = Some(now);
-                }
+            let r0 = w.nodes[0].membership().ring();
+            let one_ring = w.nodes.iter().all(|d| {
+                d.ready() && d.membership().ring() == r0 && d.membership().ring_members().len() == n
+            });
+            if one_ring {
+                converged_at = Some(now);
             }
         }
         // Watch a while after convergence for flapping, then stop.
@@ -256,42 +489,35 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         } else {
             None
         };
-        let sending = converged_at.is_none_or(|c| next_send < c + 500_000);
-        let next_submit = sending.then_some(next_send);
-        let Some(t) = [next_packet, next_timer, next_topology, next_submit]
+        let acting = converged_at.is_none_or(|c| next_act < c + 500_000);
+        let next_action = acting.then_some(next_act);
+        let Some(t) = [next_packet, next_timer, next_topology, next_action]
             .into_iter()
             .flatten()
             .min()
         else {
             break;
         };
-        now = t;
+        w.now = t;
+        let now = t;
         if faulty && now >= safety {
             faulty = false;
             comp = vec![0; n];
             for i in 0..n {
                 if !alive[i] {
-                    restart(
-                        i,
-                        now,
-                        &mut nodes,
-                        &mut alive,
-                        &mut inc,
-                        &mut armed,
-                        &mut history,
-                    );
+                    restart(i, &mut w, &mut alive, &mut armed, &dcfg);
                     touched.push(i);
                 }
             }
             stable_at = Some(now);
-            history.push(Record {
-                t: now,
-                p: String::new(),
-                inc: 0,
-                ev: Event::Stable {
-                    processes: names.clone(),
-                },
-            });
+            let mut processes = dnames.clone();
+            processes.extend(
+                w.clients
+                    .iter()
+                    .filter(|c| c.connected)
+                    .map(|c| c.name.clone()),
+            );
+            w.push("", 0, Event::Stable { processes });
             continue;
         }
         if faulty && now >= next_change {
@@ -305,61 +531,46 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             match rng.next_u32() % 4 {
                 0 if alive[i] => {
                     alive[i] = false;
-                    history.push(Record {
-                        t: now,
-                        p: name(i as DaemonId + 1),
-                        inc: inc[i],
-                        ev: Event::Crash,
-                    });
+                    let di = w.dinc[i];
+                    w.push(&dnames[i], di, Event::Crash);
+                    for ci in 0..w.clients.len() {
+                        if w.clients[ci].daemon == i {
+                            w.client_crash(ci);
+                        }
+                    }
                 }
                 1 if !alive[i] => {
-                    restart(
-                        i,
-                        now,
-                        &mut nodes,
-                        &mut alive,
-                        &mut inc,
-                        &mut armed,
-                        &mut history,
-                    );
+                    restart(i, &mut w, &mut alive, &mut armed, &dcfg);
                     touched.push(i);
                 }
                 _ => {}
             }
             continue;
         }
-        if next_submit == Some(t) {
-            next_send = now + 1 + rng.next_u64() % (2 * send_gap_us);
-            let i = (rng.next_u32() as usize) % n;
-            let s = SERVICES[(rng.next_u32() % 6) as usize];
-            if alive[i] {
-                let msg = format!("{}/{}/{}", names[i], inc[i], sent_count[i]);
-                sent_count[i] += 1;
-                let body = Body::Client {
-                    client: names[i].clone(),
-                    groups: vec!["daemons".into()],
-                    service: s,
-                    payload: msg.into_bytes(),
-                };
-                // A full queue refuses; the message was never sent.
-                let _ = nodes[i].submit(body);
-                touched.push(i);
+        if next_action == Some(t) {
+            next_act = now + 1 + rng.next_u64() % (2 * act_gap_us);
+            let ci = (rng.next_u32() as usize) % w.clients.len().max(1);
+            if let Some(c) = w.clients.get(ci) {
+                let d = c.daemon;
+                if alive[d] {
+                    w.act(ci, &mut rng, cfg.groups, !faulty);
+                    touched.push(d);
+                }
             }
             continue;
         }
         if next_packet == Some(t) {
             let Reverse((_, _, from, to, bytes)) = queue.pop().expect("peeked");
             if alive[to] {
-                if let Ok(p) = Packet::decode(&bytes) {
-                    nodes[to].handle_packet(now, from as DaemonId + 1, p);
-                }
+                // The wire is hostile even here: a packet that does not decode is refused.
+                let _ = w.nodes[to].handle_packet(now, from as DaemonId + 1, &bytes);
                 touched.push(to);
             }
         } else if next_timer == Some(t) {
             let Reverse((_, i)) = timers.pop().expect("peeked");
             if armed[i] == Some(t) && alive[i] {
                 armed[i] = None;
-                nodes[i].handle_timeout(now);
+                w.nodes[i].handle_timeout(now);
                 touched.push(i);
             }
         }
@@ -367,11 +578,10 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     SimResult {
         seed: cfg.seed,
         network: net,
-        history,
-        delivered,
-        views,
+        delivered: w.delivered,
+        views: w.views,
         packets,
-        sim_us: now,
+        sim_us: w.now,
         completed: converged_at.is_some(),
         stats: Stats {
             converge_us: match (stable_at, converged_at) {
@@ -381,30 +591,34 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             topology_settle_us: settle,
             ..Stats::default()
         },
+        history: w.history,
     }
 }
 
-/// A crashed daemon comes back with no state, as the next incarnation.
+/// A crashed daemon comes back with no state, as the next incarnation; its clients reconnect.
 fn restart(
     i: usize,
-    now: u64,
-    nodes: &mut [Membership],
+    w: &mut World,
     alive: &mut [bool],
-    inc: &mut [u32],
     armed: &mut [Option<u64>],
-    history: &mut Vec<Record>,
+    dcfg: &DaemonConfig,
 ) {
     alive[i] = true;
-    inc[i] += 1;
+    w.dinc[i] += 1;
     armed[i] = None;
-    nodes[i] = Membership::new(MembershipConfig::default(), i as DaemonId + 1, inc[i], now);
-    history.push(Record {
-        t: now,
-        p: name(i as DaemonId + 1),
-        inc: inc[i],
-        ev: Event::Join {
+    let inc = w.dinc[i];
+    w.nodes[i] = Daemon::new(dcfg.clone(), i as DaemonId + 1, inc, w.now);
+    w.push(
+        &name(i as DaemonId + 1),
+        inc,
+        Event::Join {
             group: String::new(),
             vs: false,
         },
-    });
+    );
+    for ci in 0..w.clients.len() {
+        if w.clients[ci].daemon == i {
+            w.connect(ci);
+        }
+    }
 }

@@ -71,9 +71,10 @@ fn regression_a_ring_of_one_delivers() {
 fn membership_seeds_converge_and_pass_the_checker() {
     use conclave_sim::{run_membership, MembershipSimConfig};
     for seed in 0..40 {
-        let r = run_membership(&MembershipSimConfig::new(seed));
+        let m = MembershipSimConfig::new(seed);
+        let r = run_membership(&m);
         let cfg = Config {
-            max_views_after_stable: Config::default().max_views_after_stable + 5,
+            max_views_after_stable: m.max_views_after_stable(),
         };
         let v = check(&r.history, &cfg);
         assert!(
@@ -86,22 +87,55 @@ fn membership_seeds_converge_and_pass_the_checker() {
     }
 }
 
-/// Seed 1195 (5 daemons) once broke O4: recovery ended at each member as soon as it had every
-/// member's recovery marker. One member lost the new ring just before its last marker arrived,
-/// went back to gather, and never received a safe message of the old ring that the others
-/// delivered in a transitional configuration naming it. Recovery now ends only once every member
-/// holds every marker (the token's `aru` has covered them twice), so whoever installs, the others
-/// hold all it delivered and deliver it too.
+/// Seed 247 (5 daemons) breaks O4 when recovery ends at each member as soon as it has every
+/// member's recovery marker (first found as seed 1195 of the daemon-only runs): one member loses
+/// the new ring just before its last marker arrives, goes back to gather, and never receives a
+/// safe message of the old ring that the others delivered in a transitional configuration naming
+/// it. Recovery now ends only once every member holds every marker (the token's `aru` has covered
+/// them twice), so whoever installs, the others hold all it delivered and deliver it too.
 #[test]
-fn regression_membership_seed_1195_recovery_ended_before_everyone_had_the_markers() {
+fn regression_membership_seed_247_recovery_ended_before_everyone_had_the_markers() {
+    full_seed_passes(247);
+}
+
+fn full_seed_passes(seed: u64) {
     use conclave_sim::{run_membership, MembershipSimConfig};
-    let r = run_membership(&MembershipSimConfig::new(1195));
-    assert!(r.completed);
+    let m = MembershipSimConfig::new(seed);
+    let r = run_membership(&m);
+    assert!(r.completed, "seed {seed} did not converge");
     let cfg = Config {
-        max_views_after_stable: Config::default().max_views_after_stable + 5,
+        max_views_after_stable: m.max_views_after_stable(),
     };
     let v = check(&r.history, &cfg);
-    assert!(v.is_empty(), "{v:?}");
+    assert!(v.is_empty(), "seed {seed}: {v:?}");
+}
+
+/// Seed 2728 broke D1: a daemon installed a group view when the last flush marker arrived, and a
+/// client there sent in it; the ring broke, and another daemon, whose part of the old ring lacked
+/// that marker, received the message in the old ring's transitional part past the hole and
+/// delivered it in the previous view. A client message now names its view, and a daemon that
+/// never installed that view drops it.
+#[test]
+fn regression_full_seed_2728_message_of_a_view_never_installed_here() {
+    full_seed_passes(2728);
+}
+
+/// Seed 111 broke X1: a VS client acknowledged a flush that a configuration change had already
+/// cut short; the acknowledgement was recorded, and the client's next message then went out in
+/// the same view. A stale acknowledgement is now dropped.
+#[test]
+fn regression_full_seed_111_stale_flush_acknowledgement() {
+    full_seed_passes(111);
+}
+
+/// Seed 5548 broke V1: two clients whose last view was one of ring 8 met again on ring 28 after
+/// rings on which their groups never settled; their daemons had left ring 8 in different
+/// components and delivered different parts of that view, yet the state exchange counted them as
+/// coming together. A client's view now counts as where it comes from only if it belongs to the
+/// ring that just ended.
+#[test]
+fn regression_full_seed_5548_clients_from_a_view_of_an_older_ring() {
+    full_seed_passes(5548);
 }
 
 /// Seed 879 (5 daemons) once never converged: the representative formed a ring of the two
@@ -112,13 +146,7 @@ fn regression_membership_seed_1195_recovery_ended_before_everyone_had_the_marker
 /// seed.)
 #[test]
 fn regression_membership_seed_879_commit_token_with_other_members() {
-    use conclave_sim::{run_membership, MembershipSimConfig};
-    let r = run_membership(&MembershipSimConfig::new(879));
-    assert!(r.completed);
-    let cfg = Config {
-        max_views_after_stable: Config::default().max_views_after_stable + 5,
-    };
-    assert!(check(&r.history, &cfg).is_empty());
+    full_seed_passes(879);
 }
 
 /// The checker can fail: each fault the simulator can plant in a run is caught.

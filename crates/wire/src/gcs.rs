@@ -17,6 +17,8 @@ pub const MAX_PAYLOAD_BYTES: usize = 128 * 1024;
 pub const MAX_GROUPS_PER_MESSAGE: usize = 64;
 /// Longest group or client name, in bytes.
 pub const MAX_NAME_BYTES: usize = 64;
+/// Most (client, group) memberships one daemon reports after a configuration change.
+pub const MAX_STATE_ENTRIES: usize = 16_384;
 
 pub type DaemonId = u32;
 
@@ -88,6 +90,8 @@ pub enum Body {
         client: String,
         groups: Vec<String>,
         service: ServiceType,
+        /// The number, on this ring, of the group view the message was sent in.
+        view: u32,
         payload: Vec<u8>,
     },
     /// A client joins a group (`vs`: it wants flushes before view changes).
@@ -104,17 +108,32 @@ pub enum Body {
     ClientGone {
         client: String,
     },
-    /// A VS client acknowledged the flush of its view `view` of `group`.
-    FlushOk {
-        client: String,
+    /// The sender has sent everything its clients sent in view number `view` (of this ring) of
+    /// `group`: its part of the flush that ends that view.
+    Flushed {
         group: String,
         view: u64,
+    },
+    /// After a configuration change: the group memberships of the sender's clients.
+    GroupState {
+        members: Vec<StateEntry>,
     },
     /// During recovery (TOCS §4.3): the sender has retransmitted on the new ring every message
     /// of its old ring it holds that a member of the new ring may lack. Once a member has this
     /// marker from every member, in order, it holds everything of its old ring that anyone who
     /// came with it holds.
     RecoveryDone,
+}
+
+/// One client's membership of one group, as its daemon reports it after a configuration change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateEntry {
+    pub client: String,
+    pub group: String,
+    /// The client asked for virtual synchrony.
+    pub vs: bool,
+    /// The group view the client last installed (its ring and number on that ring), if any.
+    pub view: Option<(RingId, u32)>,
 }
 
 /// A message on the ring.
@@ -211,6 +230,7 @@ impl Body {
                 client,
                 groups,
                 service,
+                view,
                 payload,
             } => {
                 w.u8(1);
@@ -220,6 +240,7 @@ impl Body {
                     w.name(g, MAX_NAME_BYTES);
                 }
                 w.u8(*service as u8);
+                w.u32(*view);
                 w.bytes(payload, MAX_PAYLOAD_BYTES);
             }
             Body::GroupJoin { client, group, vs } => {
@@ -237,17 +258,29 @@ impl Body {
                 w.u8(4);
                 w.name(client, MAX_NAME_BYTES);
             }
-            Body::FlushOk {
-                client,
-                group,
-                view,
-            } => {
+            Body::Flushed { group, view } => {
                 w.u8(5);
-                w.name(client, MAX_NAME_BYTES);
                 w.name(group, MAX_NAME_BYTES);
                 w.u64(*view);
             }
             Body::RecoveryDone => w.u8(6),
+            Body::GroupState { members } => {
+                w.u8(7);
+                w.count(members.len(), MAX_STATE_ENTRIES);
+                for e in members {
+                    w.name(&e.client, MAX_NAME_BYTES);
+                    w.name(&e.group, MAX_NAME_BYTES);
+                    w.u8(e.vs as u8);
+                    match &e.view {
+                        None => w.u8(0),
+                        Some((ring, index)) => {
+                            w.u8(1);
+                            write_ring(w, ring);
+                            w.u32(*index);
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -264,11 +297,13 @@ impl Body {
                     groups.push(r.name("group", MAX_NAME_BYTES)?);
                 }
                 let service = ServiceType::from_u8(r.u8("service type")?)?;
+                let view = r.u32("view")?;
                 let payload = r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec();
                 Body::Client {
                     client,
                     groups,
                     service,
+                    view,
                     payload,
                 }
             }
@@ -284,12 +319,37 @@ impl Body {
             4 => Body::ClientGone {
                 client: r.name("client", MAX_NAME_BYTES)?,
             },
-            5 => Body::FlushOk {
-                client: r.name("client", MAX_NAME_BYTES)?,
+            5 => Body::Flushed {
                 group: r.name("group", MAX_NAME_BYTES)?,
                 view: r.u64("view")?,
             },
             6 => Body::RecoveryDone,
+            7 => {
+                let n = r.count("state entries", MAX_STATE_ENTRIES)?;
+                let mut members = Vec::with_capacity(n.min(r.remaining() / 6));
+                for _ in 0..n {
+                    let client = r.name("client", MAX_NAME_BYTES)?;
+                    let group = r.name("group", MAX_NAME_BYTES)?;
+                    let vs = read_bool(r, "vs")?;
+                    let view = match r.u8("state view")? {
+                        0 => None,
+                        1 => Some((read_ring(r)?, r.u32("view index")?)),
+                        tag => {
+                            return Err(DecodeError::BadTag {
+                                what: "state view",
+                                tag,
+                            })
+                        }
+                    };
+                    members.push(StateEntry {
+                        client,
+                        group,
+                        vs,
+                        view,
+                    });
+                }
+                Body::GroupState { members }
+            }
             tag => return Err(DecodeError::BadTag { what: "body", tag }),
         })
     }
@@ -498,12 +558,14 @@ mod tests {
                 name(),
                 prop::collection::vec(name(), 1..4),
                 service(),
+                any::<u32>(),
                 prop::collection::vec(any::<u8>(), 0..64)
             )
-                .prop_map(|(client, groups, service, payload)| Body::Client {
+                .prop_map(|(client, groups, service, view, payload)| Body::Client {
                     client,
                     groups,
                     service,
+                    view,
                     payload
                 }),
             (name(), name(), any::<bool>()).prop_map(|(client, group, vs)| Body::GroupJoin {
@@ -513,12 +575,28 @@ mod tests {
             }),
             (name(), name()).prop_map(|(client, group)| Body::GroupLeave { client, group }),
             name().prop_map(|client| Body::ClientGone { client }),
-            (name(), name(), any::<u64>()).prop_map(|(client, group, view)| Body::FlushOk {
-                client,
-                group,
-                view
-            }),
+            (name(), any::<u64>()).prop_map(|(group, view)| Body::Flushed { group, view }),
             Just(Body::RecoveryDone),
+            prop::collection::vec(
+                (
+                    name(),
+                    name(),
+                    any::<bool>(),
+                    prop::option::of((ring(), any::<u32>()))
+                ),
+                0..5
+            )
+            .prop_map(|m| Body::GroupState {
+                members: m
+                    .into_iter()
+                    .map(|(client, group, vs, view)| StateEntry {
+                        client,
+                        group,
+                        vs,
+                        view
+                    })
+                    .collect()
+            }),
         ]
     }
     fn packet() -> impl Strategy<Value = Packet> {

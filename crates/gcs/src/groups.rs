@@ -1,0 +1,1022 @@
+//! Client groups on the daemons' ring: the daemon state machine that clients talk to
+//! (docs/gcs.md, "Client groups on top").
+//!
+//! Every daemon sees the same ring messages in the same order, so every daemon computes the same
+//! group views from them. Joins, leaves and client disconnections are ring messages. A group's
+//! view changes by a *flush*: when a change is delivered, each daemon with members in the current
+//! view asks its VS members for a flush acknowledgement, then sends a `Flushed` marker after
+//! everything its clients sent in that view; once every such daemon's marker is delivered, the
+//! new view is installed everywhere. From its marker until the new view, a daemon holds its
+//! clients' new messages for the group; so every message is delivered in the view in which its
+//! daemon accepted it (the client's view then), which is what D1 and D2 ask. Changes queue and are
+//! flushed one at a time.
+//!
+//! A daemon configuration change ends every group's view: the ring layer delivers the old ring's
+//! last messages (in the transitional part, after a transitional signal to every member), then the
+//! new configuration. Every daemon then sends the memberships of its own clients (`GroupState`);
+//! once every member daemon's state is delivered, each group's new view (reason `network`) is its
+//! members on the daemons of the new configuration, and the transitional set of a member is the
+//! members of its previous view whose daemons came with its daemon from the old ring. Client
+//! commands wait while a ring forms and until the states are in. Joins and leaves delivered in an
+//! old ring's transitional part are left to the state exchange.
+//!
+//! View ids are the ring and a per-ring counter of the group's views; members are in name order.
+//!
+//! Departures, for now: a message goes to one group; every service type is delivered in the
+//! ring's total order (unreliable, reliable, FIFO and causal messages are not delivered ahead of
+//! it), and safe messages once stable; flush requests go to VS members before changes within a
+//! configuration, not before a configuration change (which nobody can delay: the transitional
+//! part stands in for it).
+
+use crate::membership::{Membership, MembershipConfig, RingEvent};
+use crate::ordering::Transmit;
+use conclave_wire::gcs::{
+    Body, DaemonId, Packet, RingId, ServiceType, StateEntry, MAX_NAME_BYTES, MAX_PAYLOAD_BYTES,
+    MAX_STATE_ENTRIES,
+};
+use conclave_wire::DecodeError;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// Limits and timeouts of a daemon.
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    pub membership: MembershipConfig,
+    /// Most clients connected at once.
+    pub max_clients: usize,
+    /// Most groups one client is in.
+    pub max_groups_per_client: usize,
+    /// Most commands of one client waiting for a view change to end.
+    pub max_held_per_client: usize,
+    /// Keep a copy of the ring layer's events for [`Daemon::poll_ring_event`] (to record the
+    /// daemons' own history).
+    pub record_ring: bool,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            membership: MembershipConfig::default(),
+            max_clients: 1_000,
+            max_groups_per_client: 16,
+            max_held_per_client: 1_000,
+            record_ring: false,
+        }
+    }
+}
+
+/// A group view: the ring it belongs to and the group's view count on that ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GroupViewId {
+    pub ring: RingId,
+    pub index: u32,
+}
+
+/// Why a group view changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    Join,
+    Leave,
+    Disconnect,
+    Network,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientCommand {
+    Join {
+        group: String,
+        /// Ask for flush requests before each view change (virtual synchrony).
+        vs: bool,
+    },
+    Leave {
+        group: String,
+    },
+    Multicast {
+        service: ServiceType,
+        group: String,
+        payload: Vec<u8>,
+    },
+    /// A VS client has sent all it will send in its current view of `group`.
+    FlushAck {
+        group: String,
+    },
+}
+
+/// What a daemon tells (or records for) one of its clients.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientEvent {
+    /// The daemon accepted the client's join.
+    Joined {
+        group: String,
+        vs: bool,
+    },
+    /// The daemon accepted the client's leave; nothing more of the group reaches the client.
+    Left {
+        group: String,
+    },
+    /// The daemon accepted a message of the client: it is sent in `view`.
+    Sent {
+        group: String,
+        service: ServiceType,
+        payload: Vec<u8>,
+        view: GroupViewId,
+    },
+    FlushAcked {
+        group: String,
+    },
+    View {
+        group: String,
+        view: GroupViewId,
+        members: Vec<String>,
+        transitional: Vec<String>,
+        reason: Reason,
+    },
+    /// What follows until the next view of `group` is delivered in the transitional part.
+    TransitionalSignal {
+        group: String,
+    },
+    /// A VS client must acknowledge before the next view of `group` can be installed.
+    FlushRequest {
+        group: String,
+    },
+    Message {
+        group: String,
+        sender: String,
+        service: ServiceType,
+        payload: Vec<u8>,
+        view: GroupViewId,
+        transitional: bool,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DaemonError {
+    #[error("no client {0:?} is connected")]
+    UnknownClient(String),
+    #[error("client {0:?} is already connected")]
+    AlreadyConnected(String),
+    #[error("{max} clients are already connected")]
+    TooManyClients { max: usize },
+    #[error("a name must be 1 to {MAX_NAME_BYTES} bytes")]
+    BadName,
+    #[error("{client:?} is not in group {group:?}")]
+    NotMember { client: String, group: String },
+    #[error("{client:?} is already in group {group:?}")]
+    AlreadyMember { client: String, group: String },
+    #[error("a client may be in at most {max} groups")]
+    TooManyGroups { max: usize },
+    #[error("{max} commands of this client already wait")]
+    TooManyHeld { max: usize },
+    #[error("a payload may be at most {MAX_PAYLOAD_BYTES} bytes")]
+    PayloadTooLarge,
+    #[error("undecodable packet: {0}")]
+    Packet(#[from] DecodeError),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Member {
+    name: String,
+    daemon: DaemonId,
+    vs: bool,
+}
+
+#[derive(Clone, Debug)]
+enum Change {
+    Join(Member),
+    Leave(String),
+    Gone(String),
+}
+
+struct Flush {
+    /// Daemons with members in the view being closed.
+    need: BTreeSet<DaemonId>,
+    got: BTreeSet<DaemonId>,
+    /// Local VS members whose acknowledgement this daemon waits for.
+    awaiting: BTreeSet<String>,
+    /// Local members that acknowledged: they send nothing more in this view.
+    acked: BTreeSet<String>,
+    marker_sent: bool,
+    change: Change,
+}
+
+#[derive(Default)]
+struct Group {
+    view: Option<GroupViewId>,
+    /// The current view's members, in name order.
+    members: Vec<Member>,
+    /// Views of this group installed on the current ring.
+    count: u32,
+    pending: VecDeque<Change>,
+    flush: Option<Flush>,
+}
+
+struct Client {
+    /// Groups joined, as accepted (with the VS flag).
+    groups: BTreeMap<String, bool>,
+    /// Groups as they will be once every waiting command is accepted.
+    intent: BTreeMap<String, bool>,
+    /// The view of each group this client has installed (since it last joined it).
+    views: BTreeMap<String, GroupViewId>,
+    /// Commands not yet accepted, in order, one queue per group: a view change of one group
+    /// holds back nothing of another (and a flush acknowledgement never waits behind a message
+    /// to a group that is changing view).
+    held: BTreeMap<String, VecDeque<ClientCommand>>,
+    held_count: usize,
+}
+
+/// One daemon: the ring ([`Membership`]) and the client groups on it.
+pub struct Daemon {
+    cfg: DaemonConfig,
+    me: DaemonId,
+    ring: Membership,
+    /// The current configuration: its ring and the daemons that came with this one from the
+    /// previous.
+    config: Option<(RingId, Vec<DaemonId>, Vec<DaemonId>)>,
+    /// After a configuration change, the group states received so far; `None` once all are in.
+    syncing: Option<BTreeMap<DaemonId, Vec<StateEntry>>>,
+    groups: BTreeMap<String, Group>,
+    clients: BTreeMap<String, Client>,
+    events: VecDeque<(String, ClientEvent)>,
+    ring_log: VecDeque<RingEvent>,
+}
+
+fn check_name(s: &str) -> Result<(), DaemonError> {
+    if s.is_empty() || s.len() > MAX_NAME_BYTES {
+        return Err(DaemonError::BadName);
+    }
+    Ok(())
+}
+
+impl Daemon {
+    /// A daemon starting (or restarting as `incarnation`, see [`Membership::new`]).
+    pub fn new(cfg: DaemonConfig, me: DaemonId, incarnation: u32, now: u64) -> Daemon {
+        let ring = Membership::new(cfg.membership.clone(), me, incarnation, now);
+        Daemon {
+            cfg,
+            me,
+            ring,
+            config: None,
+            syncing: None,
+            groups: BTreeMap::new(),
+            clients: BTreeMap::new(),
+            events: VecDeque::new(),
+            ring_log: VecDeque::new(),
+        }
+    }
+
+    /// The daemon ring layer (for its state: ring, members, operational).
+    pub fn membership(&self) -> &Membership {
+        &self.ring
+    }
+
+    /// Whether client commands are being accepted: the ring is operational and the group
+    /// states of the current configuration are all in.
+    pub fn ready(&self) -> bool {
+        self.ring.is_operational() && self.syncing.is_none() && self.config.is_some()
+    }
+
+    pub fn connect(&mut self, client: &str) -> Result<(), DaemonError> {
+        check_name(client)?;
+        if self.clients.contains_key(client) {
+            return Err(DaemonError::AlreadyConnected(client.to_owned()));
+        }
+        if self.clients.len() >= self.cfg.max_clients {
+            return Err(DaemonError::TooManyClients {
+                max: self.cfg.max_clients,
+            });
+        }
+        self.clients.insert(
+            client.to_owned(),
+            Client {
+                groups: BTreeMap::new(),
+                intent: BTreeMap::new(),
+                views: BTreeMap::new(),
+                held: BTreeMap::new(),
+                held_count: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// The client's connection ended: it leaves every group; what it had not had accepted is
+    /// dropped.
+    pub fn disconnect(&mut self, now: u64, client: &str) -> Result<(), DaemonError> {
+        let c = self
+            .clients
+            .remove(client)
+            .ok_or_else(|| DaemonError::UnknownClient(client.to_owned()))?;
+        for g in c.groups.keys() {
+            if let Some(f) = self.groups.get_mut(g).and_then(|g| g.flush.as_mut()) {
+                f.awaiting.remove(client);
+            }
+        }
+        // Always announced: a state already sent on this ring may list the client.
+        let _ = self.ring.submit(Body::ClientGone {
+            client: client.to_owned(),
+        });
+        self.after(now);
+        Ok(())
+    }
+
+    pub fn handle_client(
+        &mut self,
+        now: u64,
+        client: &str,
+        cmd: ClientCommand,
+    ) -> Result<(), DaemonError> {
+        let max_held = self.cfg.max_held_per_client;
+        let max_groups = self.cfg.max_groups_per_client;
+        let c = self
+            .clients
+            .get_mut(client)
+            .ok_or_else(|| DaemonError::UnknownClient(client.to_owned()))?;
+        if c.held_count >= max_held {
+            return Err(DaemonError::TooManyHeld { max: max_held });
+        }
+        let not_member = |group: &str| DaemonError::NotMember {
+            client: client.to_owned(),
+            group: group.to_owned(),
+        };
+        match &cmd {
+            ClientCommand::Join { group, vs } => {
+                check_name(group)?;
+                if c.intent.contains_key(group) {
+                    return Err(DaemonError::AlreadyMember {
+                        client: client.to_owned(),
+                        group: group.clone(),
+                    });
+                }
+                if c.intent.len() >= max_groups {
+                    return Err(DaemonError::TooManyGroups { max: max_groups });
+                }
+                c.intent.insert(group.clone(), *vs);
+            }
+            ClientCommand::Leave { group } => {
+                if c.intent.remove(group).is_none() {
+                    return Err(not_member(group));
+                }
+            }
+            ClientCommand::Multicast { group, payload, .. } => {
+                if !c.intent.contains_key(group) {
+                    return Err(not_member(group));
+                }
+                if payload.len() > MAX_PAYLOAD_BYTES {
+                    return Err(DaemonError::PayloadTooLarge);
+                }
+            }
+            ClientCommand::FlushAck { group } => {
+                if !c.intent.contains_key(group) {
+                    return Err(not_member(group));
+                }
+            }
+        }
+        let group = match &cmd {
+            ClientCommand::Join { group, .. }
+            | ClientCommand::Leave { group }
+            | ClientCommand::Multicast { group, .. }
+            | ClientCommand::FlushAck { group } => group.clone(),
+        };
+        c.held.entry(group).or_default().push_back(cmd);
+        c.held_count += 1;
+        self.after(now);
+        Ok(())
+    }
+
+    /// A packet from daemon `from`. Undecodable input is refused with a typed error and changes
+    /// nothing.
+    pub fn handle_packet(
+        &mut self,
+        now: u64,
+        from: DaemonId,
+        bytes: &[u8],
+    ) -> Result<(), DaemonError> {
+        let p = Packet::decode(bytes)?;
+        self.ring.handle_packet(now, from, p);
+        self.after(now);
+        Ok(())
+    }
+
+    pub fn handle_timeout(&mut self, now: u64) {
+        self.ring.handle_timeout(now);
+        self.after(now);
+    }
+
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.ring.poll_timeout()
+    }
+
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.ring.poll_transmit()
+    }
+
+    /// The ring layer's events, if [`DaemonConfig::record_ring`] is set.
+    pub fn poll_ring_event(&mut self) -> Option<RingEvent> {
+        self.ring_log.pop_front()
+    }
+
+    /// The next event for one of this daemon's clients.
+    pub fn poll_event(&mut self) -> Option<(String, ClientEvent)> {
+        self.events.pop_front()
+    }
+
+    /// The daemon-level events of the ring (configurations, deliveries) are consumed here; this
+    /// runs after every input.
+    fn after(&mut self, now: u64) {
+        loop {
+            while let Some(ev) = self.ring.poll_event() {
+                if self.cfg.record_ring {
+                    self.ring_log.push_back(ev.clone());
+                }
+                self.on_ring(ev);
+            }
+            if !self.pump() {
+                break;
+            }
+        }
+        let _ = now;
+    }
+
+    fn emit(&mut self, client: &str, ev: ClientEvent) {
+        self.events.push_back((client.to_owned(), ev));
+    }
+
+    /// Local clients that have installed the current view of `group`.
+    fn local_members(&self, group: &str) -> Vec<String> {
+        let Some(view) = self.groups.get(group).and_then(|g| g.view) else {
+            return Vec::new();
+        };
+        self.clients
+            .iter()
+            .filter(|(_, c)| c.views.get(group) == Some(&view))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Installs `view` of `group` at the local clients among `members` that are in the group,
+    /// each with its transitional set: `stayed` for those in `before`, itself for the others. A
+    /// client with no view of the group yet gets its first one from its own join (`joiner`) or a
+    /// state exchange: a member of the same name may be an earlier connection of it, whose
+    /// departure is still on its way.
+    fn emit_view(
+        &mut self,
+        group: &str,
+        view: GroupViewId,
+        members: &[String],
+        before: &[String],
+        reason: Reason,
+        joiners: &[String],
+    ) {
+        let stayed: Vec<String> = members
+            .iter()
+            .filter(|m| before.contains(m))
+            .cloned()
+            .collect();
+        self.emit_view_with(group, view, members, reason, joiners, |c, came| {
+            if came && before.iter().any(|b| b == c) {
+                stayed.clone()
+            } else {
+                vec![c.to_owned()]
+            }
+        });
+    }
+
+    /// As [`Daemon::emit_view`], with each client's transitional set from `trans(client, had a
+    /// view)`.
+    fn emit_view_with(
+        &mut self,
+        group: &str,
+        view: GroupViewId,
+        members: &[String],
+        reason: Reason,
+        joiners: &[String],
+        trans: impl Fn(&str, bool) -> Vec<String>,
+    ) {
+        let local: Vec<String> = self
+            .clients
+            .iter()
+            .filter(|(n, c)| {
+                c.groups.contains_key(group)
+                    && members.contains(n)
+                    && (c.views.contains_key(group)
+                        || reason == Reason::Network
+                        || joiners.contains(n))
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for c in local {
+            // A client that installed no view of the group since it joined comes alone.
+            let transitional = trans(&c, self.clients[&c].views.contains_key(group));
+            if let Some(cl) = self.clients.get_mut(&c) {
+                cl.views.insert(group.to_owned(), view);
+            }
+            self.emit(
+                &c,
+                ClientEvent::View {
+                    group: group.to_owned(),
+                    view,
+                    members: members.to_vec(),
+                    transitional,
+                    reason,
+                },
+            );
+        }
+    }
+
+    fn on_ring(&mut self, ev: RingEvent) {
+        match ev {
+            RingEvent::Sent { .. } => {}
+            RingEvent::TransitionalSignal { ring } => {
+                let names: Vec<String> = self.groups.keys().cloned().collect();
+                for g in names {
+                    // Only views of the ring that ends have a transitional part.
+                    if self.groups[&g].view.is_some_and(|v| v.ring == ring) {
+                        for c in self.local_members(&g) {
+                            self.emit(&c, ClientEvent::TransitionalSignal { group: g.clone() });
+                        }
+                    }
+                    if let Some(gr) = self.groups.get_mut(&g) {
+                        // The state exchange decides what the ring could not finish.
+                        gr.flush = None;
+                        gr.pending.clear();
+                    }
+                }
+            }
+            RingEvent::Configuration(c) => {
+                // A client's view counts as where it comes from only if it is a view of the
+                // ring that just ended: after a ring on which the groups never settled, the
+                // daemons that come together did not necessarily come together from the
+                // client's view, and may have delivered different parts of it.
+                let previous = self.config.as_ref().map(|c| c.0);
+                self.config = Some((c.ring, c.members.clone(), c.transitional.clone()));
+                self.syncing = Some(BTreeMap::new());
+                for g in self.groups.values_mut() {
+                    g.flush = None;
+                    g.pending.clear();
+                }
+                let mut members = Vec::new();
+                for (name, cl) in &self.clients {
+                    for (g, vs) in &cl.groups {
+                        if members.len() < MAX_STATE_ENTRIES {
+                            members.push(StateEntry {
+                                client: name.clone(),
+                                group: g.clone(),
+                                vs: *vs,
+                                view: cl
+                                    .views
+                                    .get(g)
+                                    .filter(|v| Some(v.ring) == previous)
+                                    .map(|v| (v.ring, v.index)),
+                            });
+                        }
+                    }
+                }
+                let _ = self.ring.submit(Body::GroupState { members });
+            }
+            RingEvent::Deliver {
+                ring,
+                sender,
+                body,
+                transitional,
+                ..
+            } => self.on_deliver(ring, sender, body, transitional),
+        }
+    }
+
+    fn on_deliver(&mut self, ring: RingId, sender: DaemonId, body: Body, transitional: bool) {
+        let current = self.config.as_ref().map(|c| c.0);
+        match body {
+            Body::Client {
+                client,
+                groups,
+                service,
+                view: sent_in,
+                payload,
+            } => {
+                let [group] = &groups[..] else { return };
+                let Some(view) = self.groups.get(group).and_then(|g| g.view) else {
+                    return;
+                };
+                if view.ring != ring || view.index != sent_in {
+                    // Sent in a view this daemon never installed: its ring broke before the
+                    // flush that installs it ended here (the message reaches this daemon from
+                    // the old ring's transitional part, past a hole). Nobody here may deliver
+                    // it in another view.
+                    return;
+                }
+                let sender_in = self.groups[group]
+                    .members
+                    .iter()
+                    .any(|m| m.name == client && m.daemon == sender);
+                if !sender_in {
+                    // Not sent in this view: a hostile or stale message.
+                    return;
+                }
+                for c in self.local_members(group) {
+                    self.emit(
+                        &c,
+                        ClientEvent::Message {
+                            group: group.clone(),
+                            sender: client.clone(),
+                            service,
+                            payload: payload.clone(),
+                            view,
+                            transitional,
+                        },
+                    );
+                }
+            }
+            Body::GroupState { members } => {
+                if Some(ring) != current || transitional {
+                    return;
+                }
+                let Some(states) = &mut self.syncing else {
+                    return;
+                };
+                states.insert(sender, members);
+                let all = self
+                    .config
+                    .as_ref()
+                    .is_some_and(|c| c.1.iter().all(|d| states.contains_key(d)));
+                if all {
+                    self.finish_sync();
+                }
+            }
+            // Changes in an old ring's transitional part are left to the state exchange.
+            _ if transitional || Some(ring) != current => {}
+            Body::GroupJoin { client, group, vs } => {
+                if check_name(&group).is_ok() {
+                    let m = Member {
+                        name: client,
+                        daemon: sender,
+                        vs,
+                    };
+                    self.queue_change(&group, Change::Join(m));
+                }
+            }
+            Body::GroupLeave { client, group } => {
+                self.queue_change(&group, Change::Leave(client));
+            }
+            Body::ClientGone { client } => {
+                // Every group: the client may be a member, or have a join still queued.
+                let gs: Vec<String> = self.groups.keys().cloned().collect();
+                for g in gs {
+                    self.queue_change(&g, Change::Gone(client.clone()));
+                }
+            }
+            Body::Flushed { group, view } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    let index = g.view.map(|v| v.index as u64);
+                    if let Some(f) = g.flush.as_mut() {
+                        if index == Some(view) && f.need.contains(&sender) {
+                            f.got.insert(sender);
+                        }
+                    }
+                }
+                self.advance(&group);
+            }
+            Body::RecoveryDone => {}
+        }
+    }
+
+    fn queue_change(&mut self, group: &str, change: Change) {
+        // Only groups that exist (a join creates one); a bounded number per client is enforced
+        // where clients join.
+        if !self.groups.contains_key(group) && !matches!(change, Change::Join(_)) {
+            return;
+        }
+        self.groups
+            .entry(group.to_owned())
+            .or_default()
+            .pending
+            .push_back(change);
+        if self.syncing.is_none() {
+            self.advance(group);
+        }
+    }
+
+    /// Starts, continues or ends the flush of `group`.
+    fn advance(&mut self, group: &str) {
+        loop {
+            let me = self.me;
+            let Some(g) = self.groups.get_mut(group) else {
+                return;
+            };
+            if g.flush.is_none() {
+                let Some(change) = g.pending.pop_front() else {
+                    return;
+                };
+                if !changes_anything(&g.members, &change) {
+                    continue;
+                }
+                let need: BTreeSet<DaemonId> = g.members.iter().map(|m| m.daemon).collect();
+                g.flush = Some(Flush {
+                    need,
+                    got: BTreeSet::new(),
+                    awaiting: BTreeSet::new(),
+                    acked: BTreeSet::new(),
+                    marker_sent: false,
+                    change,
+                });
+                // The VS clients here that hold the view being closed (a member of the same name
+                // that has not installed it is a later connection, or one that left and joined
+                // again: it has nothing to flush).
+                let awaiting: Vec<String> = self
+                    .local_members(group)
+                    .into_iter()
+                    .filter(|c| self.clients[c].groups.get(group) == Some(&true))
+                    .collect();
+                for c in awaiting {
+                    self.emit(
+                        &c,
+                        ClientEvent::FlushRequest {
+                            group: group.to_owned(),
+                        },
+                    );
+                    if let Some(f) = self.groups.get_mut(group).and_then(|g| g.flush.as_mut()) {
+                        f.awaiting.insert(c);
+                    }
+                }
+            }
+            let g = self.groups.get_mut(group).expect("present");
+            let index = g.view.map_or(0, |v| v.index as u64);
+            let f = g.flush.as_mut().expect("flushing");
+            if f.need.contains(&me) && !f.marker_sent && f.awaiting.is_empty() {
+                f.marker_sent = true;
+                let _ = self.ring.submit(Body::Flushed {
+                    group: group.to_owned(),
+                    view: index,
+                });
+            }
+            if !f.got.is_superset(&f.need) {
+                return;
+            }
+            // Every change delivered meanwhile goes into the same view: each daemon has the same
+            // ones queued when the last marker arrives, and a burst of joins and leaves costs one
+            // flush.
+            let f = g.flush.take().expect("flushing");
+            let mut changes = vec![f.change];
+            changes.extend(g.pending.drain(..));
+            self.install_changes(group, changes);
+        }
+    }
+
+    fn next_view(&mut self, group: &str) -> GroupViewId {
+        let ring = self.config.as_ref().expect("a configuration").0;
+        let g = self.groups.get_mut(group).expect("present");
+        let id = GroupViewId {
+            ring,
+            index: g.count,
+        };
+        g.count += 1;
+        g.view = Some(id);
+        id
+    }
+
+    /// Installs the view that `changes` make of the current one (the reason is the first's).
+    fn install_changes(&mut self, group: &str, changes: Vec<Change>) {
+        let g = self.groups.get_mut(group).expect("present");
+        let old: Vec<String> = g.members.iter().map(|m| m.name.clone()).collect();
+        let mut joiners = Vec::new();
+        let mut reason = None;
+        for change in changes {
+            let r = match change {
+                Change::Join(m) => {
+                    if !g.members.iter().any(|x| x.name == m.name) {
+                        joiners.push(m.name.clone());
+                        g.members.push(m);
+                    }
+                    Reason::Join
+                }
+                Change::Leave(n) => {
+                    g.members.retain(|m| m.name != n);
+                    joiners.retain(|j| *j != n);
+                    Reason::Leave
+                }
+                Change::Gone(n) => {
+                    g.members.retain(|m| m.name != n);
+                    joiners.retain(|j| *j != n);
+                    Reason::Disconnect
+                }
+            };
+            reason.get_or_insert(r);
+        }
+        g.members.sort_by(|a, b| a.name.cmp(&b.name));
+        let view = self.next_view(group);
+        let members: Vec<String> = self.groups[group]
+            .members
+            .iter()
+            .map(|m| m.name.clone())
+            .collect();
+        let reason = reason.unwrap_or(Reason::Join);
+        // One who left and joined again within the batch comes alone.
+        let stayed: Vec<String> = old.into_iter().filter(|m| !joiners.contains(m)).collect();
+        self.emit_view(group, view, &members, &stayed, reason, &joiners);
+    }
+
+    /// Every daemon's group state is in: each group's view on the new configuration. A member's
+    /// transitional set is the members that reported the same previous view as it, from daemons
+    /// that came with this one.
+    fn finish_sync(&mut self) {
+        let Some(states) = self.syncing.take() else {
+            return;
+        };
+        let (_, _, came_with) = self.config.clone().expect("a configuration");
+        type Prev = Option<(RingId, u32)>;
+        let mut next: BTreeMap<String, Vec<(Member, Prev)>> = BTreeMap::new();
+        for (daemon, entries) in states {
+            for e in entries {
+                if check_name(&e.client).is_err() || check_name(&e.group).is_err() {
+                    continue;
+                }
+                let ms = next.entry(e.group).or_default();
+                if !ms.iter().any(|(m, _)| m.name == e.client) {
+                    let m = Member {
+                        name: e.client,
+                        daemon,
+                        vs: e.vs,
+                    };
+                    ms.push((m, e.view.filter(|_| came_with.contains(&daemon))));
+                }
+            }
+        }
+        let names: BTreeSet<String> = self.groups.keys().chain(next.keys()).cloned().collect();
+        for group in names {
+            let mut entries = next.remove(&group).unwrap_or_default();
+            entries.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+            let g = self.groups.entry(group.clone()).or_default();
+            g.count = 0;
+            g.members = entries.iter().map(|(m, _)| m.clone()).collect();
+            if g.members.is_empty() {
+                self.groups.remove(&group);
+                continue;
+            }
+            let view = self.next_view(&group);
+            let members: Vec<String> = entries.iter().map(|(m, _)| m.name.clone()).collect();
+            let prev_of = |c: &str| {
+                entries
+                    .iter()
+                    .find(|(m, _)| m.name == c)
+                    .and_then(|(_, p)| *p)
+            };
+            let trans = |c: &str, had: bool| match prev_of(c) {
+                Some(p) if had => entries
+                    .iter()
+                    .filter(|(_, q)| *q == Some(p))
+                    .map(|(m, _)| m.name.clone())
+                    .collect(),
+                _ => vec![c.to_owned()],
+            };
+            self.emit_view_with(&group, view, &members, Reason::Network, &[], trans);
+        }
+        let names: Vec<String> = self.groups.keys().cloned().collect();
+        for g in names {
+            self.advance(&g);
+        }
+    }
+
+    /// Accepts what clients have waiting, in each client's order per group, as far as it can.
+    /// Returns whether anything was accepted.
+    fn pump(&mut self) -> bool {
+        if !self.ready() {
+            return false;
+        }
+        let mut any = false;
+        let queues: Vec<(String, String)> = self
+            .clients
+            .iter()
+            .flat_map(|(n, c)| c.held.keys().map(move |g| (n.clone(), g.clone())))
+            .collect();
+        for (name, group) in queues {
+            while let Some(cmd) = self
+                .clients
+                .get(&name)
+                .and_then(|c| c.held.get(&group))
+                .and_then(|q| q.front().cloned())
+            {
+                if !self.try_accept(&name, cmd) {
+                    break;
+                }
+                any = true;
+                if let Some(c) = self.clients.get_mut(&name) {
+                    if let Some(q) = c.held.get_mut(&group) {
+                        q.pop_front();
+                        c.held_count -= 1;
+                        if q.is_empty() {
+                            c.held.remove(&group);
+                        }
+                    }
+                }
+            }
+        }
+        any
+    }
+
+    /// Accepts one command if it can go now.
+    fn try_accept(&mut self, client: &str, cmd: ClientCommand) -> bool {
+        match cmd {
+            ClientCommand::Join { group, vs } => {
+                let body = Body::GroupJoin {
+                    client: client.to_owned(),
+                    group: group.clone(),
+                    vs,
+                };
+                if self.ring.submit(body).is_err() {
+                    return false;
+                }
+                if let Some(c) = self.clients.get_mut(client) {
+                    c.groups.insert(group.clone(), vs);
+                }
+                self.emit(client, ClientEvent::Joined { group, vs });
+                true
+            }
+            ClientCommand::Leave { group } => {
+                let body = Body::GroupLeave {
+                    client: client.to_owned(),
+                    group: group.clone(),
+                };
+                if self.ring.submit(body).is_err() {
+                    return false;
+                }
+                if let Some(c) = self.clients.get_mut(client) {
+                    c.groups.remove(&group);
+                    c.views.remove(&group);
+                }
+                if let Some(f) = self.groups.get_mut(&group).and_then(|g| g.flush.as_mut()) {
+                    f.awaiting.remove(client);
+                }
+                self.emit(
+                    client,
+                    ClientEvent::Left {
+                        group: group.clone(),
+                    },
+                );
+                self.advance(&group);
+                true
+            }
+            ClientCommand::Multicast {
+                service,
+                group,
+                payload,
+            } => {
+                let Some(g) = self.groups.get(&group) else {
+                    return false;
+                };
+                let Some(view) = g.view else { return false };
+                let in_view = self
+                    .clients
+                    .get(client)
+                    .is_some_and(|c| c.views.get(&group) == Some(&view));
+                let held_back = g
+                    .flush
+                    .as_ref()
+                    .is_some_and(|f| f.marker_sent || f.acked.contains(client));
+                if !in_view || held_back {
+                    return false;
+                }
+                let body = Body::Client {
+                    client: client.to_owned(),
+                    groups: vec![group.clone()],
+                    service,
+                    view: view.index,
+                    payload: payload.clone(),
+                };
+                if self.ring.submit(body).is_err() {
+                    return false;
+                }
+                self.emit(
+                    client,
+                    ClientEvent::Sent {
+                        group,
+                        service,
+                        payload,
+                        view,
+                    },
+                );
+                true
+            }
+            ClientCommand::FlushAck { group } => {
+                // An acknowledgement of a flush that a configuration change cut short is stale:
+                // the next view comes from the state exchange, with nothing left to promise.
+                if let Some(f) = self.groups.get_mut(&group).and_then(|g| g.flush.as_mut()) {
+                    f.awaiting.remove(client);
+                    f.acked.insert(client.to_owned());
+                    self.emit(
+                        client,
+                        ClientEvent::FlushAcked {
+                            group: group.clone(),
+                        },
+                    );
+                    self.advance(&group);
+                }
+                true
+            }
+        }
+    }
+}
+
+/// Whether applying `change` to a view of `members` changes it.
+fn changes_anything(members: &[Member], change: &Change) -> bool {
+    match change {
+        Change::Join(m) => !members.iter().any(|x| x.name == m.name),
+        Change::Leave(n) | Change::Gone(n) => members.iter().any(|x| &x.name == n),
+    }
+}

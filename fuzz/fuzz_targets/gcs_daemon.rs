@@ -1,0 +1,56 @@
+//! A daemon with two clients in a group, fed any sequence of packets from any daemon, client
+//! commands and timer firings, never panics: hostile packets are typed errors, bad commands
+//! are refused.
+#![no_main]
+use conclave_gcs::{ClientCommand, Daemon, DaemonConfig};
+use conclave_wire::gcs::ServiceType;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let mut d = Daemon::new(DaemonConfig::default(), 2, 0, 0);
+    let _ = d.connect("a");
+    let _ = d.connect("b");
+    let _ = d.handle_client(0, "a", ClientCommand::Join { group: "g".into(), vs: true });
+    let mut rest = data;
+    let mut now = 0u64;
+    while let Some((&head, tail)) = rest.split_first() {
+        now += 5_000;
+        rest = tail;
+        match head >> 6 {
+            // A packet from daemon 1 or 3.
+            0 | 1 => {
+                let len = (head as usize & 0x3f).min(rest.len());
+                let (chunk, tail) = rest.split_at(len);
+                rest = tail;
+                let from = if head >> 6 == 0 { 1 } else { 3 };
+                let _ = d.handle_packet(now, from, chunk);
+            }
+            // A client command.
+            2 => {
+                let who = if head & 1 == 0 { "a" } else { "b" };
+                let group = if head & 2 == 0 { "g" } else { "h" };
+                let cmd = match (head >> 2) & 3 {
+                    0 => ClientCommand::Join { group: group.into(), vs: head & 16 != 0 },
+                    1 => ClientCommand::Leave { group: group.into() },
+                    2 => ClientCommand::Multicast {
+                        service: ServiceType::Agreed,
+                        group: group.into(),
+                        payload: vec![head],
+                    },
+                    _ => ClientCommand::FlushAck { group: group.into() },
+                };
+                let _ = d.handle_client(now, who, cmd);
+            }
+            _ => {
+                if head & 1 == 0 {
+                    d.handle_timeout(now);
+                } else {
+                    let _ = d.disconnect(now, "b");
+                    let _ = d.connect("b");
+                }
+            }
+        }
+        while d.poll_transmit().is_some() {}
+        while d.poll_event().is_some() {}
+    }
+});
