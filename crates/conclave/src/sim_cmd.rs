@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use conclave_history::{check, Config};
-use conclave_sim::{run, FaultMix, SimConfig};
+use conclave_sim::{run, FaultChoice, FaultMix, FaultSet, SimConfig};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -17,7 +17,8 @@ pub struct SimArgs {
     /// Messages each daemon sends during the safety phase.
     #[arg(long, default_value_t = 40)]
     pub messages: usize,
-    /// Fault mix: swarm (each seed draws its own) or none.
+    /// Fault mix: swarm (each seed draws its own), none, or (for --membership runs) a list of
+    /// loss,burst,dup,partition,oneway,nontransitive,flap,crash,pause,spike,disconnect.
     #[arg(long, default_value = "swarm")]
     pub faults: String,
     /// Full runs: daemons, their clients and groups under partitions, merges, crashes and
@@ -44,10 +45,16 @@ fn parse_seeds(s: &str) -> Result<std::ops::Range<u64>> {
 /// One JSON line per seed and a summary; fails if any seed violates a property.
 pub fn run_sim(args: SimArgs) -> Result<()> {
     let seeds = parse_seeds(&args.seeds)?;
-    let faults = match args.faults.as_str() {
-        "swarm" => FaultMix::Swarm,
-        "none" => FaultMix::None,
-        f => anyhow::bail!("unknown fault mix {f:?} (swarm or none)"),
+    let (faults, full_faults) = match args.faults.as_str() {
+        "swarm" => (FaultMix::Swarm, FaultChoice::Swarm),
+        "none" => (FaultMix::None, FaultChoice::List(FaultSet::NONE)),
+        list if args.membership => (
+            FaultMix::Swarm,
+            FaultChoice::List(FaultSet::parse(list).map_err(anyhow::Error::msg)?),
+        ),
+        f => anyhow::bail!(
+            "unknown fault mix {f:?}: swarm or none (a list of faults applies to --membership runs)"
+        ),
     };
     anyhow::ensure!(
         (1..=64).contains(&args.daemons),
@@ -65,6 +72,7 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
         let (r, bound) = if args.membership {
             let mut m = conclave_sim::MembershipSimConfig::new(seed);
             m.daemons = args.daemons;
+            m.faults = full_faults;
             (conclave_sim::run_membership(&m), m.max_views_after_stable())
         } else {
             (run(&cfg), Config::default().max_views_after_stable)

@@ -11,7 +11,7 @@
 //! Client groups join as the daemon core grows (docs/gcs.md).
 
 mod membership;
-pub use membership::{run_membership, MembershipSimConfig};
+pub use membership::{run_membership, FaultChoice, FaultSet, MembershipSimConfig, FAULT_NAMES};
 
 use conclave_gcs::{Dest, Ordering, OrderingConfig};
 use conclave_history::{Event, Record, Service, ViewId};

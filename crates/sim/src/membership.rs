@@ -12,18 +12,85 @@
 
 use crate::{service, Network, SimResult, Stats, SERVICES};
 use conclave_gcs::{
-    ClientCommand, ClientEvent, Daemon, DaemonConfig, Dest, GroupViewId, RingEvent,
+    ClientCommand, ClientEvent, Daemon, DaemonConfig, Dest, GroupViewId, RingEvent, Transmit,
 };
 use conclave_history::{Event, Record, ViewId};
 use conclave_wire::gcs::{Body, DaemonId, RingId};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+/// The faults of a full run, by name.
+pub const FAULT_NAMES: [&str; 11] = [
+    "loss",
+    "burst",
+    "dup",
+    "partition",
+    "oneway",
+    "nontransitive",
+    "flap",
+    "crash",
+    "pause",
+    "spike",
+    "disconnect",
+];
+
+/// A set of faults (bits in the order of [`FAULT_NAMES`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaultSet(pub u32);
+
+impl FaultSet {
+    /// The faults of the first full runs: uniform loss, duplication, partitions into up to three
+    /// components, crashes and restarts, client disconnections.
+    pub const BASIC: FaultSet = FaultSet(1 | 1 << 2 | 1 << 3 | 1 << 7 | 1 << 10);
+    pub const ALL: FaultSet = FaultSet((1 << FAULT_NAMES.len()) - 1);
+    pub const NONE: FaultSet = FaultSet(0);
+
+    pub fn has(self, name: &str) -> bool {
+        FAULT_NAMES
+            .iter()
+            .position(|n| *n == name)
+            .is_some_and(|i| self.0 & (1 << i) != 0)
+    }
+
+    /// Parses a comma-separated list of fault names.
+    pub fn parse(list: &str) -> Result<FaultSet, String> {
+        let mut bits = 0;
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let i = FAULT_NAMES.iter().position(|n| *n == name).ok_or_else(|| {
+                format!(
+                    "unknown fault {name:?}; the faults are {}",
+                    FAULT_NAMES.join(",")
+                )
+            })?;
+            bits |= 1 << i;
+        }
+        Ok(FaultSet(bits))
+    }
+
+    pub fn names(self) -> Vec<&'static str> {
+        FAULT_NAMES
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.0 & (1 << i) != 0)
+            .map(|(_, n)| *n)
+            .collect()
+    }
+}
+
+/// Which faults a full run draws from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultChoice {
+    /// The basic faults always, each other fault with probability 1/2, as the seed draws.
+    Swarm,
+    List(FaultSet),
+}
 
 #[derive(Clone, Debug)]
 pub struct MembershipSimConfig {
     pub seed: u64,
+    pub faults: FaultChoice,
     pub daemons: usize,
     /// Clients connected to each daemon.
     pub clients_per_daemon: usize,
@@ -39,6 +106,7 @@ impl MembershipSimConfig {
     pub fn new(seed: u64) -> Self {
         MembershipSimConfig {
             seed,
+            faults: FaultChoice::Swarm,
             daemons: 5,
             clients_per_daemon: 2,
             groups: 3,
@@ -232,10 +300,14 @@ impl World {
             };
             self.push(&client, inc, ev);
         }
+        let again = !acks.is_empty();
         for (client, group) in acks {
             let now = self.now;
             // A client that left meanwhile has nothing to acknowledge.
             let _ = self.nodes[i].handle_client(now, &client, ClientCommand::FlushAck { group });
+        }
+        if again {
+            self.record(i);
         }
     }
 
@@ -262,7 +334,14 @@ impl World {
     }
 
     /// One step of client `ci`'s workload.
-    fn act(&mut self, ci: usize, rng: &mut ChaCha20Rng, groups: usize, calm: bool) {
+    fn act(
+        &mut self,
+        ci: usize,
+        rng: &mut ChaCha20Rng,
+        groups: usize,
+        calm: bool,
+        disconnects: bool,
+    ) {
         let d = self.clients[ci].daemon;
         let now = self.now;
         if !self.clients[ci].connected {
@@ -295,7 +374,7 @@ impl World {
             if self.nodes[d].handle_client(now, &name, cmd).is_ok() {
                 self.clients[ci].groups.remove(&g);
             }
-        } else if !calm && roll < 12 {
+        } else if !calm && roll < 12 && disconnects {
             let _ = self.nodes[d].disconnect(now, &name);
             self.client_crash(ci);
         } else if !joined.is_empty() {
@@ -315,27 +394,183 @@ impl World {
     }
 }
 
+// In flight: (arrival, order, from, to, bytes).
+type InFlight = Reverse<(u64, u64, usize, usize, Vec<u8>)>;
+
+/// The simulated network between the daemons, with the faults a seed drew. The basic faults draw
+/// from the run's main generator (so that their schedules replay as they always did); the others
+/// from their own.
+struct Wire {
+    n: usize,
+    net: Network,
+    faults: FaultSet,
+    rng2: ChaCha20Rng,
+    queue: BinaryHeap<InFlight>,
+    order: u64,
+    packets: u64,
+    /// Partition components.
+    comp: Vec<usize>,
+    /// Directed links cut on top of the components (one-way and non-transitive partitions).
+    cut: BTreeSet<(usize, usize)>,
+    /// A flapping link: its ends, whether it is down now, and when it toggles next.
+    flap: Option<(usize, usize, bool, u64)>,
+    burst_left: u32,
+    /// A window of delay spikes (packets late enough for false suspicion).
+    spike: (u64, u64),
+    next_spike: u64,
+    /// A paused daemon handles nothing until then (and its peers suspect it meanwhile).
+    paused_until: Vec<u64>,
+    next_pause: u64,
+}
+
+impl Wire {
+    fn reach(&self, i: usize, j: usize) -> bool {
+        let flapped = self
+            .flap
+            .is_some_and(|(a, b, down, _)| down && ((a, b) == (i, j) || (a, b) == (j, i)));
+        self.comp[i] == self.comp[j] && !self.cut.contains(&(i, j)) && !flapped
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        (self.rng2.next_u32() as f64 / u32::MAX as f64) < p
+    }
+
+    fn send(&mut self, rng: &mut ChaCha20Rng, now: u64, faulty: bool, i: usize, t: Transmit) {
+        let unit = |rng: &mut ChaCha20Rng| rng.next_u32() as f64 / u32::MAX as f64;
+        let bytes = t.packet.encode();
+        let targets: Vec<usize> = match t.to {
+            Dest::One(d) => vec![d as usize - 1],
+            Dest::AllOthers => (0..self.n).filter(|j| *j != i).collect(),
+        };
+        for j in targets {
+            self.packets += 1;
+            let cut = !self.reach(i, j);
+            let mut lost = faulty && unit(rng) < self.net.loss;
+            if faulty && self.faults.has("burst") {
+                if self.burst_left > 0 {
+                    self.burst_left -= 1;
+                    lost = true;
+                } else if lost {
+                    self.burst_left = self.rng2.next_u32() % 8 + 1;
+                }
+            }
+            if cut || lost {
+                continue;
+            }
+            let copies = if faulty && unit(rng) < self.net.duplication {
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                let mut d = self.net.delay_us(rng.next_u64());
+                if faulty && now >= self.spike.0 && now < self.spike.1 && self.chance(0.3) {
+                    d += 100_000 + self.rng2.next_u64() % 300_000;
+                }
+                self.order += 1;
+                self.queue
+                    .push(Reverse((now + d, self.order, i, j, bytes.clone())));
+            }
+        }
+    }
+
+    /// The extra faults of a new topology: a one-way cut, a non-transitive cut, a flapping link.
+    fn extra_topology(&mut self, now: u64) {
+        self.cut.clear();
+        self.flap = None;
+        let n = self.n;
+        if n < 2 {
+            return;
+        }
+        let pair = |w: &mut Wire| {
+            let a = w.rng2.next_u32() as usize % n;
+            let b = (a + 1 + w.rng2.next_u32() as usize % (n - 1)) % n;
+            (a, b)
+        };
+        if self.faults.has("oneway") && self.chance(0.5) {
+            let (a, b) = pair(self);
+            self.cut.insert((a, b));
+        }
+        if self.faults.has("nontransitive") && self.chance(0.5) {
+            let (a, b) = pair(self);
+            self.cut.insert((a, b));
+            self.cut.insert((b, a));
+        }
+        if self.faults.has("flap") && self.chance(0.3) {
+            let (a, b) = pair(self);
+            self.flap = Some((a, b, true, now + 20_000 + self.rng2.next_u64() % 40_000));
+        }
+    }
+
+    /// Whether the network is a plain partition now (so the ring each daemon should reach is
+    /// its component).
+    fn plain(&self, now: u64) -> bool {
+        self.cut.is_empty() && self.flap.is_none() && self.paused_until.iter().all(|p| *p <= now)
+    }
+
+    fn heal(&mut self) {
+        self.comp = vec![0; self.n];
+        self.cut.clear();
+        self.flap = None;
+        self.spike = (0, 0);
+        self.paused_until = vec![0; self.n];
+    }
+}
+
 /// Runs one seed of the full simulation.
 pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     let mut rng = ChaCha20Rng::seed_from_u64(cfg.seed ^ 0x6d656d62);
     let n = cfg.daemons.max(1);
     let unit = |rng: &mut ChaCha20Rng| rng.next_u32() as f64 / u32::MAX as f64;
-    let net = Network {
+    let mut rng2 = ChaCha20Rng::seed_from_u64(cfg.seed ^ 0x6661756c);
+    let faults = match cfg.faults {
+        FaultChoice::Swarm => FaultSet(FaultSet::BASIC.0 | (rng2.next_u32() & FaultSet::ALL.0)),
+        FaultChoice::List(f) => f,
+    };
+    let mut net = Network {
         loss: unit(&mut rng) * 0.1,
-        bursty: false,
+        bursty: faults.has("burst"),
         duplication: unit(&mut rng) * 0.2,
         delay_min_us: 50,
         delay_max_us: 50 + rng.next_u64() % 1_000,
     };
+    if !faults.has("loss") {
+        net.loss = 0.0;
+    }
+    if !faults.has("dup") {
+        net.duplication = 0.0;
+    }
     let dcfg = DaemonConfig {
         record_ring: true,
         ..DaemonConfig::default()
     };
-    // In flight: (arrival, order, from, to, bytes).
-    type InFlight = Reverse<(u64, u64, usize, usize, Vec<u8>)>;
-    let mut queue: BinaryHeap<InFlight> = BinaryHeap::new();
+    let safety = cfg.safety_ms * 1000;
+    let mut wire = Wire {
+        n,
+        net,
+        faults,
+        queue: BinaryHeap::new(),
+        order: 0,
+        packets: 0,
+        comp: vec![0; n],
+        cut: BTreeSet::new(),
+        flap: None,
+        burst_left: 0,
+        spike: (0, 0),
+        next_spike: if faults.has("spike") {
+            rng2.next_u64() % safety.max(1)
+        } else {
+            u64::MAX
+        },
+        paused_until: vec![0; n],
+        next_pause: if faults.has("pause") {
+            rng2.next_u64() % safety.max(1)
+        } else {
+            u64::MAX
+        },
+        rng2,
+    };
     let mut timers: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
-    let mut order = 0u64;
     let mut w = World {
         nodes: (1..=n as DaemonId)
             .map(|d| Daemon::new(dcfg.clone(), d, 0, 0))
@@ -372,12 +607,9 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             },
         );
     }
-    let mut comp: Vec<usize> = vec![0; n];
     let mut next_change = 100_000 + rng.next_u64() % 400_000;
-    let safety = cfg.safety_ms * 1000;
     let end = safety + cfg.settle_ms * 1000;
     let mut faulty = true;
-    let mut packets = 0u64;
     // Client actions: one every `act_gap_us` on average, from a client drawn at random, until
     // shortly after the run has converged (so that everything sent can still be delivered).
     let act_gap_us = 300 + rng.next_u64() % 5_000;
@@ -399,50 +631,12 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 continue;
             }
             while let Some(t) = w.nodes[i].poll_transmit() {
-                let bytes = t.packet.encode();
-                let targets: Vec<usize> = match t.to {
-                    Dest::One(d) => vec![d as usize - 1],
-                    Dest::AllOthers => (0..n).filter(|j| *j != i).collect(),
-                };
-                for j in targets {
-                    packets += 1;
-                    let cut = comp[i] != comp[j];
-                    let lost = faulty && unit(&mut rng) < net.loss;
-                    if cut || lost {
-                        continue;
-                    }
-                    let copies = if faulty && unit(&mut rng) < net.duplication {
-                        2
-                    } else {
-                        1
-                    };
-                    for _ in 0..copies {
-                        let d = net.delay_us(rng.next_u64());
-                        order += 1;
-                        queue.push(Reverse((w.now + d, order, i, j, bytes.clone())));
-                    }
-                }
-            }
-            w.record(i);
-            // Acknowledgements may have produced more.
-            while let Some(t) = w.nodes[i].poll_transmit() {
-                let bytes = t.packet.encode();
-                let targets: Vec<usize> = match t.to {
-                    Dest::One(d) => vec![d as usize - 1],
-                    Dest::AllOthers => (0..n).filter(|j| *j != i).collect(),
-                };
-                for j in targets {
-                    packets += 1;
-                    if comp[i] != comp[j] || (faulty && unit(&mut rng) < net.loss) {
-                        continue;
-                    }
-                    let d = net.delay_us(rng.next_u64());
-                    order += 1;
-                    queue.push(Reverse((w.now + d, order, i, j, bytes.clone())));
-                }
+                wire.send(&mut rng, w.now, faulty, i, t);
             }
             w.record(i);
             if let Some(t) = w.nodes[i].poll_timeout() {
+                // A deadline already past fires now (time never runs backwards).
+                let t = t.max(w.now);
                 if armed[i] != Some(t) {
                     armed[i] = Some(t);
                     timers.push(Reverse((t, i)));
@@ -452,10 +646,10 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         let now = w.now;
         // After a change of the network: has every live daemon a ring of exactly the live
         // daemons of its component?
-        if let Some(since) = changed_at {
+        if let Some(since) = changed_at.filter(|_| wire.plain(now)) {
             let settled = (0..n).filter(|i| alive[*i]).all(|i| {
                 let mut want: Vec<DaemonId> = (0..n)
-                    .filter(|j| alive[*j] && comp[*j] == comp[i])
+                    .filter(|j| alive[*j] && wire.comp[*j] == wire.comp[i])
                     .map(|j| j as DaemonId + 1)
                     .collect();
                 want.sort_unstable();
@@ -482,10 +676,17 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         if converged_at.is_some_and(|c| now > c + 1_000_000) || now > end {
             break;
         }
-        let next_packet = queue.peek().map(|Reverse((t, ..))| *t);
+        let next_packet = wire.queue.peek().map(|Reverse((t, ..))| *t);
         let next_timer = timers.peek().map(|Reverse((t, _))| *t);
         let next_topology = if faulty {
-            Some(next_change.min(safety))
+            let flap = wire.flap.map_or(u64::MAX, |f| f.3);
+            Some(
+                next_change
+                    .min(safety)
+                    .min(flap)
+                    .min(wire.next_pause)
+                    .min(wire.next_spike),
+            )
         } else {
             None
         };
@@ -502,7 +703,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         let now = t;
         if faulty && now >= safety {
             faulty = false;
-            comp = vec![0; n];
+            wire.heal();
             for i in 0..n {
                 if !alive[i] {
                     restart(i, &mut w, &mut alive, &mut armed, &dcfg);
@@ -520,15 +721,40 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             w.push("", 0, Event::Stable { processes });
             continue;
         }
+        if faulty && wire.flap.is_some_and(|f| now >= f.3) {
+            if let Some(f) = &mut wire.flap {
+                f.2 = !f.2;
+                f.3 = now + 20_000 + wire.rng2.next_u64() % 40_000;
+            }
+            continue;
+        }
+        if faulty && now >= wire.next_pause {
+            let i = wire.rng2.next_u32() as usize % n;
+            let len = 250_000 + wire.rng2.next_u64() % 450_000;
+            wire.paused_until[i] = now + len;
+            wire.next_pause = now + 300_000 + wire.rng2.next_u64() % 700_000;
+            continue;
+        }
+        if faulty && now >= wire.next_spike {
+            let len = 50_000 + wire.rng2.next_u64() % 250_000;
+            wire.spike = (now, now + len);
+            wire.next_spike = now + len + 200_000 + wire.rng2.next_u64() % 600_000;
+            continue;
+        }
         if faulty && now >= next_change {
             // A new topology: one to three components, each daemon placed at random.
             let k = 1 + (rng.next_u32() % 3) as usize;
-            comp = (0..n).map(|_| (rng.next_u32() as usize) % k).collect();
+            let comp: Vec<usize> = (0..n).map(|_| (rng.next_u32() as usize) % k).collect();
+            if faults.has("partition") {
+                wire.comp = comp;
+            }
+            wire.extra_topology(now);
             next_change = now + 100_000 + rng.next_u64() % 400_000;
             changed_at = Some(now);
             // Sometimes a daemon crashes, or a crashed one restarts.
             let i = (rng.next_u32() as usize) % n;
             match rng.next_u32() % 4 {
+                _ if !faults.has("crash") => {}
                 0 if alive[i] => {
                     alive[i] = false;
                     let di = w.dinc[i];
@@ -552,23 +778,31 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             let ci = (rng.next_u32() as usize) % w.clients.len().max(1);
             if let Some(c) = w.clients.get(ci) {
                 let d = c.daemon;
-                if alive[d] {
-                    w.act(ci, &mut rng, cfg.groups, !faulty);
+                if alive[d] && wire.paused_until[d] <= now {
+                    w.act(ci, &mut rng, cfg.groups, !faulty, faults.has("disconnect"));
                     touched.push(d);
                 }
             }
             continue;
         }
         if next_packet == Some(t) {
-            let Reverse((_, _, from, to, bytes)) = queue.pop().expect("peeked");
-            if alive[to] {
+            let Reverse((_, _, from, to, bytes)) = wire.queue.pop().expect("peeked");
+            if wire.paused_until[to] > now {
+                // A paused daemon reads its socket when it resumes.
+                wire.order += 1;
+                let at = wire.paused_until[to];
+                wire.queue.push(Reverse((at, wire.order, from, to, bytes)));
+            } else if alive[to] {
                 // The wire is hostile even here: a packet that does not decode is refused.
                 let _ = w.nodes[to].handle_packet(now, from as DaemonId + 1, &bytes);
                 touched.push(to);
             }
         } else if next_timer == Some(t) {
             let Reverse((_, i)) = timers.pop().expect("peeked");
-            if armed[i] == Some(t) && alive[i] {
+            if wire.paused_until[i] > now {
+                timers.push(Reverse((wire.paused_until[i], i)));
+                armed[i] = Some(wire.paused_until[i]);
+            } else if armed[i] == Some(t) && alive[i] {
                 armed[i] = None;
                 w.nodes[i].handle_timeout(now);
                 touched.push(i);
@@ -577,10 +811,10 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     }
     SimResult {
         seed: cfg.seed,
-        network: net,
+        network: wire.net,
         delivered: w.delivered,
         views: w.views,
-        packets,
+        packets: wire.packets,
         sim_us: w.now,
         completed: converged_at.is_some(),
         stats: Stats {

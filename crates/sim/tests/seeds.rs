@@ -98,9 +98,11 @@ fn regression_membership_seed_247_recovery_ended_before_everyone_had_the_markers
     full_seed_passes(247);
 }
 
+/// A full run of `seed` with the basic faults (the schedules these seeds were found with).
 fn full_seed_passes(seed: u64) {
-    use conclave_sim::{run_membership, MembershipSimConfig};
-    let m = MembershipSimConfig::new(seed);
+    use conclave_sim::{run_membership, FaultChoice, FaultSet, MembershipSimConfig};
+    let mut m = MembershipSimConfig::new(seed);
+    m.faults = FaultChoice::List(FaultSet::BASIC);
     let r = run_membership(&m);
     assert!(r.completed, "seed {seed} did not converge");
     let cfg = Config {
