@@ -10,5 +10,5 @@ pub mod ordering;
 pub use groups::{
     ClientCommand, ClientEvent, Daemon, DaemonConfig, DaemonError, GroupViewId, Reason,
 };
-pub use membership::{Configuration, Membership, MembershipConfig, RingEvent};
+pub use membership::{Configuration, Membership, MembershipConfig, Phase, RingEvent};
 pub use ordering::{Delivered, Dest, Finished, Ordering, OrderingConfig, OrderingError, Transmit};

@@ -91,6 +91,15 @@ pub struct Configuration {
     pub transitional: Vec<DaemonId>,
 }
 
+/// The phases of the membership protocol (TOCS §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Gather,
+    Commit,
+    Recovery,
+    Operational,
+}
+
 /// What the ring layer tells the layer above, in the order it happens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RingEvent {
@@ -203,6 +212,16 @@ impl Membership {
     }
     pub fn is_operational(&self) -> bool {
         matches!(self.state, State::Operational { .. })
+    }
+
+    /// Where the daemon is in the membership protocol.
+    pub fn phase(&self) -> Phase {
+        match self.state {
+            State::Gather { .. } => Phase::Gather,
+            State::Commit { .. } => Phase::Commit,
+            State::Recovery { .. } => Phase::Recovery,
+            State::Operational { .. } => Phase::Operational,
+        }
     }
 
     /// The members of the ring this daemon is operational in (empty while it gathers, commits or

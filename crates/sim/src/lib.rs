@@ -11,7 +11,9 @@
 //! Client groups join as the daemon core grows (docs/gcs.md).
 
 mod membership;
-pub use membership::{run_membership, FaultChoice, FaultSet, MembershipSimConfig, FAULT_NAMES};
+pub use membership::{
+    run_membership, Action, FaultChoice, FaultSet, MembershipSimConfig, Trigger, FAULT_NAMES,
+};
 
 use conclave_gcs::{Dest, Ordering, OrderingConfig};
 use conclave_history::{Event, Record, Service, ViewId};
@@ -169,6 +171,8 @@ pub struct Stats {
     /// every live daemon operational in a ring of exactly the live daemons it can reach; one
     /// entry per change that settled before the next, microseconds.
     pub topology_settle_us: Vec<u64>,
+    /// Full runs with a script: how many of its steps happened.
+    pub script_steps: usize,
 }
 
 fn pct(v: &mut [u64], p: f64) -> u64 {
@@ -525,6 +529,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
         rotation_us,
         converge_us: 0,
         topology_settle_us: Vec::new(),
+        script_steps: 0,
     };
     if let Some(fault) = cfg.planted {
         sim.history = plant(&mut sim.history, fault);

@@ -12,7 +12,7 @@
 
 use crate::{service, Network, SimResult, Stats, SERVICES};
 use conclave_gcs::{
-    ClientCommand, ClientEvent, Daemon, DaemonConfig, Dest, GroupViewId, RingEvent, Transmit,
+    ClientCommand, ClientEvent, Daemon, DaemonConfig, Dest, GroupViewId, Phase, RingEvent, Transmit,
 };
 use conclave_history::{Event, Record, ViewId};
 use conclave_wire::gcs::{Body, DaemonId, RingId};
@@ -87,10 +87,39 @@ pub enum FaultChoice {
     List(FaultSet),
 }
 
+/// When a scripted step happens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// At this simulated time, in milliseconds (or as soon as the previous step has happened).
+    At(u64),
+    /// As soon as a live daemon is in this phase of the membership protocol, after the previous
+    /// step.
+    Phase(Phase),
+}
+
+/// A scripted step of a named scenario. Daemons and clients are numbered from 0 (client `c` is
+/// the `c % clients_per_daemon`-th client of daemon `c / clients_per_daemon`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// The daemons split into these components; a daemon listed in none is alone.
+    Partition(Vec<Vec<usize>>),
+    Heal,
+    Crash(usize),
+    /// Crashes the representative of the ring daemon `d` is in.
+    CrashRepresentative(usize),
+    Restart(usize),
+    /// Restarts every crashed daemon.
+    RestartCrashed,
+    Join(usize, String),
+    Leave(usize, String),
+}
+
 #[derive(Clone, Debug)]
 pub struct MembershipSimConfig {
     pub seed: u64,
     pub faults: FaultChoice,
+    /// Scripted steps, in order, on top of the faults (named scenarios).
+    pub script: Vec<(Trigger, Action)>,
     pub daemons: usize,
     /// Clients connected to each daemon.
     pub clients_per_daemon: usize,
@@ -107,6 +136,7 @@ impl MembershipSimConfig {
         MembershipSimConfig {
             seed,
             faults: FaultChoice::Swarm,
+            script: Vec::new(),
             daemons: 5,
             clients_per_daemon: 2,
             groups: 3,
@@ -622,6 +652,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     let mut changed_at: Option<u64> = None;
     let mut settle: Vec<u64> = Vec::new();
     let mut touched: Vec<usize> = (0..n).collect();
+    let mut step = 0;
     loop {
         // Outputs of the daemons that just ran.
         touched.sort_unstable();
@@ -644,6 +675,24 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             }
         }
         let now = w.now;
+        // Scripted steps waiting for a phase.
+        while let Some((Trigger::Phase(p), action)) = cfg.script.get(step) {
+            let seen = (0..n).any(|i| alive[i] && w.nodes[i].membership().phase() == *p);
+            if !seen || !faulty {
+                break;
+            }
+            step += 1;
+            changed_at = Some(now);
+            scripted(
+                action,
+                &mut w,
+                &mut wire,
+                &mut alive,
+                &mut armed,
+                &mut touched,
+                &dcfg,
+            );
+        }
         // After a change of the network: has every live daemon a ring of exactly the live
         // daemons of its component?
         if let Some(since) = changed_at.filter(|_| wire.plain(now)) {
@@ -692,11 +741,20 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         };
         let acting = converged_at.is_none_or(|c| next_act < c + 500_000);
         let next_action = acting.then_some(next_act);
-        let Some(t) = [next_packet, next_timer, next_topology, next_action]
-            .into_iter()
-            .flatten()
-            .min()
-        else {
+        let next_step = match cfg.script.get(step) {
+            Some((Trigger::At(ms), _)) if faulty => Some((ms * 1000).max(now)),
+            _ => None,
+        };
+        let Some(t) = [
+            next_packet,
+            next_timer,
+            next_topology,
+            next_action,
+            next_step,
+        ]
+        .into_iter()
+        .flatten()
+        .min() else {
             break;
         };
         w.now = t;
@@ -719,6 +777,21 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                     .map(|c| c.name.clone()),
             );
             w.push("", 0, Event::Stable { processes });
+            continue;
+        }
+        if next_step == Some(t) {
+            let action = cfg.script[step].1.clone();
+            step += 1;
+            changed_at = Some(now);
+            scripted(
+                &action,
+                &mut w,
+                &mut wire,
+                &mut alive,
+                &mut armed,
+                &mut touched,
+                &dcfg,
+            );
             continue;
         }
         if faulty && wire.flap.is_some_and(|f| now >= f.3) {
@@ -755,16 +828,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             let i = (rng.next_u32() as usize) % n;
             match rng.next_u32() % 4 {
                 _ if !faults.has("crash") => {}
-                0 if alive[i] => {
-                    alive[i] = false;
-                    let di = w.dinc[i];
-                    w.push(&dnames[i], di, Event::Crash);
-                    for ci in 0..w.clients.len() {
-                        if w.clients[ci].daemon == i {
-                            w.client_crash(ci);
-                        }
-                    }
-                }
+                0 if alive[i] => crash(i, &mut w, &mut alive),
                 1 if !alive[i] => {
                     restart(i, &mut w, &mut alive, &mut armed, &dcfg);
                     touched.push(i);
@@ -823,9 +887,98 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 _ => 0,
             },
             topology_settle_us: settle,
+            script_steps: step,
             ..Stats::default()
         },
         history: w.history,
+    }
+}
+
+/// Performs one scripted step.
+fn scripted(
+    action: &Action,
+    w: &mut World,
+    wire: &mut Wire,
+    alive: &mut [bool],
+    armed: &mut [Option<u64>],
+    touched: &mut Vec<usize>,
+    dcfg: &DaemonConfig,
+) {
+    let n = wire.n;
+    let now = w.now;
+    match action {
+        Action::Partition(parts) => {
+            wire.comp = (0..n)
+                .map(|i| {
+                    parts
+                        .iter()
+                        .position(|p| p.contains(&i))
+                        .unwrap_or(parts.len() + i)
+                })
+                .collect();
+        }
+        Action::Heal => wire.comp = vec![0; n],
+        Action::Crash(d) => crash(*d, w, alive),
+        Action::CrashRepresentative(d) => {
+            if let Some(rep) = w.nodes.get(*d).and_then(|x| x.membership().ring()) {
+                crash(rep.rep as usize - 1, w, alive);
+            }
+        }
+        Action::Restart(d) => {
+            if *d < n && !alive[*d] {
+                restart(*d, w, alive, armed, dcfg);
+                touched.push(*d);
+            }
+        }
+        Action::RestartCrashed => {
+            for d in 0..n {
+                if !alive[d] {
+                    restart(d, w, alive, armed, dcfg);
+                    touched.push(d);
+                }
+            }
+        }
+        Action::Join(c, group) | Action::Leave(c, group) => {
+            let Some(cl) = w.clients.get(*c) else { return };
+            let (d, name) = (cl.daemon, cl.name.clone());
+            if !alive[d] || !cl.connected {
+                return;
+            }
+            let join = matches!(action, Action::Join(..));
+            let cmd = if join {
+                ClientCommand::Join {
+                    group: group.clone(),
+                    vs: true,
+                }
+            } else {
+                ClientCommand::Leave {
+                    group: group.clone(),
+                }
+            };
+            if w.nodes[d].handle_client(now, &name, cmd).is_ok() {
+                if join {
+                    w.clients[*c].groups.insert(group.clone(), true);
+                } else {
+                    w.clients[*c].groups.remove(group);
+                }
+            }
+            touched.push(d);
+        }
+    }
+}
+
+/// A daemon crashes, and its clients with it.
+fn crash(i: usize, w: &mut World, alive: &mut [bool]) {
+    if i >= alive.len() || !alive[i] {
+        return;
+    }
+    alive[i] = false;
+    let di = w.dinc[i];
+    w.push(&name(i as DaemonId + 1), di, Event::Crash);
+    for ci in 0..w.clients.len() {
+        if w.clients[ci].daemon == i {
+            w.client_crash(ci);
+        }
     }
 }
 
