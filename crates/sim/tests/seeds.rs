@@ -67,10 +67,11 @@ fn regression_a_ring_of_one_delivers() {
     }
 }
 
-#[test]
-fn membership_seeds_converge_and_pass_the_checker() {
+/// Full runs (daemons, clients, groups, every fault as each seed draws): 500 seeds, in two halves
+/// so that both cores work.
+fn full_swarm_seeds(seeds: std::ops::Range<u64>) {
     use conclave_sim::{run_membership, MembershipSimConfig};
-    for seed in 0..40 {
+    for seed in seeds {
         let m = MembershipSimConfig::new(seed);
         let r = run_membership(&m);
         let cfg = Config {
@@ -79,12 +80,22 @@ fn membership_seeds_converge_and_pass_the_checker() {
         let v = check(&r.history, &cfg);
         assert!(
             v.is_empty(),
-            "membership seed {seed}: {}",
+            "full seed {seed}: {}",
             v.iter().map(|v| v.to_string()).collect::<String>()
         );
-        assert!(r.completed, "membership seed {seed} did not converge");
-        assert!(r.delivered > 0, "membership seed {seed} delivered nothing");
+        assert!(r.completed, "full seed {seed} did not converge");
+        assert!(r.delivered > 0, "full seed {seed} delivered nothing");
     }
+}
+
+#[test]
+fn full_swarm_seeds_first_half() {
+    full_swarm_seeds(0..250);
+}
+
+#[test]
+fn full_swarm_seeds_second_half() {
+    full_swarm_seeds(250..500);
 }
 
 /// Seed 247 (5 daemons) breaks O4 when recovery ends at each member as soon as it has every
