@@ -30,8 +30,9 @@
 
 use crate::membership::{Membership, MembershipConfig, RingEvent};
 use crate::ordering::Transmit;
+pub use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, Reason};
 use conclave_wire::gcs::{
-    Body, DaemonId, Packet, RingId, ServiceType, StateEntry, MAX_NAME_BYTES, MAX_PAYLOAD_BYTES,
+    Body, DaemonId, Packet, RingId, StateEntry, MAX_NAME_BYTES, MAX_PAYLOAD_BYTES,
     MAX_STATE_ENTRIES,
 };
 use conclave_wire::DecodeError;
@@ -62,90 +63,6 @@ impl Default for DaemonConfig {
             record_ring: false,
         }
     }
-}
-
-/// A group view: the ring it belongs to and the group's view count on that ring.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct GroupViewId {
-    pub ring: RingId,
-    pub index: u32,
-}
-
-/// Why a group view changed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
-    Join,
-    Leave,
-    Disconnect,
-    Network,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ClientCommand {
-    Join {
-        group: String,
-        /// Ask for flush requests before each view change (virtual synchrony).
-        vs: bool,
-    },
-    Leave {
-        group: String,
-    },
-    Multicast {
-        service: ServiceType,
-        group: String,
-        payload: Vec<u8>,
-    },
-    /// A VS client has sent all it will send in its current view of `group`.
-    FlushAck {
-        group: String,
-    },
-}
-
-/// What a daemon tells (or records for) one of its clients.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ClientEvent {
-    /// The daemon accepted the client's join.
-    Joined {
-        group: String,
-        vs: bool,
-    },
-    /// The daemon accepted the client's leave; nothing more of the group reaches the client.
-    Left {
-        group: String,
-    },
-    /// The daemon accepted a message of the client: it is sent in `view`.
-    Sent {
-        group: String,
-        service: ServiceType,
-        payload: Vec<u8>,
-        view: GroupViewId,
-    },
-    FlushAcked {
-        group: String,
-    },
-    View {
-        group: String,
-        view: GroupViewId,
-        members: Vec<String>,
-        transitional: Vec<String>,
-        reason: Reason,
-    },
-    /// What follows until the next view of `group` is delivered in the transitional part.
-    TransitionalSignal {
-        group: String,
-    },
-    /// A VS client must acknowledge before the next view of `group` can be installed.
-    FlushRequest {
-        group: String,
-    },
-    Message {
-        group: String,
-        sender: String,
-        service: ServiceType,
-        payload: Vec<u8>,
-        view: GroupViewId,
-        transitional: bool,
-    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

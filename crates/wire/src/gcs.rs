@@ -44,7 +44,7 @@ pub enum ServiceType {
 }
 
 impl ServiceType {
-    fn from_u8(v: u8) -> Result<Self, DecodeError> {
+    pub(crate) fn from_u8(v: u8) -> Result<Self, DecodeError> {
         Ok(match v {
             0 => ServiceType::Unreliable,
             1 => ServiceType::Reliable,
@@ -189,12 +189,12 @@ pub enum Packet {
     },
 }
 
-fn write_ring(w: &mut Writer, r: &RingId) {
+pub(crate) fn write_ring(w: &mut Writer, r: &RingId) {
     w.u64(r.seq);
     w.u32(r.rep);
     w.u32(r.inc);
 }
-fn read_ring(r: &mut Reader<'_>) -> Result<RingId, DecodeError> {
+pub(crate) fn read_ring(r: &mut Reader<'_>) -> Result<RingId, DecodeError> {
     Ok(RingId {
         seq: r.u64("ring seq")?,
         rep: r.u32("ring rep")?,
@@ -215,7 +215,7 @@ fn read_ids(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<DaemonId>, Dec
     }
     Ok(v)
 }
-fn read_bool(r: &mut Reader<'_>, what: &'static str) -> Result<bool, DecodeError> {
+pub(crate) fn read_bool(r: &mut Reader<'_>, what: &'static str) -> Result<bool, DecodeError> {
     match r.u8(what)? {
         0 => Ok(false),
         1 => Ok(true),

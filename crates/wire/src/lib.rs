@@ -4,6 +4,7 @@
 //! tag is matched exhaustively, trailing bytes are an error, and no decoder panics on any input
 //! (each has a fuzz target in `fuzz/` and a round-trip property test).
 
+pub mod client;
 pub mod codec;
 pub mod gcs;
 pub mod gka;

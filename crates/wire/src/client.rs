@@ -1,0 +1,588 @@
+//! The client protocol between a client and its daemon (docs/gcs.md): requests (connect, join,
+//! leave, multicast, flush acknowledgement, disconnect) and replies (the daemon's events for the
+//! client, and refusals), each a versioned message in a length-prefixed frame for stream
+//! transports (TCP, Unix sockets).
+//!
+//! A frame is a u32 big-endian length (at most [`MAX_FRAME_BYTES`]) and that many bytes: the
+//! version, a tag and the fields. [`next_frame`] splits frames off a byte stream without trusting
+//! the length.
+
+use crate::codec::{DecodeError, Reader, Writer};
+use crate::gcs::{
+    read_bool, read_ring, write_ring, RingId, ServiceType, MAX_NAME_BYTES, MAX_PAYLOAD_BYTES,
+};
+
+/// The client protocol version this build speaks.
+pub const CLIENT_VERSION: u8 = 1;
+/// Most members a view lists.
+pub const MAX_VIEW_MEMBERS: usize = 16_384;
+/// Longest refusal text, in bytes.
+pub const MAX_TEXT_BYTES: usize = 1024;
+/// Largest frame body: a payload and room for every other field, or a view of the most members.
+pub const MAX_FRAME_BYTES: usize = MAX_PAYLOAD_BYTES + 2 * MAX_VIEW_MEMBERS * (MAX_NAME_BYTES + 1);
+
+/// A group view: the ring it belongs to and the group's count of views on that ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GroupViewId {
+    pub ring: RingId,
+    pub index: u32,
+}
+
+/// Why a group view changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    Join = 0,
+    Leave = 1,
+    Disconnect = 2,
+    Network = 3,
+}
+
+/// What a connected client asks of its daemon about one group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientCommand {
+    Join {
+        group: String,
+        /// Ask for flush requests before each view change (virtual synchrony).
+        vs: bool,
+    },
+    Leave {
+        group: String,
+    },
+    Multicast {
+        service: ServiceType,
+        group: String,
+        payload: Vec<u8>,
+    },
+    /// A VS client has sent all it will send in its current view of `group`.
+    FlushAck {
+        group: String,
+    },
+}
+
+/// What a daemon tells (or records for) one of its clients.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientEvent {
+    /// The daemon accepted the client's join.
+    Joined {
+        group: String,
+        vs: bool,
+    },
+    /// The daemon accepted the client's leave; nothing more of the group reaches the client.
+    Left {
+        group: String,
+    },
+    /// The daemon accepted a message of the client: it is sent in `view`.
+    Sent {
+        group: String,
+        service: ServiceType,
+        payload: Vec<u8>,
+        view: GroupViewId,
+    },
+    FlushAcked {
+        group: String,
+    },
+    View {
+        group: String,
+        view: GroupViewId,
+        members: Vec<String>,
+        transitional: Vec<String>,
+        reason: Reason,
+    },
+    /// What follows until the next view of `group` is delivered in the transitional part.
+    TransitionalSignal {
+        group: String,
+    },
+    /// A VS client must acknowledge before the next view of `group` can be installed.
+    FlushRequest {
+        group: String,
+    },
+    Message {
+        group: String,
+        sender: String,
+        service: ServiceType,
+        payload: Vec<u8>,
+        view: GroupViewId,
+        transitional: bool,
+    },
+}
+
+/// From a client to its daemon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// The first request of a connection: the client's name.
+    Connect {
+        name: String,
+    },
+    Command(ClientCommand),
+    /// The client is leaving: it leaves every group.
+    Disconnect,
+}
+
+/// From a daemon to a client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The connection is accepted under `name`.
+    Connected {
+        name: String,
+    },
+    Event(ClientEvent),
+    /// A request was refused (the connection goes on unless the daemon closes it).
+    Refused {
+        reason: String,
+    },
+}
+
+fn write_view(w: &mut Writer, v: &GroupViewId) {
+    write_ring(w, &v.ring);
+    w.u32(v.index);
+}
+
+fn read_view(r: &mut Reader<'_>) -> Result<GroupViewId, DecodeError> {
+    Ok(GroupViewId {
+        ring: read_ring(r)?,
+        index: r.u32("view index")?,
+    })
+}
+
+fn write_names(w: &mut Writer, names: &[String]) {
+    w.count(names.len(), MAX_VIEW_MEMBERS);
+    for n in names {
+        w.name(n, MAX_NAME_BYTES);
+    }
+}
+
+fn read_names(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<String>, DecodeError> {
+    let n = r.count(what, MAX_VIEW_MEMBERS)?;
+    let mut v = Vec::with_capacity(n.min(r.remaining() / 2));
+    for _ in 0..n {
+        v.push(r.name(what, MAX_NAME_BYTES)?);
+    }
+    Ok(v)
+}
+
+fn service(r: &mut Reader<'_>) -> Result<ServiceType, DecodeError> {
+    ServiceType::from_u8(r.u8("service type")?)
+}
+
+fn group(r: &mut Reader<'_>) -> Result<String, DecodeError> {
+    r.name("group", MAX_NAME_BYTES)
+}
+
+/// Checks the version and returns the reader after it.
+fn open(buf: &[u8]) -> Result<Reader<'_>, DecodeError> {
+    let mut r = Reader::new(buf);
+    let v = r.u8("version")?;
+    if v != CLIENT_VERSION {
+        return Err(DecodeError::BadVersion(v));
+    }
+    Ok(r)
+}
+
+impl Request {
+    /// The message (without its frame length).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(32);
+        w.u8(CLIENT_VERSION);
+        match self {
+            Request::Connect { name } => {
+                w.u8(1);
+                w.name(name, MAX_NAME_BYTES);
+            }
+            Request::Command(ClientCommand::Join { group, vs }) => {
+                w.u8(2);
+                w.name(group, MAX_NAME_BYTES);
+                w.u8(*vs as u8);
+            }
+            Request::Command(ClientCommand::Leave { group }) => {
+                w.u8(3);
+                w.name(group, MAX_NAME_BYTES);
+            }
+            Request::Command(ClientCommand::Multicast {
+                service,
+                group,
+                payload,
+            }) => {
+                w.u8(4);
+                w.u8(*service as u8);
+                w.name(group, MAX_NAME_BYTES);
+                w.bytes(payload, MAX_PAYLOAD_BYTES);
+            }
+            Request::Command(ClientCommand::FlushAck { group }) => {
+                w.u8(5);
+                w.name(group, MAX_NAME_BYTES);
+            }
+            Request::Disconnect => w.u8(6),
+        }
+        w.into_vec()
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Request, DecodeError> {
+        let mut r = open(buf)?;
+        let req = match r.u8("request")? {
+            1 => Request::Connect {
+                name: r.name("client name", MAX_NAME_BYTES)?,
+            },
+            2 => Request::Command(ClientCommand::Join {
+                group: group(&mut r)?,
+                vs: read_bool(&mut r, "vs")?,
+            }),
+            3 => Request::Command(ClientCommand::Leave {
+                group: group(&mut r)?,
+            }),
+            4 => Request::Command(ClientCommand::Multicast {
+                service: service(&mut r)?,
+                group: group(&mut r)?,
+                payload: r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec(),
+            }),
+            5 => Request::Command(ClientCommand::FlushAck {
+                group: group(&mut r)?,
+            }),
+            6 => Request::Disconnect,
+            tag => {
+                return Err(DecodeError::BadTag {
+                    what: "request",
+                    tag,
+                })
+            }
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}
+
+impl Reply {
+    /// The message (without its frame length).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(64);
+        w.u8(CLIENT_VERSION);
+        match self {
+            Reply::Connected { name } => {
+                w.u8(1);
+                w.name(name, MAX_NAME_BYTES);
+            }
+            Reply::Refused { reason } => {
+                w.u8(2);
+                // A refusal's text is cut to the limit, at a character boundary.
+                let mut end = reason.len().min(MAX_TEXT_BYTES);
+                while !reason.is_char_boundary(end) {
+                    end -= 1;
+                }
+                w.bytes(&reason.as_bytes()[..end], MAX_TEXT_BYTES);
+            }
+            Reply::Event(ev) => match ev {
+                ClientEvent::Joined { group, vs } => {
+                    w.u8(3);
+                    w.name(group, MAX_NAME_BYTES);
+                    w.u8(*vs as u8);
+                }
+                ClientEvent::Left { group } => {
+                    w.u8(4);
+                    w.name(group, MAX_NAME_BYTES);
+                }
+                ClientEvent::Sent {
+                    group,
+                    service,
+                    payload,
+                    view,
+                } => {
+                    w.u8(5);
+                    w.name(group, MAX_NAME_BYTES);
+                    w.u8(*service as u8);
+                    write_view(&mut w, view);
+                    w.bytes(payload, MAX_PAYLOAD_BYTES);
+                }
+                ClientEvent::FlushAcked { group } => {
+                    w.u8(6);
+                    w.name(group, MAX_NAME_BYTES);
+                }
+                ClientEvent::View {
+                    group,
+                    view,
+                    members,
+                    transitional,
+                    reason,
+                } => {
+                    w.u8(7);
+                    w.name(group, MAX_NAME_BYTES);
+                    write_view(&mut w, view);
+                    write_names(&mut w, members);
+                    write_names(&mut w, transitional);
+                    w.u8(*reason as u8);
+                }
+                ClientEvent::TransitionalSignal { group } => {
+                    w.u8(8);
+                    w.name(group, MAX_NAME_BYTES);
+                }
+                ClientEvent::FlushRequest { group } => {
+                    w.u8(9);
+                    w.name(group, MAX_NAME_BYTES);
+                }
+                ClientEvent::Message {
+                    group,
+                    sender,
+                    service,
+                    payload,
+                    view,
+                    transitional,
+                } => {
+                    w.u8(10);
+                    w.name(group, MAX_NAME_BYTES);
+                    w.name(sender, MAX_NAME_BYTES);
+                    w.u8(*service as u8);
+                    write_view(&mut w, view);
+                    w.u8(*transitional as u8);
+                    w.bytes(payload, MAX_PAYLOAD_BYTES);
+                }
+            },
+        }
+        w.into_vec()
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Reply, DecodeError> {
+        let mut r = open(buf)?;
+        let ev = |e| Reply::Event(e);
+        let reply = match r.u8("reply")? {
+            1 => Reply::Connected {
+                name: r.name("client name", MAX_NAME_BYTES)?,
+            },
+            2 => {
+                let b = r.bytes("refusal", MAX_TEXT_BYTES)?;
+                Reply::Refused {
+                    reason: core::str::from_utf8(b)
+                        .map_err(|_| DecodeError::BadUtf8 { what: "refusal" })?
+                        .to_owned(),
+                }
+            }
+            3 => ev(ClientEvent::Joined {
+                group: group(&mut r)?,
+                vs: read_bool(&mut r, "vs")?,
+            }),
+            4 => ev(ClientEvent::Left {
+                group: group(&mut r)?,
+            }),
+            5 => ev(ClientEvent::Sent {
+                group: group(&mut r)?,
+                service: service(&mut r)?,
+                view: read_view(&mut r)?,
+                payload: r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec(),
+            }),
+            6 => ev(ClientEvent::FlushAcked {
+                group: group(&mut r)?,
+            }),
+            7 => ev(ClientEvent::View {
+                group: group(&mut r)?,
+                view: read_view(&mut r)?,
+                members: read_names(&mut r, "members")?,
+                transitional: read_names(&mut r, "transitional set")?,
+                reason: match r.u8("reason")? {
+                    0 => Reason::Join,
+                    1 => Reason::Leave,
+                    2 => Reason::Disconnect,
+                    3 => Reason::Network,
+                    tag => {
+                        return Err(DecodeError::BadTag {
+                            what: "reason",
+                            tag,
+                        })
+                    }
+                },
+            }),
+            8 => ev(ClientEvent::TransitionalSignal {
+                group: group(&mut r)?,
+            }),
+            9 => ev(ClientEvent::FlushRequest {
+                group: group(&mut r)?,
+            }),
+            10 => ev(ClientEvent::Message {
+                group: group(&mut r)?,
+                sender: r.name("sender", MAX_NAME_BYTES)?,
+                service: service(&mut r)?,
+                view: read_view(&mut r)?,
+                transitional: read_bool(&mut r, "transitional")?,
+                payload: r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec(),
+            }),
+            tag => return Err(DecodeError::BadTag { what: "reply", tag }),
+        };
+        r.finish()?;
+        Ok(reply)
+    }
+}
+
+/// A message in its frame: the length, then the message.
+pub fn frame(message: &[u8]) -> Vec<u8> {
+    assert!(message.len() <= MAX_FRAME_BYTES, "a frame over the limit");
+    let mut out = Vec::with_capacity(4 + message.len());
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out
+}
+
+/// Splits the first frame off a stream: `Ok(None)` while it is incomplete, the message and the
+/// bytes it took otherwise; a length over the limit is an error (the connection should close).
+pub fn next_frame(stream: &[u8]) -> Result<Option<(&[u8], usize)>, DecodeError> {
+    let Some(len) = stream.get(..4) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(DecodeError::TooLong {
+            what: "frame",
+            len,
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    Ok(stream.get(4..4 + len).map(|m| (m, 4 + len)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn name() -> impl Strategy<Value = String> {
+        "[a-z0-9.#-]{1,16}"
+    }
+    fn service() -> impl Strategy<Value = ServiceType> {
+        (0u8..6).prop_map(|v| ServiceType::from_u8(v).unwrap())
+    }
+    fn view() -> impl Strategy<Value = GroupViewId> {
+        (any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
+            |(seq, rep, inc, index)| GroupViewId {
+                ring: RingId { seq, rep, inc },
+                index,
+            },
+        )
+    }
+    fn payload() -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec(any::<u8>(), 0..64)
+    }
+    fn command() -> impl Strategy<Value = ClientCommand> {
+        prop_oneof![
+            (name(), any::<bool>()).prop_map(|(group, vs)| ClientCommand::Join { group, vs }),
+            name().prop_map(|group| ClientCommand::Leave { group }),
+            (service(), name(), payload()).prop_map(|(service, group, payload)| {
+                ClientCommand::Multicast {
+                    service,
+                    group,
+                    payload,
+                }
+            }),
+            name().prop_map(|group| ClientCommand::FlushAck { group }),
+        ]
+    }
+    fn request() -> impl Strategy<Value = Request> {
+        prop_oneof![
+            name().prop_map(|name| Request::Connect { name }),
+            command().prop_map(Request::Command),
+            Just(Request::Disconnect),
+        ]
+    }
+    fn event() -> impl Strategy<Value = ClientEvent> {
+        let names = || prop::collection::vec(name(), 0..5);
+        let reason = prop_oneof![
+            Just(Reason::Join),
+            Just(Reason::Leave),
+            Just(Reason::Disconnect),
+            Just(Reason::Network)
+        ];
+        prop_oneof![
+            (name(), any::<bool>()).prop_map(|(group, vs)| ClientEvent::Joined { group, vs }),
+            name().prop_map(|group| ClientEvent::Left { group }),
+            (name(), service(), payload(), view()).prop_map(|(group, service, payload, view)| {
+                ClientEvent::Sent {
+                    group,
+                    service,
+                    payload,
+                    view,
+                }
+            }),
+            name().prop_map(|group| ClientEvent::FlushAcked { group }),
+            (name(), view(), names(), names(), reason).prop_map(
+                |(group, view, members, transitional, reason)| ClientEvent::View {
+                    group,
+                    view,
+                    members,
+                    transitional,
+                    reason,
+                }
+            ),
+            name().prop_map(|group| ClientEvent::TransitionalSignal { group }),
+            name().prop_map(|group| ClientEvent::FlushRequest { group }),
+            (name(), name(), service(), payload(), view(), any::<bool>()).prop_map(
+                |(group, sender, service, payload, view, transitional)| ClientEvent::Message {
+                    group,
+                    sender,
+                    service,
+                    payload,
+                    view,
+                    transitional,
+                }
+            ),
+        ]
+    }
+    fn reply() -> impl Strategy<Value = Reply> {
+        prop_oneof![
+            name().prop_map(|name| Reply::Connected { name }),
+            "[ -~]{0,40}".prop_map(|reason| Reply::Refused { reason }),
+            event().prop_map(Reply::Event),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn requests_round_trip(q in request()) {
+            prop_assert_eq!(Request::decode(&q.encode()).unwrap(), q);
+        }
+
+        #[test]
+        fn replies_round_trip(p in reply()) {
+            prop_assert_eq!(Reply::decode(&p.encode()).unwrap(), p);
+        }
+
+        #[test]
+        fn truncated_or_extended_messages_are_errors(q in request(), p in reply(), cut in 0usize..64) {
+            let (q, p) = (q.encode(), p.encode());
+            if cut < q.len() {
+                prop_assert!(Request::decode(&q[..cut]).is_err());
+            }
+            if cut < p.len() {
+                prop_assert!(Reply::decode(&p[..cut]).is_err());
+            }
+            prop_assert!(Request::decode(&[&q[..], &[0]].concat()).is_err());
+            prop_assert!(Reply::decode(&[&p[..], &[0]].concat()).is_err());
+        }
+
+        #[test]
+        fn frames_split_a_stream(qs in prop::collection::vec(request(), 0..6)) {
+            let stream: Vec<u8> = qs.iter().flat_map(|q| frame(&q.encode())).collect();
+            let mut rest = &stream[..];
+            let mut got = Vec::new();
+            while let Some((m, used)) = next_frame(rest).unwrap() {
+                got.push(Request::decode(m).unwrap());
+                rest = &rest[used..];
+            }
+            prop_assert!(rest.is_empty());
+            prop_assert_eq!(got, qs);
+        }
+    }
+
+    #[test]
+    fn an_oversized_frame_length_is_refused_before_reading() {
+        let mut b = ((MAX_FRAME_BYTES + 1) as u32).to_be_bytes().to_vec();
+        b.extend_from_slice(&[0; 8]);
+        assert!(matches!(next_frame(&b), Err(DecodeError::TooLong { .. })));
+        assert_eq!(next_frame(&[0, 0]).unwrap(), None);
+        assert_eq!(next_frame(&[0, 0, 0, 5, 1]).unwrap(), None);
+    }
+
+    #[test]
+    fn a_long_refusal_is_cut_at_a_character_boundary() {
+        let reason = "é".repeat(MAX_TEXT_BYTES);
+        let Reply::Refused { reason: got } =
+            Reply::decode(&Reply::Refused { reason }.encode()).unwrap()
+        else {
+            panic!("not a refusal");
+        };
+        assert!(got.len() <= MAX_TEXT_BYTES && got.chars().all(|c| c == 'é'));
+    }
+}
