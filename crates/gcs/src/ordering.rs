@@ -134,6 +134,9 @@ pub struct Ordering {
     out: VecDeque<Transmit>,
     delivered_out: VecDeque<Delivered>,
     sent_out: VecDeque<(u64, Body)>,
+    /// What this member added to the token's `fcc` and `backlog` on its last visit.
+    last_fcc: u64,
+    last_backlog: u64,
     started: bool,
     refused: u64,
 }
@@ -168,6 +171,8 @@ impl Ordering {
             out: VecDeque::new(),
             delivered_out: VecDeque::new(),
             sent_out: VecDeque::new(),
+            last_fcc: 0,
+            last_backlog: 0,
             started: false,
             refused: 0,
         }
@@ -484,12 +489,33 @@ impl Ordering {
             }
         }
         t.rtr = still;
-        // New messages, within the windows.
+        // New messages, within the windows (TOCS §3.3): at most `max_per_visit`; the ring's
+        // messages not yet everywhere and those sent in the last rotation each within `window`;
+        // and this member's share of the window in proportion to its backlog. The token's `fcc`
+        // and `backlog` are sums over the ring: each member takes out what it put in on its last
+        // visit and puts in what it does now.
+        let mine_before = self.queue.len() + self.recovery.len();
+        let mine_now = if self.hold_queue {
+            self.recovery.len()
+        } else {
+            mine_before
+        } as u64;
+        let others_fcc = (t.fcc as u64).saturating_sub(self.last_fcc);
+        let others_backlog = (t.backlog as u64).saturating_sub(self.last_backlog);
+        let total_backlog = others_backlog + mine_now;
+        let share = if total_backlog == 0 {
+            0
+        } else {
+            // Rounded up, so that every member with a backlog sends at least one message.
+            (self.cfg.window * mine_now).div_ceil(total_backlog)
+        };
         let in_flight = t.seq.saturating_sub(t.aru);
         let room = self
             .cfg
             .window
             .saturating_sub(in_flight)
+            .min(self.cfg.window.saturating_sub(others_fcc))
+            .min(share)
             .min(self.cfg.max_per_visit as u64);
         let mut sent = 0;
         while sent < room {
@@ -529,8 +555,11 @@ impl Ordering {
             t.aru = self.my_aru;
             t.aru_id = if t.aru == t.seq { None } else { Some(self.me) };
         }
-        t.fcc = sent as u32;
-        t.backlog = (self.queue.len() + self.recovery.len()).min(u32::MAX as usize) as u32;
+        let left = mine_now.saturating_sub(sent);
+        t.fcc = (others_fcc + sent).min(u32::MAX as u64) as u32;
+        t.backlog = (others_backlog + left).min(u32::MAX as u64) as u32;
+        self.last_fcc = sent;
+        self.last_backlog = left;
         // The successor accepts it for its higher number; `last_token_seq` stays at the number
         // received, so that on a ring of one the token comes back to its only member.
         t.token_seq += 1;
