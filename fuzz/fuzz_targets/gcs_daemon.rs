@@ -2,8 +2,8 @@
 //! commands and timer firings, never panics: hostile packets are typed errors, bad commands
 //! are refused.
 #![no_main]
-use conclave_gcs::{ClientCommand, Daemon, DaemonConfig};
-use conclave_wire::gcs::ServiceType;
+use conclave_gcs::{ClientCommand, Daemon, DaemonConfig, GroupViewId};
+use conclave_wire::gcs::{RingId, ServiceType};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -37,7 +37,13 @@ fuzz_target!(|data: &[u8]| {
                         group: group.into(),
                         payload: vec![head],
                     },
-                    _ => ClientCommand::FlushAck { group: group.into() },
+                    _ => ClientCommand::FlushAck {
+                        group: group.into(),
+                        view: GroupViewId {
+                            ring: RingId { seq: head as u64, rep: 1, inc: 0 },
+                            index: 0,
+                        },
+                    },
                 };
                 let _ = d.handle_client(now, who, cmd);
             }

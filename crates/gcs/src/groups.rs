@@ -30,6 +30,7 @@
 
 use crate::membership::{Membership, MembershipConfig, RingEvent};
 use crate::ordering::Transmit;
+use conclave_wire::client::MAX_VIEW_MEMBERS;
 pub use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, Reason};
 use conclave_wire::gcs::{
     Body, DaemonId, Packet, RingId, StateEntry, MAX_NAME_BYTES, MAX_PAYLOAD_BYTES,
@@ -51,6 +52,9 @@ pub struct DaemonConfig {
     /// Keep a copy of the ring layer's events for [`Daemon::poll_ring_event`] (to record the
     /// daemons' own history).
     pub record_ring: bool,
+    /// A VS client that has not acknowledged a flush request within this long is disconnected
+    /// (milliseconds): one slow client must not hold its group's views back for ever.
+    pub flush_timeout_ms: u64,
 }
 
 impl Default for DaemonConfig {
@@ -61,6 +65,7 @@ impl Default for DaemonConfig {
             max_groups_per_client: 16,
             max_held_per_client: 1_000,
             record_ring: false,
+            flush_timeout_ms: 2_000,
         }
     }
 }
@@ -99,8 +104,9 @@ struct Member {
 #[derive(Clone, Debug)]
 enum Change {
     Join(Member),
-    Leave(String),
-    Gone(String),
+    /// A client (of the daemon named) leaves the group, or is gone from every group.
+    Leave(String, DaemonId),
+    Gone(String, DaemonId),
 }
 
 struct Flush {
@@ -113,6 +119,8 @@ struct Flush {
     acked: BTreeSet<String>,
     marker_sent: bool,
     change: Change,
+    /// Local VS members that have not acknowledged by then are disconnected.
+    deadline: u64,
 }
 
 #[derive(Default)]
@@ -150,10 +158,15 @@ pub struct Daemon {
     config: Option<(RingId, Vec<DaemonId>, Vec<DaemonId>)>,
     /// After a configuration change, the group states received so far; `None` once all are in.
     syncing: Option<BTreeMap<DaemonId, Vec<StateEntry>>>,
+    /// Changes delivered during the state exchange, applied to the new group map (a group name,
+    /// or none for a client gone from every group).
+    sync_backlog: Option<Vec<(Option<String>, Change)>>,
     groups: BTreeMap<String, Group>,
     clients: BTreeMap<String, Client>,
     events: VecDeque<(String, ClientEvent)>,
     ring_log: VecDeque<RingEvent>,
+    /// The time of the input being handled.
+    now: u64,
 }
 
 fn check_name(s: &str) -> Result<(), DaemonError> {
@@ -165,7 +178,12 @@ fn check_name(s: &str) -> Result<(), DaemonError> {
 
 impl Daemon {
     /// A daemon starting (or restarting as `incarnation`, see [`Membership::new`]).
-    pub fn new(cfg: DaemonConfig, me: DaemonId, incarnation: u32, now: u64) -> Daemon {
+    pub fn new(mut cfg: DaemonConfig, me: DaemonId, incarnation: u32, now: u64) -> Daemon {
+        // Every membership of every client must fit in one group state.
+        cfg.max_groups_per_client = cfg.max_groups_per_client.clamp(1, MAX_STATE_ENTRIES);
+        cfg.max_clients = cfg
+            .max_clients
+            .min(MAX_STATE_ENTRIES / cfg.max_groups_per_client);
         let ring = Membership::new(cfg.membership.clone(), me, incarnation, now);
         Daemon {
             cfg,
@@ -173,10 +191,12 @@ impl Daemon {
             ring,
             config: None,
             syncing: None,
+            sync_backlog: None,
             groups: BTreeMap::new(),
             clients: BTreeMap::new(),
             events: VecDeque::new(),
             ring_log: VecDeque::new(),
+            now,
         }
     }
 
@@ -217,6 +237,7 @@ impl Daemon {
     /// The client's connection ended: it leaves every group; what it had not had accepted is
     /// dropped.
     pub fn disconnect(&mut self, now: u64, client: &str) -> Result<(), DaemonError> {
+        self.now = now;
         let c = self
             .clients
             .remove(client)
@@ -227,9 +248,13 @@ impl Daemon {
             }
         }
         // Always announced: a state already sent on this ring may list the client.
-        let _ = self.ring.submit(Body::ClientGone {
+        self.ring.submit_control(Body::ClientGone {
             client: client.to_owned(),
         });
+        // A flush may have waited for it alone.
+        for g in c.groups.keys() {
+            self.advance(g);
+        }
         self.after(now);
         Ok(())
     }
@@ -280,7 +305,7 @@ impl Daemon {
                     return Err(DaemonError::PayloadTooLarge);
                 }
             }
-            ClientCommand::FlushAck { group } => {
+            ClientCommand::FlushAck { group, .. } => {
                 if !c.intent.contains_key(group) {
                     return Err(not_member(group));
                 }
@@ -290,7 +315,7 @@ impl Daemon {
             ClientCommand::Join { group, .. }
             | ClientCommand::Leave { group }
             | ClientCommand::Multicast { group, .. }
-            | ClientCommand::FlushAck { group } => group.clone(),
+            | ClientCommand::FlushAck { group, .. } => group.clone(),
         };
         c.held.entry(group).or_default().push_back(cmd);
         c.held_count += 1;
@@ -313,12 +338,40 @@ impl Daemon {
     }
 
     pub fn handle_timeout(&mut self, now: u64) {
+        self.now = now;
         self.ring.handle_timeout(now);
+        // VS clients that let a flush wait too long are closed.
+        let late: Vec<String> = self
+            .groups
+            .values()
+            .filter_map(|g| g.flush.as_ref())
+            .filter(|f| f.deadline <= now)
+            .flat_map(|f| f.awaiting.iter().cloned())
+            .collect();
+        for c in late {
+            self.emit(
+                &c,
+                ClientEvent::Closed {
+                    reason: "no flush acknowledgement in time".into(),
+                },
+            );
+            let _ = self.disconnect(now, &c);
+        }
         self.after(now);
     }
 
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.ring.poll_timeout()
+        let flush = self
+            .groups
+            .values()
+            .filter_map(|g| g.flush.as_ref())
+            .filter(|f| !f.awaiting.is_empty())
+            .map(|f| f.deadline)
+            .min();
+        match (self.ring.poll_timeout(), flush) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
@@ -338,6 +391,7 @@ impl Daemon {
     /// The daemon-level events of the ring (configurations, deliveries) are consumed here; this
     /// runs after every input.
     fn after(&mut self, now: u64) {
+        self.now = now;
         loop {
             while let Some(ev) = self.ring.poll_event() {
                 if self.cfg.record_ring {
@@ -349,7 +403,6 @@ impl Daemon {
                 break;
             }
         }
-        let _ = now;
     }
 
     fn emit(&mut self, client: &str, ev: ClientEvent) {
@@ -465,6 +518,7 @@ impl Daemon {
                 let previous = self.config.as_ref().map(|c| c.0);
                 self.config = Some((c.ring, c.members.clone(), c.transitional.clone()));
                 self.syncing = Some(BTreeMap::new());
+                self.sync_backlog = Some(Vec::new());
                 for g in self.groups.values_mut() {
                     g.flush = None;
                     g.pending.clear();
@@ -486,7 +540,7 @@ impl Daemon {
                         }
                     }
                 }
-                let _ = self.ring.submit(Body::GroupState { members });
+                self.ring.submit_control(Body::GroupState { members });
             }
             RingEvent::Deliver {
                 ring,
@@ -500,6 +554,14 @@ impl Daemon {
 
     fn on_deliver(&mut self, ring: RingId, sender: DaemonId, body: Body, transitional: bool) {
         let current = self.config.as_ref().map(|c| c.0);
+        if self
+            .config
+            .as_ref()
+            .is_some_and(|c| c.0 == ring && !c.1.contains(&sender))
+        {
+            // Wire input is hostile: a daemon outside the configuration speaks for nobody.
+            return;
+        }
         match body {
             Body::Client {
                 client,
@@ -570,15 +632,34 @@ impl Daemon {
                 }
             }
             Body::GroupLeave { client, group } => {
-                self.queue_change(&group, Change::Leave(client));
+                self.queue_change(&group, Change::Leave(client, sender));
             }
             Body::ClientGone { client } => {
-                // Every group: the client may be a member, or have a join still queued.
-                let gs: Vec<String> = self.groups.keys().cloned().collect();
+                if let Some(backlog) = &mut self.sync_backlog {
+                    backlog.push((None, Change::Gone(client, sender)));
+                    return;
+                }
+                // Every group where it is a member or has a join queued.
+                let gs: Vec<String> = self
+                    .groups
+                    .iter()
+                    .filter(|(_, g)| {
+                        g.members.iter().any(|m| m.name == client)
+                            || g.pending
+                                .iter()
+                                .any(|c| matches!(c, Change::Join(m) if m.name == client))
+                            || g.flush.as_ref().is_some_and(
+                                |f| matches!(&f.change, Change::Join(m) if m.name == client),
+                            )
+                    })
+                    .map(|(n, _)| n.clone())
+                    .collect();
                 for g in gs {
-                    self.queue_change(&g, Change::Gone(client.clone()));
+                    self.queue_change(&g, Change::Gone(client.clone(), sender));
                 }
             }
+            // A marker of a flush that a configuration change ended is stale.
+            Body::Flushed { .. } if self.syncing.is_some() => {}
             Body::Flushed { group, view } => {
                 if let Some(g) = self.groups.get_mut(&group) {
                     let index = g.view.map(|v| v.index as u64);
@@ -595,6 +676,11 @@ impl Daemon {
     }
 
     fn queue_change(&mut self, group: &str, change: Change) {
+        // During the state exchange, changes wait for the new group map.
+        if let Some(backlog) = &mut self.sync_backlog {
+            backlog.push((Some(group.to_owned()), change));
+            return;
+        }
         // Only groups that exist (a join creates one); a bounded number per client is enforced
         // where clients join.
         if !self.groups.contains_key(group) && !matches!(change, Change::Join(_)) {
@@ -612,6 +698,9 @@ impl Daemon {
 
     /// Starts, continues or ends the flush of `group`.
     fn advance(&mut self, group: &str) {
+        if self.syncing.is_some() {
+            return;
+        }
         loop {
             let me = self.me;
             let Some(g) = self.groups.get_mut(group) else {
@@ -632,6 +721,7 @@ impl Daemon {
                     acked: BTreeSet::new(),
                     marker_sent: false,
                     change,
+                    deadline: self.now + self.cfg.flush_timeout_ms * 1000,
                 });
                 // The VS clients here that hold the view being closed (a member of the same name
                 // that has not installed it is a later connection, or one that left and joined
@@ -641,11 +731,15 @@ impl Daemon {
                     .into_iter()
                     .filter(|c| self.clients[c].groups.get(group) == Some(&true))
                     .collect();
-                for c in awaiting {
+                // (Local members exist only where the group has a view.)
+                let view = self.groups[group].view;
+                for (c, view) in awaiting.into_iter().zip(std::iter::repeat(view)) {
+                    let Some(view) = view else { break };
                     self.emit(
                         &c,
                         ClientEvent::FlushRequest {
                             group: group.to_owned(),
+                            view,
                         },
                     );
                     if let Some(f) = self.groups.get_mut(group).and_then(|g| g.flush.as_mut()) {
@@ -658,7 +752,7 @@ impl Daemon {
             let f = g.flush.as_mut().expect("flushing");
             if f.need.contains(&me) && !f.marker_sent && f.awaiting.is_empty() {
                 f.marker_sent = true;
-                let _ = self.ring.submit(Body::Flushed {
+                self.ring.submit_control(Body::Flushed {
                     group: group.to_owned(),
                     view: index,
                 });
@@ -697,19 +791,21 @@ impl Daemon {
         for change in changes {
             let r = match change {
                 Change::Join(m) => {
-                    if !g.members.iter().any(|x| x.name == m.name) {
+                    // Past the limit a join is ignored, the same way everywhere.
+                    let room = g.members.len() < MAX_VIEW_MEMBERS;
+                    if room && !g.members.iter().any(|x| x.name == m.name) {
                         joiners.push(m.name.clone());
                         g.members.push(m);
                     }
                     Reason::Join
                 }
-                Change::Leave(n) => {
-                    g.members.retain(|m| m.name != n);
+                Change::Leave(n, d) => {
+                    g.members.retain(|m| m.name != n || m.daemon != d);
                     joiners.retain(|j| *j != n);
                     Reason::Leave
                 }
-                Change::Gone(n) => {
-                    g.members.retain(|m| m.name != n);
+                Change::Gone(n, d) => {
+                    g.members.retain(|m| m.name != n || m.daemon != d);
                     joiners.retain(|j| *j != n);
                     Reason::Disconnect
                 }
@@ -736,6 +832,11 @@ impl Daemon {
         let Some(states) = self.syncing.take() else {
             return;
         };
+        let backlog = self.sync_backlog.take().unwrap_or_default();
+        for g in self.groups.values_mut() {
+            g.flush = None;
+            g.pending.clear();
+        }
         let (_, _, came_with) = self.config.clone().expect("a configuration");
         type Prev = Option<(RingId, u32)>;
         let mut next: BTreeMap<String, Vec<(Member, Prev)>> = BTreeMap::new();
@@ -745,7 +846,7 @@ impl Daemon {
                     continue;
                 }
                 let ms = next.entry(e.group).or_default();
-                if !ms.iter().any(|(m, _)| m.name == e.client) {
+                if ms.len() < MAX_VIEW_MEMBERS && !ms.iter().any(|(m, _)| m.name == e.client) {
                     let m = Member {
                         name: e.client,
                         daemon,
@@ -784,9 +885,17 @@ impl Daemon {
             };
             self.emit_view_with(&group, view, &members, Reason::Network, &[], trans);
         }
-        let names: Vec<String> = self.groups.keys().cloned().collect();
-        for g in names {
-            self.advance(&g);
+        // The changes delivered meanwhile, in their order.
+        for (group, change) in backlog {
+            match group {
+                Some(g) => self.queue_change(&g, change),
+                None => {
+                    let names: Vec<String> = self.groups.keys().cloned().collect();
+                    for g in names {
+                        self.queue_change(&g, change.clone());
+                    }
+                }
+            }
         }
     }
 
@@ -910,10 +1019,16 @@ impl Daemon {
                 );
                 true
             }
-            ClientCommand::FlushAck { group } => {
-                // An acknowledgement of a flush that a configuration change cut short is stale:
-                // the next view comes from the state exchange, with nothing left to promise.
-                if let Some(f) = self.groups.get_mut(&group).and_then(|g| g.flush.as_mut()) {
+            ClientCommand::FlushAck { group, view } => {
+                // Only an acknowledgement of the flush under way counts; one of a flush that a
+                // configuration change cut short, or of an earlier view, is stale.
+                let current = self.groups.get(&group).and_then(|g| g.view);
+                let flush = self
+                    .groups
+                    .get_mut(&group)
+                    .and_then(|g| g.flush.as_mut())
+                    .filter(|f| current == Some(view) && f.awaiting.contains(client));
+                if let Some(f) = flush {
                     f.awaiting.remove(client);
                     f.acked.insert(client.to_owned());
                     self.emit(
@@ -934,6 +1049,8 @@ impl Daemon {
 fn changes_anything(members: &[Member], change: &Change) -> bool {
     match change {
         Change::Join(m) => !members.iter().any(|x| x.name == m.name),
-        Change::Leave(n) | Change::Gone(n) => members.iter().any(|x| &x.name == n),
+        Change::Leave(n, d) | Change::Gone(n, d) => {
+            members.iter().any(|x| &x.name == n && x.daemon == *d)
+        }
     }
 }

@@ -50,7 +50,9 @@
 //! received or delivered.
 
 use crate::ordering::{Delivered, Dest, Ordering, OrderingConfig, OrderingError, Transmit};
-use conclave_wire::gcs::{Body, Commit, CommitEntry, DaemonId, Join, Packet, RingId};
+use conclave_wire::gcs::{
+    Body, Commit, CommitEntry, DaemonId, Join, Packet, RingId, MAX_RING_MEMBERS,
+};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Timeouts in milliseconds.
@@ -250,6 +252,15 @@ impl Membership {
         }
     }
 
+    /// Queues a message of the daemons' own protocol, never refused (see
+    /// [`Ordering::submit_control`]).
+    pub fn submit_control(&mut self, body: Body) {
+        match (&self.state, &mut self.regular) {
+            (State::Operational { .. }, Some(o)) => o.submit_control(body),
+            _ => self.waiting.push_back(body),
+        }
+    }
+
     /// The members of the ring this daemon runs (the new one while recovering).
     fn members_of_ring(&self) -> Vec<DaemonId> {
         match (&self.state, &self.regular) {
@@ -270,8 +281,10 @@ impl Membership {
 
     fn gather(&mut self, now: u64, also: BTreeSet<DaemonId>) {
         let mut procs: BTreeSet<DaemonId> = self.members_of_ring().into_iter().collect();
-        procs.extend(also);
         procs.insert(self.me);
+        if procs.union(&also).count() <= MAX_RING_MEMBERS {
+            procs.extend(also);
+        }
         self.state = State::Gather {
             procs,
             failed: BTreeSet::new(),
@@ -293,6 +306,11 @@ impl Membership {
             return;
         };
         *next_join = now + ms(self.cfg.join_ms);
+        if procs.len() > MAX_RING_MEMBERS || failed.len() > MAX_RING_MEMBERS {
+            // Not encodable; joins past the limit are refused, so only a merge detector's
+            // sender could get here, and it is left out.
+            return;
+        }
         let join = Join {
             sender: self.me,
             incarnation: self.incarnation,
@@ -415,9 +433,10 @@ impl Membership {
             .collect();
         let transitional: Vec<DaemonId> = from_mine.iter().map(|e| e.id).collect();
         let low = from_mine.iter().map(|e| e.old_aru).min().unwrap_or(0);
+        // Nobody delivers past what it holds in order; an entry claiming so is not believed.
         let max_delivered = from_mine
             .iter()
-            .map(|e| e.high_delivered)
+            .map(|e| e.high_delivered.min(e.old_aru))
             .max()
             .unwrap_or(0);
         let mut recovery = match &mut self.regular {
@@ -707,6 +726,20 @@ impl Membership {
         // round: its sender will learn of that ring (from our joins, the commit token or the
         // merge detector) and send a current one. Acting on stale joins makes rings flap.
         if j.ring_seq < self.max_ring_seq {
+            return;
+        }
+        // Wire input is hostile: a join that would make the sets larger than a ring may be is
+        // refused (the packets that carry them could not be encoded).
+        let mut known: BTreeSet<DaemonId> = match &self.state {
+            State::Gather { procs, .. } => procs.clone(),
+            _ => self.members_of_ring().into_iter().collect(),
+        };
+        known.extend(j.procs.iter().copied().chain([from, self.me]));
+        let failed_now = match &self.state {
+            State::Gather { failed, .. } => failed.len(),
+            _ => 0,
+        };
+        if known.len() > MAX_RING_MEMBERS || failed_now + j.failed.len() > MAX_RING_MEMBERS {
             return;
         }
         self.max_ring_seq = j.ring_seq;

@@ -13,9 +13,7 @@
 //! timeout); flow control is a per-visit and a ring-wide window (§3.3 without the `fcc`/`backlog`
 //! sharing); messages are not batched into packets.
 
-use conclave_wire::gcs::{
-    Body, DaemonId, Data, Packet, RingId, ServiceType, Token, MAX_RING_MEMBERS, MAX_RTR,
-};
+use conclave_wire::gcs::{Body, DaemonId, Data, Packet, RingId, ServiceType, Token, MAX_RTR};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Tunables, in milliseconds and messages.
@@ -244,7 +242,7 @@ impl Ordering {
     pub fn for_recovery(&self, low: u64) -> Vec<(Option<Origin>, Body)> {
         let sequenced = self
             .buffer
-            .range(low + 1..)
+            .range(low.saturating_add(1)..)
             .map(|(_, d)| (Some((self.ring, d.seq, d.sender)), d.body.clone()));
         let unsequenced = self
             .unsequenced
@@ -259,7 +257,8 @@ impl Ordering {
     pub fn close_unsent(&mut self, unsent: impl IntoIterator<Item = Body>) -> Vec<Body> {
         let mut out = Vec::new();
         for b in self.queue.drain(..).chain(unsent) {
-            if self.next_unsequenced >= UNSEQUENCED {
+            if self.next_unsequenced >= 2 * self.cfg.max_queued as u64 {
+                // Past what a member may have waiting (see `insert_recovered`): never sent.
                 break;
             }
             self.unsequenced
@@ -274,10 +273,10 @@ impl Ordering {
     /// is delivered (the ring has ended: [`Ordering::finish`] delivers).
     pub fn insert_recovered(&mut self, seq: u64, sender: DaemonId, body: Body) {
         if seq & UNSEQUENCED != 0 {
-            if self.unsequenced.len() < self.cfg.max_queued * MAX_RING_MEMBERS {
-                self.unsequenced
-                    .entry((sender, seq & !UNSEQUENCED))
-                    .or_insert(body);
+            // No member accepts more than its queue holds while a ring is installed.
+            let k = seq & !UNSEQUENCED;
+            if k < 2 * self.cfg.max_queued as u64 {
+                self.unsequenced.entry((sender, k)).or_insert(body);
             } else {
                 self.refused += 1;
             }
@@ -363,6 +362,13 @@ impl Ordering {
         Ok(())
     }
 
+    /// Queues a message of the daemons' own protocol (a flush marker, a group state, a notice
+    /// of a client's departure). Their number is bounded by the groups and clients, not by the
+    /// traffic, so they are never refused: a full queue of client messages must not lose them.
+    pub fn submit_control(&mut self, body: Body) {
+        self.queue.push_back(body);
+    }
+
     /// The representative (the first member) creates the first token.
     pub fn start(&mut self, now: u64) {
         if self.started {
@@ -422,6 +428,10 @@ impl Ordering {
 
     fn on_data(&mut self, d: Data) {
         if d.seq <= self.my_aru || self.buffer.contains_key(&d.seq) || d.seq == 0 {
+            return;
+        }
+        if !self.members.contains(&d.sender) {
+            self.refused += 1;
             return;
         }
         if d.seq > self.horizon() {

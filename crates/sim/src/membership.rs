@@ -304,8 +304,12 @@ impl World {
                     transitional,
                 },
                 ClientEvent::TransitionalSignal { group } => Event::TransSignal { group },
-                ClientEvent::FlushRequest { group } => {
-                    acks.push((client.clone(), group));
+                ClientEvent::FlushRequest { group, view } => {
+                    acks.push((client.clone(), group, view));
+                    continue;
+                }
+                ClientEvent::Closed { .. } => {
+                    self.client_crash(ci);
                     continue;
                 }
                 ClientEvent::Message {
@@ -331,10 +335,11 @@ impl World {
             self.push(&client, inc, ev);
         }
         let again = !acks.is_empty();
-        for (client, group) in acks {
+        for (client, group, view) in acks {
             let now = self.now;
             // A client that left meanwhile has nothing to acknowledge.
-            let _ = self.nodes[i].handle_client(now, &client, ClientCommand::FlushAck { group });
+            let ack = ClientCommand::FlushAck { group, view };
+            let _ = self.nodes[i].handle_client(now, &client, ack);
         }
         if again {
             self.record(i);

@@ -53,9 +53,11 @@ pub enum ClientCommand {
         group: String,
         payload: Vec<u8>,
     },
-    /// A VS client has sent all it will send in its current view of `group`.
+    /// A VS client has sent all it will send in `view` of `group` (the view named by the flush
+    /// request it answers).
     FlushAck {
         group: String,
+        view: GroupViewId,
     },
 }
 
@@ -92,9 +94,15 @@ pub enum ClientEvent {
     TransitionalSignal {
         group: String,
     },
-    /// A VS client must acknowledge before the next view of `group` can be installed.
+    /// A VS client must acknowledge before the view after `view` of `group` can be installed.
     FlushRequest {
         group: String,
+        view: GroupViewId,
+    },
+    /// The daemon closed the client's session (it did not answer a flush request in time);
+    /// the client is out of every group, as if it had disconnected.
+    Closed {
+        reason: String,
     },
     Message {
         group: String,
@@ -160,6 +168,22 @@ fn read_names(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<String>, Dec
     Ok(v)
 }
 
+/// A text cut to [`MAX_TEXT_BYTES`], at a character boundary.
+fn write_text(w: &mut Writer, text: &str) {
+    let mut end = text.len().min(MAX_TEXT_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    w.bytes(&text.as_bytes()[..end], MAX_TEXT_BYTES);
+}
+
+fn read_text(r: &mut Reader<'_>, what: &'static str) -> Result<String, DecodeError> {
+    let b = r.bytes(what, MAX_TEXT_BYTES)?;
+    Ok(core::str::from_utf8(b)
+        .map_err(|_| DecodeError::BadUtf8 { what })?
+        .to_owned())
+}
+
 fn service(r: &mut Reader<'_>) -> Result<ServiceType, DecodeError> {
     ServiceType::from_u8(r.u8("service type")?)
 }
@@ -207,9 +231,10 @@ impl Request {
                 w.name(group, MAX_NAME_BYTES);
                 w.bytes(payload, MAX_PAYLOAD_BYTES);
             }
-            Request::Command(ClientCommand::FlushAck { group }) => {
+            Request::Command(ClientCommand::FlushAck { group, view }) => {
                 w.u8(5);
                 w.name(group, MAX_NAME_BYTES);
+                write_view(&mut w, view);
             }
             Request::Disconnect => w.u8(6),
         }
@@ -236,6 +261,7 @@ impl Request {
             }),
             5 => Request::Command(ClientCommand::FlushAck {
                 group: group(&mut r)?,
+                view: read_view(&mut r)?,
             }),
             6 => Request::Disconnect,
             tag => {
@@ -262,12 +288,7 @@ impl Reply {
             }
             Reply::Refused { reason } => {
                 w.u8(2);
-                // A refusal's text is cut to the limit, at a character boundary.
-                let mut end = reason.len().min(MAX_TEXT_BYTES);
-                while !reason.is_char_boundary(end) {
-                    end -= 1;
-                }
-                w.bytes(&reason.as_bytes()[..end], MAX_TEXT_BYTES);
+                write_text(&mut w, reason);
             }
             Reply::Event(ev) => match ev {
                 ClientEvent::Joined { group, vs } => {
@@ -313,9 +334,14 @@ impl Reply {
                     w.u8(8);
                     w.name(group, MAX_NAME_BYTES);
                 }
-                ClientEvent::FlushRequest { group } => {
+                ClientEvent::FlushRequest { group, view } => {
                     w.u8(9);
                     w.name(group, MAX_NAME_BYTES);
+                    write_view(&mut w, view);
+                }
+                ClientEvent::Closed { reason } => {
+                    w.u8(11);
+                    write_text(&mut w, reason);
                 }
                 ClientEvent::Message {
                     group,
@@ -345,14 +371,9 @@ impl Reply {
             1 => Reply::Connected {
                 name: r.name("client name", MAX_NAME_BYTES)?,
             },
-            2 => {
-                let b = r.bytes("refusal", MAX_TEXT_BYTES)?;
-                Reply::Refused {
-                    reason: core::str::from_utf8(b)
-                        .map_err(|_| DecodeError::BadUtf8 { what: "refusal" })?
-                        .to_owned(),
-                }
-            }
+            2 => Reply::Refused {
+                reason: read_text(&mut r, "refusal")?,
+            },
             3 => ev(ClientEvent::Joined {
                 group: group(&mut r)?,
                 vs: read_bool(&mut r, "vs")?,
@@ -392,6 +413,10 @@ impl Reply {
             }),
             9 => ev(ClientEvent::FlushRequest {
                 group: group(&mut r)?,
+                view: read_view(&mut r)?,
+            }),
+            11 => ev(ClientEvent::Closed {
+                reason: read_text(&mut r, "reason")?,
             }),
             10 => ev(ClientEvent::Message {
                 group: group(&mut r)?,
@@ -467,7 +492,7 @@ mod tests {
                     payload,
                 }
             }),
-            name().prop_map(|group| ClientCommand::FlushAck { group }),
+            (name(), view()).prop_map(|(group, view)| ClientCommand::FlushAck { group, view }),
         ]
     }
     fn request() -> impl Strategy<Value = Request> {
@@ -507,7 +532,8 @@ mod tests {
                 }
             ),
             name().prop_map(|group| ClientEvent::TransitionalSignal { group }),
-            name().prop_map(|group| ClientEvent::FlushRequest { group }),
+            (name(), view()).prop_map(|(group, view)| ClientEvent::FlushRequest { group, view }),
+            "[ -~]{0,40}".prop_map(|reason| ClientEvent::Closed { reason }),
             (name(), name(), service(), payload(), view(), any::<bool>()).prop_map(
                 |(group, sender, service, payload, view, transitional)| ClientEvent::Message {
                     group,
