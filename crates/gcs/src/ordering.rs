@@ -8,10 +8,17 @@
 //! token visits covers it (every member then holds it, §3.2). Messages every member holds are
 //! dropped from the buffer.
 //!
-//! Departures, for now: the ring is fixed (membership, gather, commit and recovery of §4 are the
-//! next step), so a lost token is only retransmitted by the last holder (§3.1's token retransmit
-//! timeout); flow control is a per-visit and a ring-wide window (§3.3 without the `fcc`/`backlog`
-//! sharing); messages are not batched into packets.
+//! Flow control is §3.3's: a per-visit limit, a window on the messages not yet everywhere and on
+//! those sent in the last rotation (the token's `fcc`), and each member's share of the window in
+//! proportion to its backlog (the token's `backlog`). A ring in recovery sends its recovery
+//! messages first and holds new ones back ([`Ordering::recovering`]); when a ring ends,
+//! [`Ordering::finish`] delivers what is left by extended virtual synchrony. Membership (§4) is
+//! [`crate::membership`]'s.
+//!
+//! Departures, for now: a lost token is retransmitted by the last holder (§3.1's token
+//! retransmit timeout) and otherwise left to the membership's token-loss timeout; messages are not
+//! batched into packets; the Accelerated Ring (Babay and Amir, 2016), which passes the token
+//! before sending everything, is not implemented yet.
 
 use conclave_wire::gcs::{Body, DaemonId, Data, Packet, RingId, ServiceType, Token, MAX_RTR};
 use std::collections::{BTreeMap, VecDeque};
