@@ -14,17 +14,20 @@ pub struct SimArgs {
     pub seeds: String,
     #[arg(long, default_value_t = 5)]
     pub daemons: usize,
-    /// Messages each daemon sends during the safety phase.
-    #[arg(long, default_value_t = 40)]
-    pub messages: usize,
-    /// Fault mix: swarm (each seed draws its own), none, or (for --membership runs) a list of
-    /// loss,burst,dup,partition,oneway,nontransitive,flap,crash,pause,spike,disconnect.
+    /// Clients connected to each daemon.
+    #[arg(long, default_value_t = 2)]
+    pub clients: usize,
+    /// Fault mix: swarm (each seed draws its own), none, or a list of
+    /// loss,burst,dup,partition,shatter,oneway,nontransitive,flap,crash,pause,spike,disconnect.
     #[arg(long, default_value = "swarm")]
     pub faults: String,
-    /// Full runs: daemons, their clients and groups under partitions, merges, crashes and
-    /// restarts (instead of the ordering of one fixed ring). `--messages` does not apply.
+    /// Instead of full runs (daemons, clients, groups, every fault), the ordering of one fixed
+    /// ring under loss, duplication and reordering.
     #[arg(long)]
-    pub membership: bool,
+    pub ordering: bool,
+    /// Ordering runs: messages each daemon sends during the safety phase.
+    #[arg(long, default_value_t = 40)]
+    pub messages: usize,
     /// Write the history of the last seed run to this file (JSON lines).
     #[arg(long)]
     pub history: Option<PathBuf>,
@@ -48,14 +51,18 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
     let (faults, full_faults) = match args.faults.as_str() {
         "swarm" => (FaultMix::Swarm, FaultChoice::Swarm),
         "none" => (FaultMix::None, FaultChoice::List(FaultSet::NONE)),
-        list if args.membership => (
+        list if !args.ordering => (
             FaultMix::Swarm,
             FaultChoice::List(FaultSet::parse(list).map_err(anyhow::Error::msg)?),
         ),
         f => anyhow::bail!(
-            "unknown fault mix {f:?}: swarm or none (a list of faults applies to --membership runs)"
+            "unknown fault mix {f:?}: ordering runs take swarm or none (lists are for full runs)"
         ),
     };
+    anyhow::ensure!(
+        (1..=64).contains(&args.clients),
+        "clients per daemon must be between 1 and 64"
+    );
     anyhow::ensure!(
         (1..=64).contains(&args.daemons),
         "daemons must be between 1 and 64"
@@ -69,9 +76,10 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
         cfg.daemons = args.daemons;
         cfg.messages = args.messages;
         cfg.faults = faults;
-        let (r, bound) = if args.membership {
+        let (r, bound) = if !args.ordering {
             let mut m = conclave_sim::MembershipSimConfig::new(seed);
             m.daemons = args.daemons;
+            m.clients_per_daemon = args.clients;
             m.faults = full_faults;
             (conclave_sim::run_membership(&m), m.max_views_after_stable())
         } else {
@@ -99,12 +107,14 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
             for x in v.iter().take(5) {
                 eprint!("seed {seed}: {x}");
             }
+            let kind = if args.ordering {
+                format!("--ordering --messages {}", args.messages)
+            } else {
+                format!("--clients {}", args.clients)
+            };
             eprintln!(
-                "replay: conclave sim --seeds {seed} --daemons {} --messages {} --faults {}{} --history seed-{seed}.jsonl",
-                args.daemons,
-                args.messages,
-                args.faults,
-                if args.membership { " --membership" } else { "" }
+                "replay: conclave sim --seeds {seed} --daemons {} {kind} --faults {} --history seed-{seed}.jsonl",
+                args.daemons, args.faults,
             );
             failed.push(seed);
         }

@@ -22,7 +22,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 /// The faults of a full run, by name.
-pub const FAULT_NAMES: [&str; 11] = [
+pub const FAULT_NAMES: [&str; 12] = [
     "loss",
     "burst",
     "dup",
@@ -34,6 +34,7 @@ pub const FAULT_NAMES: [&str; 11] = [
     "pause",
     "spike",
     "disconnect",
+    "shatter",
 ];
 
 /// A set of faults (bits in the order of [`FAULT_NAMES`]).
@@ -509,13 +510,18 @@ impl Wire {
         }
     }
 
-    /// The extra faults of a new topology: a one-way cut, a non-transitive cut, a flapping link.
+    /// The extra faults of a new topology: a partition into up to as many components as
+    /// daemons, a one-way cut, a non-transitive cut, a flapping link.
     fn extra_topology(&mut self, now: u64) {
         self.cut.clear();
         self.flap = None;
         let n = self.n;
         if n < 2 {
             return;
+        }
+        if self.faults.has("shatter") && self.chance(0.3) {
+            let k = 2 + self.rng2.next_u32() as usize % (n - 1);
+            self.comp = (0..n).map(|_| self.rng2.next_u32() as usize % k).collect();
         }
         let pair = |w: &mut Wire| {
             let a = w.rng2.next_u32() as usize % n;
