@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
                     1 => ClientCommand::Leave { group: group.into() },
                     2 => ClientCommand::Multicast {
                         service: ServiceType::Agreed,
-                        group: group.into(),
+                        groups: vec![group.into()],
                         payload: vec![head],
                     },
                     _ => ClientCommand::FlushAck {

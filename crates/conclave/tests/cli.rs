@@ -250,6 +250,7 @@ fn sim_prints_a_line_per_seed_and_a_summary() {
             "3..6",
             "--daemons",
             "3",
+            "--ordering",
             "--messages",
             "10",
         ],
@@ -270,6 +271,37 @@ fn sim_prints_a_line_per_seed_and_a_summary() {
     assert_eq!(lines[3]["failed"], 0);
     let (ok, _, err) = conclave(&["sim", "--seeds", "5..5"], None);
     assert!(!ok && err.contains("empty seed range"), "{err}");
-    let (ok, _, err) = conclave(&["sim", "--faults", "gremlins"], None);
+    let (ok, _, err) = conclave(&["sim", "--ordering", "--faults", "gremlins"], None);
     assert!(!ok && err.contains("unknown fault mix"), "{err}");
+    let (ok, _, err) = conclave(&["sim", "--faults", "loss,gremlins"], None);
+    assert!(!ok && err.contains("unknown fault \"gremlins\""), "{err}");
+}
+
+#[test]
+fn sim_runs_daemons_with_clients_by_default() {
+    let (ok, out, err) = conclave(
+        &[
+            "sim",
+            "--seeds",
+            "0..2",
+            "--daemons",
+            "3",
+            "--clients",
+            "2",
+            "--faults",
+            "loss,crash",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    for l in &lines[..2] {
+        assert_eq!(l["ok"], true);
+        assert_eq!(l["completed"], true);
+        assert!(l["delivered"].as_u64().unwrap() > 0);
+    }
 }

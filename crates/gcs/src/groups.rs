@@ -22,19 +22,21 @@
 //!
 //! View ids are the ring and a per-ring counter of the group's views; members are in name order.
 //!
-//! Departures, for now: a message goes to one group; every service type is delivered in the
-//! ring's total order (unreliable, reliable, FIFO and causal messages are not delivered ahead of
-//! it), and safe messages once stable; flush requests go to VS members before changes within a
-//! configuration, not before a configuration change (which nobody can delay: the transitional
-//! part stands in for it).
+//! A message may go to several groups: it is sent in the client's view of each, and carries each
+//! group's view number.
+//!
+//! Departures, for now: every service type is delivered in the ring's total order (unreliable,
+//! reliable, FIFO and causal messages are not delivered ahead of it), and safe messages once
+//! stable; flush requests go to VS members before changes within a configuration, not before a
+//! configuration change (which nobody can delay: the transitional part stands in for it).
 
 use crate::membership::{Membership, MembershipConfig, RingEvent};
 use crate::ordering::Transmit;
 use conclave_wire::client::MAX_VIEW_MEMBERS;
 pub use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, Reason};
 use conclave_wire::gcs::{
-    Body, DaemonId, Packet, RingId, StateEntry, MAX_NAME_BYTES, MAX_PAYLOAD_BYTES,
-    MAX_STATE_ENTRIES,
+    Body, DaemonId, Packet, RingId, ServiceType, StateEntry, MAX_GROUPS_PER_MESSAGE,
+    MAX_NAME_BYTES, MAX_PAYLOAD_BYTES, MAX_STATE_ENTRIES,
 };
 use conclave_wire::DecodeError;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -90,6 +92,8 @@ pub enum DaemonError {
     TooManyHeld { max: usize },
     #[error("a payload may be at most {MAX_PAYLOAD_BYTES} bytes")]
     PayloadTooLarge,
+    #[error("a message goes to 1 to {max} distinct groups")]
+    BadGroupList { max: usize },
     #[error("undecodable packet: {0}")]
     Packet(#[from] DecodeError),
 }
@@ -297,16 +301,32 @@ impl Daemon {
                     return Err(not_member(group));
                 }
             }
-            ClientCommand::Multicast { group, payload, .. } => {
-                if !c.intent.contains_key(group) {
-                    return Err(not_member(group));
+            ClientCommand::Multicast {
+                groups, payload, ..
+            } => {
+                if groups.is_empty() || groups.len() > MAX_GROUPS_PER_MESSAGE {
+                    return Err(DaemonError::BadGroupList {
+                        max: MAX_GROUPS_PER_MESSAGE,
+                    });
+                }
+                let mut seen = BTreeSet::new();
+                for group in groups {
+                    if !c.intent.contains_key(group) {
+                        return Err(not_member(group));
+                    }
+                    if !seen.insert(group) {
+                        return Err(DaemonError::BadGroupList {
+                            max: MAX_GROUPS_PER_MESSAGE,
+                        });
+                    }
                 }
                 if payload.len() > MAX_PAYLOAD_BYTES {
                     return Err(DaemonError::PayloadTooLarge);
                 }
             }
+            // A client leaving the group may still have a flush to acknowledge.
             ClientCommand::FlushAck { group, .. } => {
-                if !c.intent.contains_key(group) {
+                if !c.intent.contains_key(group) && !c.groups.contains_key(group) {
                     return Err(not_member(group));
                 }
             }
@@ -314,8 +334,9 @@ impl Daemon {
         let group = match &cmd {
             ClientCommand::Join { group, .. }
             | ClientCommand::Leave { group }
-            | ClientCommand::Multicast { group, .. }
             | ClientCommand::FlushAck { group, .. } => group.clone(),
+            // A message to several groups waits in the queue of the first.
+            ClientCommand::Multicast { groups, .. } => groups[0].clone(),
         };
         c.held.entry(group).or_default().push_back(cmd);
         c.held_count += 1;
@@ -567,40 +588,28 @@ impl Daemon {
                 client,
                 groups,
                 service,
-                view: sent_in,
                 payload,
             } => {
-                let [group] = &groups[..] else { return };
-                let Some(view) = self.groups.get(group).and_then(|g| g.view) else {
-                    return;
-                };
-                if view.ring != ring || view.index != sent_in {
-                    // Sent in a view this daemon never installed: its ring broke before the
-                    // flush that installs it ended here (the message reaches this daemon from
-                    // the old ring's transitional part, past a hole). Nobody here may deliver
-                    // it in another view.
-                    return;
-                }
-                let sender_in = self.groups[group]
-                    .members
-                    .iter()
-                    .any(|m| m.name == client && m.daemon == sender);
-                if !sender_in {
-                    // Not sent in this view: a hostile or stale message.
-                    return;
-                }
-                for c in self.local_members(group) {
-                    self.emit(
-                        &c,
-                        ClientEvent::Message {
-                            group: group.clone(),
-                            sender: client.clone(),
-                            service,
-                            payload: payload.clone(),
-                            view,
-                            transitional,
-                        },
-                    );
+                for (group, sent_in) in &groups {
+                    let Some(view) = self.groups.get(group).and_then(|g| g.view) else {
+                        continue;
+                    };
+                    if view.ring != ring || view.index != *sent_in {
+                        // Sent in a view this daemon never installed: its ring broke before the
+                        // flush that installs it ended here (the message reaches this daemon
+                        // from the old ring's transitional part, past a hole). Nobody here may
+                        // deliver it in another view.
+                        continue;
+                    }
+                    let sender_in = self.groups[group]
+                        .members
+                        .iter()
+                        .any(|m| m.name == client && m.daemon == sender);
+                    if !sender_in {
+                        // Not sent in this view: a hostile or stale message.
+                        continue;
+                    }
+                    self.deliver(group, &client, service, &payload, view, transitional);
                 }
             }
             Body::GroupState { members } => {
@@ -672,6 +681,31 @@ impl Daemon {
                 self.advance(&group);
             }
             Body::RecoveryDone => {}
+        }
+    }
+
+    /// A client message of `group`'s current view, to the local members holding it.
+    fn deliver(
+        &mut self,
+        group: &str,
+        sender: &str,
+        service: ServiceType,
+        payload: &[u8],
+        view: GroupViewId,
+        transitional: bool,
+    ) {
+        for c in self.local_members(group) {
+            self.emit(
+                &c,
+                ClientEvent::Message {
+                    group: group.to_owned(),
+                    sender: sender.to_owned(),
+                    service,
+                    payload: payload.to_vec(),
+                    view,
+                    transitional,
+                },
+            );
         }
     }
 
@@ -912,19 +946,35 @@ impl Daemon {
             .flat_map(|(n, c)| c.held.keys().map(move |g| (n.clone(), g.clone())))
             .collect();
         for (name, group) in queues {
-            while let Some(cmd) = self
-                .clients
-                .get(&name)
-                .and_then(|c| c.held.get(&group))
-                .and_then(|q| q.front().cloned())
-            {
-                if !self.try_accept(&name, cmd) {
+            while let Some(q) = self.clients.get(&name).and_then(|c| c.held.get(&group)) {
+                let Some(head) = q.front().cloned() else {
                     break;
-                }
+                };
+                // A message to several groups may wait for another group's view; a flush
+                // acknowledgement behind it does not wait (that group's flush may be what the
+                // other group waits for), and the message then goes in the next view.
+                let ack_behind = match &head {
+                    ClientCommand::Multicast { groups, .. } if groups.len() > 1 => q
+                        .iter()
+                        .enumerate()
+                        .find(|(_, c)| matches!(c, ClientCommand::FlushAck { .. }))
+                        .map(|(i, c)| (i, c.clone())),
+                    _ => None,
+                };
+                let at = if self.try_accept(&name, head) {
+                    0
+                } else if let Some((i, ack)) = ack_behind {
+                    if !self.try_accept(&name, ack) {
+                        break;
+                    }
+                    i
+                } else {
+                    break;
+                };
                 any = true;
                 if let Some(c) = self.clients.get_mut(&name) {
                     if let Some(q) = c.held.get_mut(&group) {
-                        q.pop_front();
+                        q.remove(at);
                         c.held_count -= 1;
                         if q.is_empty() {
                             c.held.remove(&group);
@@ -980,43 +1030,53 @@ impl Daemon {
             }
             ClientCommand::Multicast {
                 service,
-                group,
+                groups,
                 payload,
             } => {
-                let Some(g) = self.groups.get(&group) else {
-                    return false;
-                };
-                let Some(view) = g.view else { return false };
-                let in_view = self
-                    .clients
-                    .get(client)
-                    .is_some_and(|c| c.views.get(&group) == Some(&view));
-                let held_back = g
-                    .flush
-                    .as_ref()
-                    .is_some_and(|f| f.marker_sent || f.acked.contains(client));
-                if !in_view || held_back {
-                    return false;
+                // Sent in the client's current view of every group, or not yet.
+                let mut views = Vec::with_capacity(groups.len());
+                for group in &groups {
+                    let Some(g) = self.groups.get(group) else {
+                        return false;
+                    };
+                    let Some(view) = g.view else { return false };
+                    let in_view = self
+                        .clients
+                        .get(client)
+                        .is_some_and(|c| c.views.get(group) == Some(&view));
+                    let held_back = g
+                        .flush
+                        .as_ref()
+                        .is_some_and(|f| f.marker_sent || f.acked.contains(client));
+                    if !in_view || held_back {
+                        return false;
+                    }
+                    views.push(view);
                 }
                 let body = Body::Client {
                     client: client.to_owned(),
-                    groups: vec![group.clone()],
+                    groups: groups
+                        .iter()
+                        .zip(&views)
+                        .map(|(g, v)| (g.clone(), v.index))
+                        .collect(),
                     service,
-                    view: view.index,
                     payload: payload.clone(),
                 };
                 if self.ring.submit(body).is_err() {
                     return false;
                 }
-                self.emit(
-                    client,
-                    ClientEvent::Sent {
-                        group,
-                        service,
-                        payload,
-                        view,
-                    },
-                );
+                for (group, view) in groups.into_iter().zip(views) {
+                    self.emit(
+                        client,
+                        ClientEvent::Sent {
+                            group,
+                            service,
+                            payload: payload.clone(),
+                            view,
+                        },
+                    );
+                }
                 true
             }
             ClientCommand::FlushAck { group, view } => {

@@ -14,9 +14,8 @@ fn ring() -> RingId {
 fn msg(service: ServiceType, tag: u8) -> Body {
     Body::Client {
         client: "c".into(),
-        groups: vec!["g".into()],
+        groups: vec![("g".into(), 0)],
         service,
-        view: 0,
         payload: vec![tag],
     }
 }

@@ -485,9 +485,8 @@ pub fn run(cfg: &SimConfig) -> SimResult {
                 let msg = format!("{}/0/{k}", name(node as DaemonId + 1));
                 let body = Body::Client {
                     client: name(node as DaemonId + 1),
-                    groups: vec!["g".into()],
+                    groups: vec![("g".into(), 0)],
                     service: s,
-                    view: 0,
                     payload: msg.clone().into_bytes(),
                 };
                 if sim.nodes[node].submit(body).is_ok() {

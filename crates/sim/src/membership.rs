@@ -118,6 +118,8 @@ pub enum Action {
 #[derive(Clone, Debug)]
 pub struct MembershipSimConfig {
     pub seed: u64,
+    /// Some messages go to two groups at once.
+    pub multi_group: bool,
     pub faults: FaultChoice,
     /// Scripted steps, in order, on top of the faults (named scenarios).
     pub script: Vec<(Trigger, Action)>,
@@ -137,6 +139,7 @@ impl MembershipSimConfig {
         MembershipSimConfig {
             seed,
             faults: FaultChoice::Swarm,
+            multi_group: true,
             script: Vec::new(),
             daemons: 5,
             clients_per_daemon: 2,
@@ -186,6 +189,7 @@ struct SimClient {
 }
 
 struct World {
+    multi_group: bool,
     nodes: Vec<Daemon>,
     clients: Vec<SimClient>,
     history: Vec<Record>,
@@ -285,11 +289,11 @@ impl World {
                     payload,
                     view,
                 } => Event::Send {
-                    group,
-                    msg: text(&payload),
+                    msg: format!("{}@{group}", text(&payload)),
                     service: service(s),
                     view: group_view(view),
                     payload: text(&payload),
+                    group,
                 },
                 ClientEvent::FlushAcked { group } => Event::FlushAck { group },
                 ClientEvent::View {
@@ -323,8 +327,8 @@ impl World {
                 } => {
                     self.delivered += 1;
                     Event::Deliver {
+                        msg: format!("{}@{group}", text(&payload)),
                         group,
-                        msg: text(&payload),
                         sender,
                         service: service(s),
                         view: group_view(view),
@@ -414,14 +418,19 @@ impl World {
             let _ = self.nodes[d].disconnect(now, &name);
             self.client_crash(ci);
         } else if !joined.is_empty() {
-            let g = joined[rng.next_u32() as usize % joined.len()].clone();
+            let k = rng.next_u32() as usize % joined.len();
             let s = SERVICES[(rng.next_u32() % 6) as usize];
             let c = &mut self.clients[ci];
             let msg = format!("{}/{}/{}", c.name, c.inc, c.sent);
+            // Every fifth message of a client in several groups goes to two of them.
+            let mut groups = vec![joined[k].clone()];
+            if self.multi_group && c.sent % 5 == 4 && joined.len() > 1 {
+                groups.push(joined[(k + 1) % joined.len()].clone());
+            }
             c.sent += 1;
             let cmd = ClientCommand::Multicast {
                 service: s,
-                group: g,
+                groups,
                 payload: msg.into_bytes(),
             };
             // A full queue refuses; the message was never sent.
@@ -613,6 +622,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     };
     let mut timers: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let mut w = World {
+        multi_group: cfg.multi_group,
         nodes: (1..=n as DaemonId)
             .map(|d| Daemon::new(dcfg.clone(), d, 0, 0))
             .collect(),

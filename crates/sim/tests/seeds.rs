@@ -114,6 +114,7 @@ fn full_seed_passes(seed: u64) {
     use conclave_sim::{run_membership, FaultChoice, FaultSet, MembershipSimConfig};
     let mut m = MembershipSimConfig::new(seed);
     m.faults = FaultChoice::List(FaultSet::BASIC);
+    m.multi_group = false;
     let r = run_membership(&m);
     assert!(r.completed, "seed {seed} did not converge");
     let cfg = Config {
@@ -149,6 +150,15 @@ fn regression_full_seed_111_stale_flush_acknowledgement() {
 #[test]
 fn regression_full_seed_5548_clients_from_a_view_of_an_older_ring() {
     full_seed_passes(5548);
+}
+
+/// Seed 170 (all faults, messages to two groups) broke L1: a client whose leave waited behind a
+/// message to two groups was asked to acknowledge a flush, and its acknowledgement was refused as
+/// from a non-member; the group's views stopped changing. A client leaving a group may still
+/// acknowledge, and an acknowledgement never waits behind a message to several groups.
+#[test]
+fn regression_full_seed_170_acknowledgement_of_a_leaving_client() {
+    full_swarm_seeds(170..171);
 }
 
 /// Seed 879 (5 daemons) once never converged: the representative formed a ring of the two

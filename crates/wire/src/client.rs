@@ -9,7 +9,8 @@
 
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::gcs::{
-    read_bool, read_ring, write_ring, RingId, ServiceType, MAX_NAME_BYTES, MAX_PAYLOAD_BYTES,
+    read_bool, read_ring, write_ring, RingId, ServiceType, MAX_GROUPS_PER_MESSAGE, MAX_NAME_BYTES,
+    MAX_PAYLOAD_BYTES,
 };
 
 /// The client protocol version this build speaks.
@@ -48,9 +49,11 @@ pub enum ClientCommand {
     Leave {
         group: String,
     },
+    /// To one group or several (each gets it in its own view; a client in several of them
+    /// receives it once per group).
     Multicast {
         service: ServiceType,
-        group: String,
+        groups: Vec<String>,
         payload: Vec<u8>,
     },
     /// A VS client has sent all it will send in `view` of `group` (the view named by the flush
@@ -223,12 +226,15 @@ impl Request {
             }
             Request::Command(ClientCommand::Multicast {
                 service,
-                group,
+                groups,
                 payload,
             }) => {
                 w.u8(4);
                 w.u8(*service as u8);
-                w.name(group, MAX_NAME_BYTES);
+                w.count(groups.len(), MAX_GROUPS_PER_MESSAGE);
+                for g in groups {
+                    w.name(g, MAX_NAME_BYTES);
+                }
                 w.bytes(payload, MAX_PAYLOAD_BYTES);
             }
             Request::Command(ClientCommand::FlushAck { group, view }) => {
@@ -254,11 +260,22 @@ impl Request {
             3 => Request::Command(ClientCommand::Leave {
                 group: group(&mut r)?,
             }),
-            4 => Request::Command(ClientCommand::Multicast {
-                service: service(&mut r)?,
-                group: group(&mut r)?,
-                payload: r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec(),
-            }),
+            4 => {
+                let service = service(&mut r)?;
+                let n = r.count("groups", MAX_GROUPS_PER_MESSAGE)?;
+                if n == 0 {
+                    return Err(DecodeError::Empty { what: "groups" });
+                }
+                let mut groups = Vec::with_capacity(n.min(r.remaining() / 2));
+                for _ in 0..n {
+                    groups.push(group(&mut r)?);
+                }
+                Request::Command(ClientCommand::Multicast {
+                    service,
+                    groups,
+                    payload: r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec(),
+                })
+            }
             5 => Request::Command(ClientCommand::FlushAck {
                 group: group(&mut r)?,
                 view: read_view(&mut r)?,
@@ -485,13 +502,13 @@ mod tests {
         prop_oneof![
             (name(), any::<bool>()).prop_map(|(group, vs)| ClientCommand::Join { group, vs }),
             name().prop_map(|group| ClientCommand::Leave { group }),
-            (service(), name(), payload()).prop_map(|(service, group, payload)| {
-                ClientCommand::Multicast {
+            (service(), prop::collection::vec(name(), 1..4), payload()).prop_map(
+                |(service, groups, payload)| ClientCommand::Multicast {
                     service,
-                    group,
+                    groups,
                     payload,
                 }
-            }),
+            ),
             (name(), view()).prop_map(|(group, view)| ClientCommand::FlushAck { group, view }),
         ]
     }

@@ -88,10 +88,10 @@ pub enum Body {
     /// A client's message to one or more groups.
     Client {
         client: String,
-        groups: Vec<String>,
+        /// Each group, with the number (on this ring) of the group's view the message was sent
+        /// in.
+        groups: Vec<(String, u32)>,
         service: ServiceType,
-        /// The number, on this ring, of the group view the message was sent in.
-        view: u32,
         payload: Vec<u8>,
     },
     /// A client joins a group (`vs`: it wants flushes before view changes).
@@ -230,17 +230,16 @@ impl Body {
                 client,
                 groups,
                 service,
-                view,
                 payload,
             } => {
                 w.u8(1);
                 w.name(client, MAX_NAME_BYTES);
                 w.count(groups.len(), MAX_GROUPS_PER_MESSAGE);
-                for g in groups {
+                for (g, view) in groups {
                     w.name(g, MAX_NAME_BYTES);
+                    w.u32(*view);
                 }
                 w.u8(*service as u8);
-                w.u32(*view);
                 w.bytes(payload, MAX_PAYLOAD_BYTES);
             }
             Body::GroupJoin { client, group, vs } => {
@@ -294,16 +293,14 @@ impl Body {
                 }
                 let mut groups = Vec::with_capacity(n.min(r.remaining() / 2));
                 for _ in 0..n {
-                    groups.push(r.name("group", MAX_NAME_BYTES)?);
+                    groups.push((r.name("group", MAX_NAME_BYTES)?, r.u32("view")?));
                 }
                 let service = ServiceType::from_u8(r.u8("service type")?)?;
-                let view = r.u32("view")?;
                 let payload = r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec();
                 Body::Client {
                     client,
                     groups,
                     service,
-                    view,
                     payload,
                 }
             }
@@ -556,16 +553,14 @@ mod tests {
         prop_oneof![
             (
                 name(),
-                prop::collection::vec(name(), 1..4),
+                prop::collection::vec((name(), any::<u32>()), 1..4),
                 service(),
-                any::<u32>(),
                 prop::collection::vec(any::<u8>(), 0..64)
             )
-                .prop_map(|(client, groups, service, view, payload)| Body::Client {
+                .prop_map(|(client, groups, service, payload)| Body::Client {
                     client,
                     groups,
                     service,
-                    view,
                     payload
                 }),
             (name(), name(), any::<bool>()).prop_map(|(client, group, vs)| Body::GroupJoin {
