@@ -257,10 +257,7 @@ fn sim_prints_a_line_per_seed_and_a_summary() {
         None,
     );
     assert!(ok, "{err}");
-    let lines: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&out);
     assert_eq!(lines.len(), 4);
     for (i, l) in lines[..3].iter().enumerate() {
         assert_eq!(l["seed"], 3 + i as u64);
@@ -294,14 +291,17 @@ fn sim_runs_daemons_with_clients_by_default() {
         None,
     );
     assert!(ok, "{err}");
-    let lines: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&out);
     assert_eq!(lines.len(), 3);
     for l in &lines[..2] {
         assert_eq!(l["ok"], true);
         assert_eq!(l["completed"], true);
         assert!(l["delivered"].as_u64().unwrap() > 0);
     }
+}
+
+fn json_lines(out: &str) -> Vec<serde_json::Value> {
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }

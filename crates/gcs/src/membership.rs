@@ -93,6 +93,19 @@ pub struct Configuration {
     pub transitional: Vec<DaemonId>,
 }
 
+impl RingEvent {
+    /// A message of `ring` delivered in its regular configuration.
+    fn regular(ring: RingId, d: Delivered) -> RingEvent {
+        RingEvent::Deliver {
+            ring,
+            seq: d.seq,
+            sender: d.sender,
+            body: d.body,
+            transitional: false,
+        }
+    }
+}
+
 /// The phases of the membership protocol (TOCS §4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
@@ -527,13 +540,7 @@ impl Membership {
             }));
         let ring = ordering.ring();
         for d in early {
-            self.events.push_back(RingEvent::Deliver {
-                ring,
-                seq: d.seq,
-                sender: d.sender,
-                body: d.body,
-                transitional: false,
-            });
+            self.events.push_back(RingEvent::regular(ring, d));
         }
         self.regular = Some(ordering);
     }
@@ -661,13 +668,7 @@ impl Membership {
                 },
                 _ => {
                     if d.origin.is_none() && d.body != Body::RecoveryDone {
-                        self.events.push_back(RingEvent::Deliver {
-                            ring,
-                            seq: d.seq,
-                            sender: d.sender,
-                            body: d.body,
-                            transitional: false,
-                        });
+                        self.events.push_back(RingEvent::regular(ring, d));
                     }
                 }
             }
