@@ -664,7 +664,16 @@ impl Membership {
                         }
                     }
                     (None, Body::RecoveryDone) => {}
-                    (None, body) => early.push(Delivered { body, ..d }),
+                    // Honest members send new messages only once they have ended recovery,
+                    // which this one does within two token visits of them: at most two
+                    // rotations of every member's sends. More is hostile and dropped.
+                    (None, body)
+                        if early.len()
+                            < 2 * MAX_RING_MEMBERS * self.cfg.ordering.max_per_visit as usize =>
+                    {
+                        early.push(Delivered { body, ..d })
+                    }
+                    (None, _) => {}
                 },
                 _ => {
                     if d.origin.is_none() && d.body != Body::RecoveryDone {
