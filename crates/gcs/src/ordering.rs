@@ -15,10 +15,15 @@
 //! [`Ordering::finish`] delivers what is left by extended virtual synchrony. Membership (§4) is
 //! [`crate::membership`]'s.
 //!
+//! The Accelerated Ring (Babay and Amir, *Fast Total Ordering for Modern Data Centers*, ICDCS
+//! 2016, §III): a holder assigns its new messages their sequence numbers, passes the token, and
+//! only then sends them; a member asks for retransmission only of messages sent before its
+//! previous visit (later ones may still be on their way). Departure from the paper: the holder
+//! sends all its new messages after the token rather than a part before it.
+//!
 //! Departures, for now: a lost token is retransmitted by the last holder (§3.1's token
 //! retransmit timeout) and otherwise left to the membership's token-loss timeout; messages are not
-//! batched into packets; the Accelerated Ring (Babay and Amir, 2016), which passes the token
-//! before sending everything, is not implemented yet.
+//! batched into packets.
 
 use conclave_wire::gcs::{Body, DaemonId, Data, Packet, RingId, ServiceType, Token, MAX_RTR};
 use std::collections::{BTreeMap, VecDeque};
@@ -139,6 +144,8 @@ pub struct Ordering {
     out: VecDeque<Transmit>,
     delivered_out: VecDeque<Delivered>,
     sent_out: VecDeque<(u64, Body)>,
+    /// The token's `seq` when this member last held it.
+    prev_visit_seq: u64,
     /// What this member added to the token's `fcc` and `backlog` on its last visit.
     last_fcc: u64,
     last_backlog: u64,
@@ -176,6 +183,7 @@ impl Ordering {
             out: VecDeque::new(),
             delivered_out: VecDeque::new(),
             sent_out: VecDeque::new(),
+            prev_visit_seq: 0,
             last_fcc: 0,
             last_backlog: 0,
             started: false,
@@ -496,8 +504,12 @@ impl Ordering {
                 None => still.push(s),
             }
         }
-        // Ask for what this member misses.
-        for s in self.my_aru + 1..=t.seq {
+        // Ask for what this member misses, of what was sent before its previous visit: later
+        // messages may still be on their way, as holders pass the token before sending
+        // (Accelerated Ring).
+        let ask_to = t.seq.min(self.prev_visit_seq);
+        self.prev_visit_seq = t.seq;
+        for s in self.my_aru + 1..=ask_to {
             if still.len() >= MAX_RTR {
                 break;
             }
@@ -535,6 +547,7 @@ impl Ordering {
             .min(share)
             .min(self.cfg.max_per_visit as u64);
         let mut sent = 0;
+        let mut fresh = Vec::new();
         while sent < room {
             let (origin, body) = if let Some(r) = self.recovery.pop_front() {
                 r
@@ -557,7 +570,7 @@ impl Ordering {
                 origin,
                 body,
             };
-            self.out.push_back(Transmit {
+            fresh.push(Transmit {
                 to: Dest::AllOthers,
                 packet: Packet::Data(d.clone()),
             });
@@ -581,10 +594,14 @@ impl Ordering {
         // received, so that on a ring of one the token comes back to its only member.
         t.token_seq += 1;
         self.last_sent = Some((t.clone(), now));
+        // The Accelerated Ring (Babay and Amir, ICDCS 2016, §III): the token goes first, its
+        // sequence numbers already assigned, and the new messages follow while it travels, so the
+        // next holder need not wait for them.
         self.out.push_back(Transmit {
             to: Dest::One(self.successor()),
             packet: Packet::Token(t),
         });
+        self.out.extend(fresh);
         self.advance();
     }
 
