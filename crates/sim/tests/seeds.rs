@@ -98,23 +98,24 @@ fn full_swarm_seeds_second_half() {
     full_swarm_seeds(250..500);
 }
 
-/// Seed 247 (5 daemons) breaks O4 when recovery ends at each member as soon as it has every
-/// member's recovery marker (first found as seed 1195 of the daemon-only runs): one member loses
+/// Seed 394 (basic faults) fails when recovery ends at each member as soon as it has every
+/// member's recovery marker (first found as seed 1195 of the daemon-only runs, which broke O4;
+/// each seed below was found again by reverting its fix on today's protocol): one member loses
 /// the new ring just before its last marker arrives, goes back to gather, and never receives a
 /// safe message of the old ring that the others delivered in a transitional configuration naming
 /// it. Recovery now ends only once every member holds every marker (the token's `aru` has covered
 /// them twice), so whoever installs, the others hold all it delivered and deliver it too.
 #[test]
-fn regression_membership_seed_247_recovery_ended_before_everyone_had_the_markers() {
-    full_seed_passes(247);
+fn regression_full_seed_394_recovery_ended_before_everyone_had_the_markers() {
+    full_seed_passes(394);
 }
 
-/// A full run of `seed` with the basic faults (the schedules these seeds were found with).
+/// A full run of `seed` with the basic faults (`conclave sim --seeds N --faults
+/// loss,dup,partition,crash,disconnect`).
 fn full_seed_passes(seed: u64) {
     use conclave_sim::{run_membership, FaultChoice, FaultSet, MembershipSimConfig};
     let mut m = MembershipSimConfig::new(seed);
     m.faults = FaultChoice::List(FaultSet::BASIC);
-    m.multi_group = false;
     let r = run_membership(&m);
     assert!(r.completed, "seed {seed} did not converge");
     let cfg = Config {
@@ -124,41 +125,42 @@ fn full_seed_passes(seed: u64) {
     assert!(v.is_empty(), "seed {seed}: {v:?}");
 }
 
-/// Seed 2728 broke D1: a daemon installed a group view when the last flush marker arrived, and a
-/// client there sent in it; the ring broke, and another daemon, whose part of the old ring lacked
-/// that marker, received the message in the old ring's transitional part past the hole and
-/// delivered it in the previous view. A client message now names its view, and a daemon that
-/// never installed that view drops it.
+/// Seed 18 (first found as 2728) breaks D1 without the check: a daemon installed a group view when
+/// the last flush marker arrived, and a client there sent in it; the ring broke, and another
+/// daemon, whose part of the old ring lacked that marker, received the message in the old ring's
+/// transitional part past the hole and delivered it in the previous view. A client message now
+/// names its view, and a daemon that never installed that view drops it.
 #[test]
-fn regression_full_seed_2728_message_of_a_view_never_installed_here() {
-    full_seed_passes(2728);
+fn regression_full_seed_18_message_of_a_view_never_installed_here() {
+    full_seed_passes(18);
 }
 
-/// Seed 111 broke X1: a VS client acknowledged a flush that a configuration change had already
-/// cut short; the acknowledgement was recorded, and the client's next message then went out in
-/// the same view. A stale acknowledgement is now dropped.
+/// Seed 102 (first found as 111) breaks X1 without the fix: a VS client acknowledged a flush that a
+/// configuration change had already cut short; the acknowledgement was recorded, and the client's
+/// next message then went out in the same view. A stale acknowledgement is now dropped.
 #[test]
-fn regression_full_seed_111_stale_flush_acknowledgement() {
-    full_seed_passes(111);
+fn regression_full_seed_102_stale_flush_acknowledgement() {
+    full_seed_passes(102);
 }
 
-/// Seed 5548 broke V1: two clients whose last view was one of ring 8 met again on ring 28 after
-/// rings on which their groups never settled; their daemons had left ring 8 in different
-/// components and delivered different parts of that view, yet the state exchange counted them as
-/// coming together. A client's view now counts as where it comes from only if it belongs to the
-/// ring that just ended.
+/// Seed 2403 (first found as 5548) breaks V1 without the rule: two clients whose last view was one
+/// of ring 8 met again on ring 28 after rings on which their groups never settled; their daemons
+/// had left ring 8 in different components and delivered different parts of that view, yet the
+/// state exchange counted them as coming together. A client's view now counts as where it comes
+/// from only if it belongs to the ring that just ended.
 #[test]
-fn regression_full_seed_5548_clients_from_a_view_of_an_older_ring() {
-    full_seed_passes(5548);
+fn regression_full_seed_2403_clients_from_a_view_of_an_older_ring() {
+    full_seed_passes(2403);
 }
 
-/// Seed 170 (all faults, messages to two groups) broke L1: a client whose leave waited behind a
+/// Seed 1285 (all faults, messages to two groups; first found as 170) breaks L1 without the fix:
+/// a client whose leave waited behind a
 /// message to two groups was asked to acknowledge a flush, and its acknowledgement was refused as
 /// from a non-member; the group's views stopped changing. A client leaving a group may still
 /// acknowledge, and an acknowledgement never waits behind a message to several groups.
 #[test]
-fn regression_full_seed_170_acknowledgement_of_a_leaving_client() {
-    full_swarm_seeds(170..171);
+fn regression_full_seed_1285_acknowledgement_of_a_leaving_client() {
+    full_swarm_seeds(1285..1286);
 }
 
 /// Seed 879 (5 daemons) once never converged: the representative formed a ring of the two
