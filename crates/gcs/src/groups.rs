@@ -8,8 +8,9 @@
 //! everything its clients sent in that view; once every such daemon's marker is delivered, the
 //! new view is installed everywhere. From its marker until the new view, a daemon holds its
 //! clients' new messages for the group; so every message is delivered in the view in which its
-//! daemon accepted it (the client's view then), which is what D1 and D2 ask. Changes queue and are
-//! flushed one at a time.
+//! daemon accepted it (the client's view then), which is what D1 and D2 ask. A change delivered
+//! while a flush is under way waits, and goes into the view that flush installs: one flush per
+//! burst of changes.
 //!
 //! A daemon configuration change ends every group's view: the ring layer delivers the old ring's
 //! last messages (in the transitional part, after a transitional signal to every member), then the
