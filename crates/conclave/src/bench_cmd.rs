@@ -10,6 +10,14 @@ use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// Messages per second delivered at each member: real daemons on this machine, 1 and 5
+    /// senders, sizes 100 B to 64 KiB, every service type.
+    Throughput(crate::net_bench::ThroughputArgs),
+    /// Send-to-delivery latency (p50, p99, max) at light and heavy load.
+    Latency(crate::net_bench::LatencyArgs),
+    /// Time from a join, leave, partition and merge to the new view at every member (Time_max
+    /// and Time_avg), over 3 to 13 daemons and 2 to 50 clients.
+    Membership(crate::net_bench::MembershipArgs),
     /// E1: computation cost of GDH, CKD, TGDH, STR and BD per event (join, leave, merge,
     /// partition) against group size, next to paper 000's Tables I and II.
     Gka {
@@ -281,6 +289,9 @@ fn sizes_up_to(max: usize) -> Vec<usize> {
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
+        BenchCommand::Throughput(a) => crate::net_bench::run_throughput(a),
+        BenchCommand::Latency(a) => crate::net_bench::run_latency(a),
+        BenchCommand::Membership(a) => crate::net_bench::run_membership(a),
         BenchCommand::Keygraph {
             n,
             sizes,

@@ -1,11 +1,15 @@
-//! `conclave`: the one binary. Subcommands: `demo`, `gka run`, `sim`, `check`, `bench gka`,
-//! `bench keygraph`.
+//! `conclave`: the one binary. Subcommands: `demo`, `daemon`, `admin`, `user`, `gka run`, `sim`,
+//! `check`, `bench gka`, `bench keygraph`.
 
 mod bench_cmd;
 mod check_cmd;
+mod daemon_cmd;
 mod demo;
 mod gka_cmd;
+mod keys_demo;
+mod net_bench;
 mod sim_cmd;
+mod user_cmd;
 
 use anyhow::Result;
 
@@ -27,8 +31,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Tell the story of a group's keys: it forms, a member joins, one leaves, it partitions and merges.
+    /// Three daemons and three clients on this machine: joins, every service type, a partition
+    /// and a merge, nothing lost (--keys: the story of a group's keys instead).
     Demo(demo::DemoArgs),
+    /// Run a daemon.
+    Daemon(daemon_cmd::DaemonArgs),
+    /// Ask running daemons for their status, or inject faults: partition, heal, drop, delay, dup, pause.
+    Admin(daemon_cmd::AdminArgs),
+    /// A client: commands on stdin (join, leave, send, ack), events on stdout (--json for JSON lines).
+    User(user_cmd::UserArgs),
     /// Group key agreement tools.
     Gka {
         #[command(subcommand)]
@@ -49,6 +60,9 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(args) => demo::run(args),
+        Command::Daemon(args) => daemon_cmd::run_daemon(args),
+        Command::Admin(args) => daemon_cmd::run_admin(args),
+        Command::User(args) => user_cmd::run_user(args),
         Command::Gka { command } => gka_cmd::run(command),
         Command::Bench { command } => bench_cmd::run(command),
         Command::Check(args) => check_cmd::run(args),

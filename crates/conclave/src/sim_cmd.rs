@@ -31,6 +31,10 @@ pub struct SimArgs {
     /// Write the history of the last seed run to this file (JSON lines).
     #[arg(long)]
     pub history: Option<PathBuf>,
+    /// Full runs: the daemons hold an idle token this long, microseconds (the real daemons'
+    /// default is 300).
+    #[arg(long, default_value_t = 0)]
+    pub idle_hold_us: u64,
 }
 
 fn parse_seeds(s: &str) -> Result<std::ops::Range<u64>> {
@@ -81,6 +85,7 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
             m.daemons = args.daemons;
             m.clients_per_daemon = args.clients;
             m.faults = full_faults;
+            m.idle_hold_us = args.idle_hold_us;
             (conclave_sim::run_membership(&m), m.max_views_after_stable())
         } else {
             (run(&cfg), Config::default().max_views_after_stable)

@@ -119,8 +119,24 @@ fn bad_scripts_are_clear_errors() {
 }
 
 #[test]
-fn demo_tells_the_story() {
+fn demo_tells_the_story_of_a_group_over_real_daemons() {
     let (ok, out, err) = conclave(&["demo"], None);
+    assert!(ok, "{err}");
+    for step in [
+        "form one ring",
+        "partitions",
+        "views merge",
+        "nothing lost",
+        "in one order",
+    ] {
+        assert!(out.contains(step), "{step:?} missing from:\n{out}");
+    }
+    assert!(out.contains("view") && out.contains("carol#d3"), "{out}");
+}
+
+#[test]
+fn demo_keys_tells_the_story_of_a_group_key() {
+    let (ok, out, err) = conclave(&["demo", "--keys"], None);
     assert!(ok, "{err}");
     assert!(
         out.contains("all agree") && !out.contains("DISAGREE") && !out.contains("REUSED"),

@@ -39,6 +39,11 @@ pub struct OrderingConfig {
     pub window: u64,
     /// Most messages a daemon queues before `submit` refuses.
     pub max_queued: usize,
+    /// An idle token (nothing sent, missing or waiting anywhere on the ring) is held this long
+    /// (microseconds) before it is passed on, unless a message is submitted meanwhile: without
+    /// it, an idle ring passes its token as fast as the network allows and keeps every daemon's
+    /// processor busy. 0: never held.
+    pub idle_hold_us: u64,
 }
 
 impl Default for OrderingConfig {
@@ -48,6 +53,7 @@ impl Default for OrderingConfig {
             max_per_visit: 30,
             window: 400,
             max_queued: 10_000,
+            idle_hold_us: 0,
         }
     }
 }
@@ -151,6 +157,8 @@ pub struct Ordering {
     last_backlog: u64,
     started: bool,
     refused: u64,
+    /// An idle token being held, and until when.
+    held: Option<(Token, u64)>,
 }
 
 impl Ordering {
@@ -188,6 +196,7 @@ impl Ordering {
             last_backlog: 0,
             started: false,
             refused: 0,
+            held: None,
         }
     }
 
@@ -374,7 +383,15 @@ impl Ordering {
             });
         }
         self.queue.push_back(body);
+        self.release_held();
         Ok(())
+    }
+
+    /// A message to send: a held token goes at once (at the next `handle_timeout`).
+    fn release_held(&mut self) {
+        if let Some((_, until)) = &mut self.held {
+            *until = 0;
+        }
     }
 
     /// Queues a message of the daemons' own protocol (a flush marker, a group state, a notice
@@ -382,6 +399,7 @@ impl Ordering {
     /// traffic, so they are never refused: a full queue of client messages must not lose them.
     pub fn submit_control(&mut self, body: Body) {
         self.queue.push_back(body);
+        self.release_held();
     }
 
     /// The representative (the first member) creates the first token.
@@ -414,6 +432,18 @@ impl Ordering {
                     return;
                 }
                 self.started = true;
+                if self
+                    .held
+                    .as_ref()
+                    .is_some_and(|(h, _)| h.token_seq >= t.token_seq)
+                {
+                    return;
+                }
+                if self.idle(&t) {
+                    self.held = Some((t, now + self.cfg.idle_hold_us));
+                    return;
+                }
+                self.held = None;
                 self.on_token(now, t);
             }
             Packet::Data(d) if d.ring == self.ring => {
@@ -605,8 +635,25 @@ impl Ordering {
         self.advance();
     }
 
-    /// The token retransmission timer.
+    /// Whether a token may be held: nothing is on its way, missing or waiting anywhere.
+    fn idle(&self, t: &Token) -> bool {
+        self.cfg.idle_hold_us > 0
+            && !self.hold_queue
+            && self.recovery.is_empty()
+            && self.queue.is_empty()
+            && t.rtr.is_empty()
+            && t.fcc == 0
+            && t.backlog == 0
+            && t.aru == t.seq
+            && self.my_aru == t.seq
+    }
+
+    /// The token retransmission timer, and the end of a token's hold.
     pub fn handle_timeout(&mut self, now: u64) {
+        if self.held.as_ref().is_some_and(|(_, until)| *until <= now) {
+            let (t, _) = self.held.take().expect("held");
+            self.on_token(now, t);
+        }
         if let Some((t, at)) = &mut self.last_sent {
             if now >= *at + self.cfg.token_retransmit_ms * 1000 {
                 *at = now;
@@ -622,9 +669,15 @@ impl Ordering {
 
     /// When `handle_timeout` wants to run next (microseconds).
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.last_sent
+        let retransmit = self
+            .last_sent
             .as_ref()
-            .map(|(_, at)| at + self.cfg.token_retransmit_ms * 1000)
+            .map(|(_, at)| at + self.cfg.token_retransmit_ms * 1000);
+        let hold = self.held.as_ref().map(|(_, until)| *until);
+        match (retransmit, hold) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     pub fn poll_transmit(&mut self) -> Option<Transmit> {

@@ -132,6 +132,8 @@ pub struct MembershipSimConfig {
     pub safety_ms: u64,
     /// How long the fault-free phase may take to converge.
     pub settle_ms: u64,
+    /// The daemons hold an idle token this long (microseconds; 0: never), as real daemons do.
+    pub idle_hold_us: u64,
 }
 
 impl MembershipSimConfig {
@@ -146,6 +148,7 @@ impl MembershipSimConfig {
             groups: 3,
             safety_ms: 2_000,
             settle_ms: 8_000,
+            idle_hold_us: 0,
         }
     }
 
@@ -590,10 +593,11 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     if !faults.has("dup") {
         net.duplication = 0.0;
     }
-    let dcfg = DaemonConfig {
+    let mut dcfg = DaemonConfig {
         record_ring: true,
         ..DaemonConfig::default()
     };
+    dcfg.membership.ordering.idle_hold_us = cfg.idle_hold_us;
     let safety = cfg.safety_ms * 1000;
     let mut wire = Wire {
         n,

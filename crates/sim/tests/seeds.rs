@@ -70,9 +70,14 @@ fn regression_a_ring_of_one_delivers() {
 /// Full runs (daemons, clients, groups, every fault as each seed draws): 500 seeds, in two halves
 /// so that both cores work.
 fn full_swarm_seeds(seeds: std::ops::Range<u64>) {
+    full_swarm_seeds_holding(seeds, 0);
+}
+
+fn full_swarm_seeds_holding(seeds: std::ops::Range<u64>, idle_hold_us: u64) {
     use conclave_sim::{run_membership, MembershipSimConfig};
     for seed in seeds {
-        let m = MembershipSimConfig::new(seed);
+        let mut m = MembershipSimConfig::new(seed);
+        m.idle_hold_us = idle_hold_us;
         let r = run_membership(&m);
         let cfg = Config {
             max_views_after_stable: m.max_views_after_stable(),
@@ -96,6 +101,12 @@ fn full_swarm_seeds_first_half() {
 #[test]
 fn full_swarm_seeds_second_half() {
     full_swarm_seeds(250..500);
+}
+
+/// The daemons' default: an idle token rests a moment at each daemon.
+#[test]
+fn full_swarm_seeds_with_an_idle_token_hold() {
+    full_swarm_seeds_holding(1000..1100, 300);
 }
 
 /// Seed 394 (basic faults) fails when recovery ends at each member as soon as it has every

@@ -1,0 +1,205 @@
+//! `conclave daemon` and `conclave admin`.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use conclave_daemon::{AdminReply, AdminRequest, Config, Options};
+use std::path::PathBuf;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+#[derive(Args)]
+pub struct DaemonArgs {
+    /// The network's configuration (TOML, docs/daemon.md); without it, three daemons d1..d3 on
+    /// 127.0.0.1 (peers on UDP 4801-4803, clients on TCP 4901-4903, admin 5001-5003, metrics
+    /// 9101-9103).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Which daemon of the configuration this is.
+    #[arg(long, default_value = "d1")]
+    name: String,
+    /// Write the history of this daemon's clients (JSON lines, docs/history.md).
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// Seed of the fault injection's randomness.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Log filter (tracing's env-filter syntax); RUST_LOG overrides it.
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+/// The configuration a command uses: the file, or the three local daemons.
+pub fn load_config(path: &Option<PathBuf>) -> Result<Config> {
+    Ok(match path {
+        Some(p) => Config::load(p)?,
+        None => Config::local(3, 4800),
+    })
+}
+
+pub fn run_daemon(args: DaemonArgs) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))
+        .context("--log")?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let cfg = load_config(&args.config)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let opts = Options {
+            record: args.record,
+            incarnation: None,
+            seed: args.seed,
+        };
+        let mut d = conclave_daemon::start(cfg, &args.name, opts).await?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+            r = d.stopped() => return r,
+        }
+        tracing::info!("shutting down");
+        d.shutdown().await
+    })
+}
+
+#[derive(Args)]
+pub struct AdminArgs {
+    /// The network's configuration (default: the three local daemons).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The daemons to ask, by name (default: every daemon of the configuration).
+    #[arg(long, value_delimiter = ',')]
+    daemon: Vec<String>,
+    #[command(subcommand)]
+    command: AdminCommand,
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Each daemon's ring, members, clients and faults.
+    Status,
+    /// Cut the network into sets of daemons: `partition d1,d2 d3`.
+    Partition { sets: Vec<String> },
+    /// End the partition.
+    Heal,
+    /// Lose this fraction of datagrams (to one peer with --peer).
+    Drop {
+        rate: f64,
+        #[arg(long)]
+        peer: Option<String>,
+    },
+    /// Delay datagrams by MS milliseconds, plus up to --jitter.
+    Delay {
+        ms: u64,
+        #[arg(long, default_value_t = 0)]
+        jitter: u64,
+        #[arg(long)]
+        peer: Option<String>,
+    },
+    /// Send this fraction of datagrams twice.
+    Dup {
+        rate: f64,
+        #[arg(long)]
+        peer: Option<String>,
+    },
+    /// Stop the daemon for MS milliseconds (as if the process were suspended).
+    Pause { ms: u64 },
+    /// Every fault off.
+    Clear,
+    /// Stop the daemon, telling its clients.
+    Shutdown,
+}
+
+impl AdminCommand {
+    fn request(self) -> Result<AdminRequest> {
+        Ok(match self {
+            AdminCommand::Status => AdminRequest::Status,
+            AdminCommand::Partition { sets } => {
+                if sets.is_empty() {
+                    bail!("name the sets: partition d1,d2 d3");
+                }
+                AdminRequest::Partition {
+                    sets: sets
+                        .iter()
+                        .map(|s| s.split(',').map(str::to_owned).collect())
+                        .collect(),
+                }
+            }
+            AdminCommand::Heal => AdminRequest::Heal,
+            AdminCommand::Drop { rate, peer } => AdminRequest::Drop { rate, peer },
+            AdminCommand::Delay { ms, jitter, peer } => AdminRequest::Delay {
+                ms,
+                jitter_ms: jitter,
+                peer,
+            },
+            AdminCommand::Dup { rate, peer } => AdminRequest::Dup { rate, peer },
+            AdminCommand::Pause { ms } => AdminRequest::Pause { ms },
+            AdminCommand::Clear => AdminRequest::Clear,
+            AdminCommand::Shutdown => AdminRequest::Shutdown,
+        })
+    }
+}
+
+/// Sends one admin request to a daemon's admin address.
+pub async fn ask(addr: std::net::SocketAddr, req: &AdminRequest) -> Result<AdminReply> {
+    let s = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        tokio::net::TcpStream::connect(addr),
+    )
+    .await
+    .with_context(|| format!("{addr}: no answer"))?
+    .with_context(|| format!("connecting to {addr}"))?;
+    let (r, mut w) = s.into_split();
+    let mut line = serde_json::to_vec(req)?;
+    line.push(b'\n');
+    w.write_all(&line).await?;
+    let mut answer = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        BufReader::new(r).read_line(&mut answer),
+    )
+    .await
+    .with_context(|| format!("{addr}: no answer"))??;
+    serde_json::from_str(answer.trim()).with_context(|| format!("{addr}: a bad answer"))
+}
+
+pub fn run_admin(args: AdminArgs) -> Result<()> {
+    let cfg = load_config(&args.config)?;
+    let names: Vec<String> = if args.daemon.is_empty() {
+        cfg.daemon.iter().map(|d| d.name.clone()).collect()
+    } else {
+        args.daemon.clone()
+    };
+    let req = args.command.request()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut failed = false;
+    rt.block_on(async {
+        for n in &names {
+            let id = cfg
+                .id_of(n)
+                .with_context(|| format!("the configuration names no daemon {n:?}"))?;
+            let Some(addr) = cfg.entry(id).and_then(|e| e.admin) else {
+                bail!("daemon {n} has no admin address");
+            };
+            let line = match ask(addr, &req).await {
+                Ok(reply) => {
+                    failed |= !reply.ok;
+                    serde_json::json!({ "daemon": n, "reply": reply })
+                }
+                Err(e) => {
+                    failed = true;
+                    serde_json::json!({ "daemon": n, "reply": { "ok": false, "error": format!("{e:#}") } })
+                }
+            };
+            println!("{line}");
+        }
+        Ok(())
+    })?;
+    if failed {
+        std::process::exit(1);
+    }
+    Ok(())
+}

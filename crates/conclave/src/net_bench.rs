@@ -1,0 +1,603 @@
+//! `conclave bench throughput | latency | membership`: real daemons on this machine (UDP between
+//! them, TCP to their clients, all in this process on a multi-threaded runtime), measured from
+//! the clients' side. JSON lines on stdout, and an SVG plot per experiment in `--out`.
+
+use crate::user_cmd::service_name;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use conclave_bench::plot::{Chart, Series};
+use conclave_client::{Address, Client, ClientEvent, Receiver, Sender, ServiceType};
+use conclave_daemon::{AdminRequest, Config, Options, Running};
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const GROUP: &str = "bench";
+
+#[derive(Args)]
+pub struct ThroughputArgs {
+    #[arg(long, default_value_t = 3)]
+    daemons: usize,
+    /// Numbers of senders to run (one client per daemon receives; senders are clients too).
+    #[arg(long, value_delimiter = ',', default_value = "1,5")]
+    senders: Vec<usize>,
+    /// Message sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "100,1024,8192,65536")]
+    sizes: Vec<usize>,
+    /// Service types.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "unreliable,reliable,fifo,causal,agreed,safe"
+    )]
+    services: Vec<String>,
+    /// How long each configuration sends, in seconds.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+pub struct LatencyArgs {
+    #[arg(long, default_value_t = 3)]
+    daemons: usize,
+    /// Offered loads, messages per second over all senders (one sender per daemon).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,50000")]
+    rates: Vec<u64>,
+    #[arg(long, default_value_t = 1024)]
+    size: usize,
+    #[arg(long, value_delimiter = ',', default_value = "agreed,safe")]
+    services: Vec<String>,
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+pub struct MembershipArgs {
+    /// Numbers of daemons to run.
+    #[arg(long, value_delimiter = ',', default_value = "3,5,9,13")]
+    daemons: Vec<usize>,
+    /// Numbers of clients (spread over the daemons).
+    #[arg(long, value_delimiter = ',', default_value = "2,10,25,50")]
+    clients: Vec<usize>,
+    /// Repetitions of each event.
+    #[arg(long, default_value_t = 5)]
+    repeat: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+fn parse_services(names: &[String]) -> Result<Vec<ServiceType>> {
+    names
+        .iter()
+        .map(|n| {
+            crate::user_cmd::parse_service(n).with_context(|| format!("no service type {n:?}"))
+        })
+        .collect()
+}
+
+/// `n` daemons of this process, one ring.
+struct Network {
+    cfg: Config,
+    daemons: Vec<Running>,
+}
+
+impl Network {
+    async fn start(n: usize) -> Result<Network> {
+        let cfg = Config::local_on_free_ports(n)?;
+        let mut daemons = Vec::new();
+        for d in &cfg.daemon {
+            daemons.push(conclave_daemon::start(cfg.clone(), &d.name, Options::default()).await?);
+        }
+        let net = Network { cfg, daemons };
+        net.wait_ring(n).await?;
+        Ok(net)
+    }
+
+    async fn wait_ring(&self, n: usize) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut ok = true;
+            for d in &self.daemons {
+                let s = d
+                    .admin(AdminRequest::Status)
+                    .await
+                    .status
+                    .unwrap_or_default();
+                ok &= s.ready && s.members.len() == n;
+            }
+            if ok {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the {n} daemons did not form a ring in 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn address(&self, i: usize) -> Address {
+        Address::Tcp(
+            self.cfg.daemon[i % self.cfg.daemon.len()]
+                .client
+                .unwrap()
+                .to_string(),
+        )
+    }
+
+    async fn stop(self) -> Result<()> {
+        for d in self.daemons {
+            d.shutdown().await?;
+        }
+        Ok(())
+    }
+}
+
+/// Connects `k` clients (client i on daemon i mod n), joins them to the group, and waits until
+/// each has the view of all `k`.
+async fn members(net: &Network, k: usize, tag: &str) -> Result<Vec<(Sender, Receiver)>> {
+    let mut out = Vec::new();
+    for i in 0..k {
+        let mut c = Client::connect(&net.address(i), &format!("{tag}{i}")).await?;
+        c.join(GROUP).await?;
+        out.push(c.split());
+    }
+    for (_, r) in out.iter_mut() {
+        wait_view(r, k).await?;
+    }
+    Ok(out)
+}
+
+async fn wait_view(r: &mut Receiver, size: usize) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let ev = tokio::time::timeout_at(deadline, r.receive())
+            .await
+            .context("no view in 30 s")??;
+        if let ClientEvent::View { members, .. } = ev {
+            if members.len() == size {
+                return Ok(());
+            }
+        }
+    }
+}
+
+pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
+    let services = parse_services(&args.services)?;
+    std::fs::create_dir_all(&args.out)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let rows = rt.block_on(async {
+        let net = Network::start(args.daemons).await?;
+        let mut rows = Vec::new();
+        let mut round = 0;
+        for &senders in &args.senders {
+            for &size in &args.sizes {
+                for &service in &services {
+                    round += 1;
+                    let receivers = args.daemons.max(senders);
+                    let row = throughput_once(
+                        &net,
+                        receivers,
+                        senders,
+                        size,
+                        service,
+                        args.seconds,
+                        &format!("t{round}-"),
+                    )
+                    .await?;
+                    println!("{row}");
+                    rows.push(row);
+                }
+            }
+        }
+        net.stop().await?;
+        anyhow::Ok(rows)
+    })?;
+    let mut series = Vec::new();
+    for &senders in &args.senders {
+        for s in &services {
+            let points = rows
+                .iter()
+                .filter(|r| r["senders"] == senders && r["service"] == service_name(*s))
+                .map(|r| {
+                    (
+                        r["size"].as_f64().unwrap_or(0.0),
+                        r["msgs_per_s_min"].as_f64().unwrap_or(0.0),
+                    )
+                })
+                .collect();
+            series.push(Series {
+                name: format!("{} sender(s), {}", senders, service_name(*s)),
+                points,
+            });
+        }
+    }
+    let chart = Chart {
+        title: format!("Throughput, {} daemons on one machine", args.daemons),
+        x_label: "message size (bytes)".into(),
+        y_label: "messages per second delivered at each member".into(),
+        log_y: true,
+        series,
+    };
+    std::fs::write(args.out.join("throughput.svg"), chart.to_svg())?;
+    Ok(())
+}
+
+/// `senders` of the `receivers` members send `service` messages of `size` bytes for `seconds`;
+/// every member counts what it delivers, from the first send to its last delivery.
+async fn throughput_once(
+    net: &Network,
+    receivers: usize,
+    senders: usize,
+    size: usize,
+    service: ServiceType,
+    seconds: f64,
+    tag: &str,
+) -> Result<serde_json::Value> {
+    let ms = members(net, receivers, tag).await?;
+    let sent = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let start = Instant::now();
+    let mut counters = Vec::new();
+    let mut send_tasks = Vec::new();
+    for (i, (mut s, mut r)) in ms.into_iter().enumerate() {
+        let got = Arc::new(AtomicU64::new(0));
+        let last = Arc::new(Mutex64::default());
+        counters.push((got.clone(), last.clone()));
+        tokio::spawn(async move {
+            while let Ok(ev) = r.receive().await {
+                if let ClientEvent::Message { .. } = ev {
+                    got.fetch_add(1, Relaxed);
+                    last.set(start.elapsed().as_nanos() as u64);
+                }
+            }
+        });
+        if i < senders {
+            let (sent, stop) = (sent.clone(), stop.clone());
+            send_tasks.push(tokio::spawn(async move {
+                let payload = vec![0x5a; size];
+                let mut n = 0u64;
+                while !stop.load(Relaxed) {
+                    if s.queue(service, &[GROUP], &payload).await.is_err() {
+                        break;
+                    }
+                    n += 1;
+                    if n % 32 == 0 {
+                        let _ = s.flush().await;
+                    }
+                }
+                let _ = s.flush().await;
+                sent.fetch_add(n, Relaxed);
+                s
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+    stop.store(true, Relaxed);
+    let mut keep = Vec::new();
+    for t in send_tasks {
+        keep.push(t.await?);
+    }
+    let total = sent.load(Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while counters.iter().any(|(g, _)| g.load(Relaxed) < total) {
+        if Instant::now() > deadline {
+            bail!("messages were lost: a member delivered fewer than the {total} sent");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rates: Vec<f64> = counters
+        .iter()
+        .map(|(g, l)| g.load(Relaxed) as f64 / (l.get() as f64 / 1e9))
+        .collect();
+    let min = rates.iter().cloned().fold(f64::INFINITY, f64::min);
+    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+    for mut s in keep {
+        let _ = s.disconnect().await;
+    }
+    // The members leave before the next configuration joins.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    Ok(json!({
+        "bench": "throughput", "daemons": net.daemons.len(), "members": receivers,
+        "senders": senders, "size": size, "service": service_name(service),
+        "messages": total, "msgs_per_s_min": min.round(), "msgs_per_s_mean": mean.round(),
+        "mbytes_per_s_min": (min * size as f64 / 1e6 * 10.0).round() / 10.0,
+    }))
+}
+
+/// A u64 shared between tasks (the time of the last delivery).
+#[derive(Default)]
+struct Mutex64(AtomicU64);
+
+impl Mutex64 {
+    fn set(&self, v: u64) {
+        self.0.store(v, Relaxed);
+    }
+    fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+pub fn run_latency(args: LatencyArgs) -> Result<()> {
+    let services = parse_services(&args.services)?;
+    std::fs::create_dir_all(&args.out)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let rows = rt.block_on(async {
+        let net = Network::start(args.daemons).await?;
+        let mut rows = Vec::new();
+        let mut round = 0;
+        for &service in &services {
+            for &rate in &args.rates {
+                round += 1;
+                let row = latency_once(&net, rate, args.size, service, args.seconds, round).await?;
+                println!("{row}");
+                rows.push(row);
+            }
+        }
+        net.stop().await?;
+        anyhow::Ok(rows)
+    })?;
+    let series = services
+        .iter()
+        .flat_map(|s| {
+            ["p50_us", "p99_us"].map(|p| Series {
+                name: format!("{} {}", service_name(*s), &p[..3]),
+                points: rows
+                    .iter()
+                    .filter(|r| r["service"] == service_name(*s))
+                    .map(|r| {
+                        (
+                            r["rate"].as_f64().unwrap_or(0.0),
+                            r[p].as_f64().unwrap_or(0.0),
+                        )
+                    })
+                    .collect(),
+            })
+        })
+        .collect();
+    let chart = Chart {
+        title: format!("Send-to-delivery latency, {} daemons", args.daemons),
+        x_label: "offered load (messages per second)".into(),
+        y_label: "latency (microseconds)".into(),
+        log_y: true,
+        series,
+    };
+    std::fs::write(args.out.join("latency.svg"), chart.to_svg())?;
+    Ok(())
+}
+
+/// One sender per daemon, together offering `rate` messages per second; each message carries
+/// its send time, and every member notes the delay at delivery (all in this process, one clock).
+async fn latency_once(
+    net: &Network,
+    rate: u64,
+    size: usize,
+    service: ServiceType,
+    seconds: f64,
+    round: usize,
+) -> Result<serde_json::Value> {
+    let n = net.daemons.len();
+    let ms = members(net, n, &format!("l{round}-")).await?;
+    let epoch = Instant::now();
+    let samples = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let total = (rate as f64 * seconds) as u64;
+    let per_sender = total / n as u64;
+    let mut tasks = Vec::new();
+    let mut done = Vec::new();
+    for (mut s, mut r) in ms {
+        let samples = samples.clone();
+        let got = Arc::new(AtomicU64::new(0));
+        done.push(got.clone());
+        tokio::spawn(async move {
+            while let Ok(ev) = r.receive().await {
+                if let ClientEvent::Message { payload, .. } = ev {
+                    let now = epoch.elapsed().as_nanos() as u64;
+                    let t = u64::from_be_bytes(payload[..8].try_into().unwrap_or([0; 8]));
+                    samples.lock().unwrap().push(now.saturating_sub(t) / 1000);
+                    got.fetch_add(1, Relaxed);
+                }
+            }
+        });
+        let interval = Duration::from_secs_f64(n as f64 / rate as f64);
+        tasks.push(tokio::spawn(async move {
+            let mut payload = vec![0u8; size.max(8)];
+            let mut next = tokio::time::Instant::now();
+            for _ in 0..per_sender {
+                next += interval;
+                tokio::time::sleep_until(next).await;
+                let t = epoch.elapsed().as_nanos() as u64;
+                payload[..8].copy_from_slice(&t.to_be_bytes());
+                if s.multicast(service, &[GROUP], &payload).await.is_err() {
+                    break;
+                }
+            }
+            s
+        }));
+    }
+    let mut keep = Vec::new();
+    for t in tasks {
+        keep.push(t.await?);
+    }
+    let want = per_sender * n as u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done.iter().any(|g| g.load(Relaxed) < want) {
+        if Instant::now() > deadline {
+            bail!("messages were lost at {rate}/s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for mut s in keep {
+        let _ = s.disconnect().await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut v = samples.lock().unwrap().clone();
+    v.sort_unstable();
+    Ok(json!({
+        "bench": "latency", "daemons": n, "senders": n, "size": size,
+        "service": service_name(service), "rate": rate, "deliveries": v.len(),
+        "p50_us": percentile(&v, 0.5), "p99_us": percentile(&v, 0.99),
+        "max_us": v.last().copied().unwrap_or(0),
+    }))
+}
+
+pub fn run_membership(args: MembershipArgs) -> Result<()> {
+    std::fs::create_dir_all(&args.out)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let rows = rt.block_on(async {
+        let mut rows = Vec::new();
+        for &d in &args.daemons {
+            let net = Network::start(d).await?;
+            for &k in &args.clients {
+                for event in ["join", "leave", "partition", "merge"] {
+                    let row = membership_once(&net, k, event, args.repeat).await?;
+                    println!("{row}");
+                    rows.push(row);
+                }
+            }
+            net.stop().await?;
+        }
+        anyhow::Ok(rows)
+    })?;
+    let mut series = Vec::new();
+    for event in ["join", "leave", "partition", "merge"] {
+        for &d in &args.daemons {
+            series.push(Series {
+                name: format!("{event}, {d} daemons"),
+                points: rows
+                    .iter()
+                    .filter(|r| r["event"] == event && r["daemons"] == d)
+                    .map(|r| {
+                        (
+                            r["clients"].as_f64().unwrap_or(0.0),
+                            r["time_max_ms"].as_f64().unwrap_or(0.0),
+                        )
+                    })
+                    .collect(),
+            });
+        }
+    }
+    let chart = Chart {
+        title: "Time to a new view at every member (Time_max)".into(),
+        x_label: "clients in the group".into(),
+        y_label: "milliseconds".into(),
+        log_y: true,
+        series,
+    };
+    std::fs::write(args.out.join("membership.svg"), chart.to_svg())?;
+    Ok(())
+}
+
+/// Time from an event to the new view at each member: Time_max (the last member) and Time_avg
+/// (thesis 004 §4), averaged over `repeat` runs.
+async fn membership_once(
+    net: &Network,
+    k: usize,
+    event: &str,
+    repeat: usize,
+) -> Result<serde_json::Value> {
+    let n = net.daemons.len();
+    let mut maxes = Vec::new();
+    let mut avgs = Vec::new();
+    for rep in 0..repeat {
+        let tag = format!("m{k}{event}{rep}-");
+        let ms = members(net, k, &tag).await?;
+        let (mut senders, mut receivers): (Vec<_>, Vec<_>) = ms.into_iter().unzip();
+        let sides: Vec<usize> = {
+            let alone = (0..k).filter(|i| i % n == n - 1).count();
+            (0..k)
+                .map(|i| if i % n == n - 1 { alone } else { k - alone })
+                .collect()
+        };
+        // Who sees the change, and the size of the view each waits for.
+        let (watch, size): (Vec<usize>, Vec<usize>) = match event {
+            "join" => ((0..k).collect(), vec![k + 1; k]),
+            "leave" => ((0..k - 1).collect(), vec![k - 1; k - 1]),
+            // Daemon n-1 is cut off: its clients see their own side, the rest theirs.
+            "partition" => ((0..k).collect(), sides.clone()),
+            _ => ((0..k).collect(), vec![k; k]),
+        };
+        if event == "merge" {
+            // Each side in its own view first.
+            partition(net, true).await?;
+            for (i, r) in receivers.iter_mut().enumerate() {
+                wait_view(r, sides[i]).await?;
+            }
+        }
+        let t0 = Instant::now();
+        let mut extra = None;
+        match event {
+            "join" => {
+                let mut c = Client::connect(&net.address(k), &format!("{tag}new")).await?;
+                c.join(GROUP).await?;
+                extra = Some(c);
+            }
+            "leave" => {
+                let mut s = senders.pop().context("a member")?;
+                receivers.pop();
+                s.leave(GROUP).await?;
+                senders.push(s);
+            }
+            "partition" => partition(net, true).await?,
+            _ => partition(net, false).await?,
+        }
+        let mut times = Vec::new();
+        for (&i, &want) in watch.iter().zip(&size) {
+            wait_view(&mut receivers[i], want).await?;
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        let max = times.iter().cloned().fold(0.0, f64::max);
+        maxes.push(max);
+        avgs.push(times.iter().sum::<f64>() / times.len() as f64);
+        if event == "partition" {
+            partition(net, false).await?;
+            net.wait_ring(n).await?;
+        }
+        if let Some(c) = extra {
+            c.disconnect().await?;
+        }
+        for mut s in senders {
+            let _ = s.disconnect().await;
+        }
+        net.wait_ring(n).await?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    Ok(json!({
+        "bench": "membership", "daemons": n, "clients": k, "event": event, "repeat": repeat,
+        "time_max_ms": (mean(&maxes) * 100.0).round() / 100.0,
+        "time_avg_ms": (mean(&avgs) * 100.0).round() / 100.0,
+        "time_max_worst_ms": (maxes.iter().cloned().fold(0.0, f64::max) * 100.0).round() / 100.0,
+    }))
+}
+
+/// Cuts the last daemon off from the others (or heals the cut).
+async fn partition(net: &Network, cut: bool) -> Result<()> {
+    let n = net.daemons.len();
+    let names: Vec<String> = net.cfg.daemon.iter().map(|d| d.name.clone()).collect();
+    let req = if cut {
+        AdminRequest::Partition {
+            sets: vec![names[..n - 1].to_vec(), vec![names[n - 1].clone()]],
+        }
+    } else {
+        AdminRequest::Heal
+    };
+    for d in &net.daemons {
+        let r = d.admin(req.clone()).await;
+        if !r.ok {
+            bail!("{}", r.error.unwrap_or_default());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,319 @@
+//! `conclave user`: a client on a terminal or in a script, in the manner of Spread's spuser.
+//!
+//! Commands, one a line on stdin:
+//!
+//! ```text
+//! join GROUP [vs]              (j)  join; `vs` asks for flush requests before view changes
+//! leave GROUP                  (l)
+//! send [SERVICE] GROUPS TEXT   (s)  SERVICE: unreliable reliable fifo causal agreed (default) safe;
+//!                                   GROUPS: one group or several joined by commas
+//! ack GROUP                         acknowledge the group's pending flush request (with --manual-ack)
+//! sleep MS                          wait (scripts)
+//! quit                         (q)
+//! ```
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use conclave_client::{Address, Client, ClientError, ClientEvent, GroupViewId, ServiceType};
+use serde_json::json;
+use std::collections::BTreeMap;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+#[derive(Args)]
+pub struct UserArgs {
+    /// The daemon: host:port or unix:/path.
+    #[arg(long, default_value = "127.0.0.1:4901")]
+    daemon: String,
+    /// The client's private name (the daemon makes it name#daemon).
+    #[arg(long, default_value = "user")]
+    name: String,
+    /// One JSON object per event on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Leave flush requests to the `ack` command instead of acknowledging them at once.
+    #[arg(long)]
+    manual_ack: bool,
+    /// After stdin ends, keep printing events this long (milliseconds) before leaving.
+    #[arg(long, default_value_t = 500)]
+    linger: u64,
+}
+
+pub fn service_name(s: ServiceType) -> &'static str {
+    match s {
+        ServiceType::Unreliable => "unreliable",
+        ServiceType::Reliable => "reliable",
+        ServiceType::Fifo => "fifo",
+        ServiceType::Causal => "causal",
+        ServiceType::Agreed => "agreed",
+        ServiceType::Safe => "safe",
+    }
+}
+
+pub fn parse_service(s: &str) -> Option<ServiceType> {
+    Some(match s {
+        "unreliable" => ServiceType::Unreliable,
+        "reliable" => ServiceType::Reliable,
+        "fifo" => ServiceType::Fifo,
+        "causal" => ServiceType::Causal,
+        "agreed" => ServiceType::Agreed,
+        "safe" => ServiceType::Safe,
+        _ => return None,
+    })
+}
+
+pub fn view_text(v: &GroupViewId) -> String {
+    format!("{}.{}@{}", v.ring.seq, v.index, v.ring.rep)
+}
+
+fn payload_text(p: &[u8]) -> String {
+    match std::str::from_utf8(p) {
+        Ok(s) => s.to_owned(),
+        Err(_) => format!("0x{}", hex::encode(p)),
+    }
+}
+
+/// An event as one JSON object.
+pub fn event_json(ev: &ClientEvent) -> serde_json::Value {
+    match ev {
+        ClientEvent::Joined { group, vs } => json!({"ev": "joined", "group": group, "vs": vs}),
+        ClientEvent::Left { group } => json!({"ev": "left", "group": group}),
+        ClientEvent::Sent {
+            group,
+            service,
+            view,
+            ..
+        } => {
+            json!({"ev": "sent", "group": group, "service": service_name(*service), "view": view_text(view)})
+        }
+        ClientEvent::FlushAcked { group } => json!({"ev": "flush_acked", "group": group}),
+        ClientEvent::View {
+            group,
+            view,
+            members,
+            transitional,
+            reason,
+        } => json!({
+            "ev": "view", "group": group, "view": view_text(view), "members": members,
+            "transitional": transitional, "reason": format!("{reason:?}").to_lowercase(),
+        }),
+        ClientEvent::TransitionalSignal { group } => json!({"ev": "transitional", "group": group}),
+        ClientEvent::FlushRequest { group, view } => {
+            json!({"ev": "flush_request", "group": group, "view": view_text(view)})
+        }
+        ClientEvent::Closed { reason } => json!({"ev": "closed", "reason": reason}),
+        ClientEvent::Message {
+            group,
+            sender,
+            service,
+            payload,
+            view,
+            transitional,
+        } => json!({
+            "ev": "message", "group": group, "sender": sender, "service": service_name(*service),
+            "view": view_text(view), "transitional": transitional, "payload": payload_text(payload),
+        }),
+    }
+}
+
+/// An event as a line of text.
+pub fn event_text(ev: &ClientEvent) -> String {
+    match ev {
+        ClientEvent::Joined { group, .. } => format!("joining {group}"),
+        ClientEvent::Left { group } => format!("left {group}"),
+        ClientEvent::Sent { .. } => String::new(),
+        ClientEvent::FlushAcked { group } => format!("flush of {group} acknowledged"),
+        ClientEvent::View {
+            group,
+            view,
+            members,
+            reason,
+            ..
+        } => format!(
+            "view {} of {group} ({}): {}",
+            view_text(view),
+            format!("{reason:?}").to_lowercase(),
+            members.join(" ")
+        ),
+        ClientEvent::TransitionalSignal { group } => format!("{group}: transitional signal"),
+        ClientEvent::FlushRequest { group, view } => {
+            format!("{group}: flush request for view {}", view_text(view))
+        }
+        ClientEvent::Closed { reason } => format!("closed by the daemon: {reason}"),
+        ClientEvent::Message {
+            group,
+            sender,
+            service,
+            payload,
+            transitional,
+            ..
+        } => format!(
+            "{group} <{sender}> [{}{}] {}",
+            service_name(*service),
+            if *transitional { ", transitional" } else { "" },
+            payload_text(payload)
+        ),
+    }
+}
+
+enum Line {
+    Join(String, bool),
+    Leave(String),
+    Send(ServiceType, Vec<String>, String),
+    Ack(String),
+    Sleep(u64),
+    Quit,
+    Nothing,
+}
+
+fn parse_line(line: &str) -> Result<Line> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return Ok(Line::Nothing);
+    }
+    let (cmd, rest) = line.split_once(' ').unwrap_or((line, ""));
+    let rest = rest.trim();
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    Ok(match cmd {
+        "join" | "j" => match words.as_slice() {
+            [g] => Line::Join(g.to_string(), false),
+            [g, "vs"] => Line::Join(g.to_string(), true),
+            _ => bail!("join GROUP [vs]"),
+        },
+        "leave" | "l" => match words.as_slice() {
+            [g] => Line::Leave(g.to_string()),
+            _ => bail!("leave GROUP"),
+        },
+        "send" | "s" => {
+            let (service, rest) = match rest.split_once(' ') {
+                Some((w, r)) if parse_service(w).is_some() => (parse_service(w).unwrap(), r.trim()),
+                _ => (ServiceType::Agreed, rest),
+            };
+            let Some((groups, text)) = rest.split_once(' ') else {
+                bail!("send [SERVICE] GROUPS TEXT");
+            };
+            Line::Send(
+                service,
+                groups.split(',').map(str::to_owned).collect(),
+                text.to_owned(),
+            )
+        }
+        "ack" => match words.as_slice() {
+            [g] => Line::Ack(g.to_string()),
+            _ => bail!("ack GROUP"),
+        },
+        "sleep" => Line::Sleep(rest.parse().context("sleep MS")?),
+        "quit" | "q" => Line::Quit,
+        other => bail!("unknown command {other:?} (join, leave, send, ack, sleep, quit)"),
+    })
+}
+
+pub fn run_user(args: UserArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(user(args))
+}
+
+async fn user(args: UserArgs) -> Result<()> {
+    let addr: Address = args.daemon.parse()?;
+    let mut c = Client::connect(&addr, &args.name)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    let say = |v: serde_json::Value, text: String| {
+        if args.json {
+            println!("{v}");
+        } else if !text.is_empty() {
+            println!("{text}");
+        }
+    };
+    say(
+        json!({"ev": "connected", "name": c.name()}),
+        format!("connected as {}", c.name()),
+    );
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    let mut pending: BTreeMap<String, GroupViewId> = BTreeMap::new();
+    let mut input_open = true;
+    let linger = tokio::time::sleep(std::time::Duration::from_secs(365 * 86_400));
+    tokio::pin!(linger);
+    loop {
+        tokio::select! {
+            ev = c.receive() => match ev {
+                Ok(ev) => {
+                    if let ClientEvent::FlushRequest { group, view } = &ev {
+                        if args.manual_ack {
+                            pending.insert(group.clone(), *view);
+                        } else {
+                            c.flush_ack(group, *view).await?;
+                        }
+                    }
+                    say(event_json(&ev), event_text(&ev));
+                }
+                Err(ClientError::Refused(reason)) => {
+                    say(json!({"ev": "refused", "reason": reason}), format!("refused: {reason}"));
+                }
+                Err(e) => {
+                    say(json!({"ev": "disconnected", "reason": e.to_string()}), e.to_string());
+                    bail!("{e}");
+                }
+            },
+            line = stdin.next_line(), if input_open => {
+                let Some(line) = line? else {
+                    input_open = false;
+                    linger.as_mut().reset(tokio::time::Instant::now() + std::time::Duration::from_millis(args.linger));
+                    continue;
+                };
+                let r = match parse_line(&line) {
+                    Err(e) => Err(e),
+                    Ok(Line::Nothing) => Ok(()),
+                    Ok(Line::Quit) => break,
+                    Ok(Line::Sleep(ms)) => {
+                        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                        Ok(())
+                    }
+                    Ok(Line::Join(g, vs)) => if vs { c.join_vs(&g).await } else { c.join(&g).await }.map_err(Into::into),
+                    Ok(Line::Leave(g)) => c.leave(&g).await.map_err(Into::into),
+                    Ok(Line::Send(s, groups, text)) => {
+                        let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+                        c.multicast(s, &groups, text.as_bytes()).await.map_err(Into::into)
+                    }
+                    Ok(Line::Ack(g)) => match pending.remove(&g) {
+                        Some(v) => c.flush_ack(&g, v).await.map_err(Into::into),
+                        None => Err(anyhow::anyhow!("no flush request of {g} is pending")),
+                    },
+                };
+                if let Err(e) = r {
+                    say(json!({"ev": "error", "error": format!("{e:#}")}), format!("error: {e:#}"));
+                }
+            },
+            _ = &mut linger => break,
+        }
+    }
+    c.disconnect().await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_lines_parse() {
+        assert!(matches!(parse_line("j chat").unwrap(), Line::Join(g, false) if g == "chat"));
+        assert!(matches!(
+            parse_line("join chat vs").unwrap(),
+            Line::Join(_, true)
+        ));
+        assert!(matches!(
+            parse_line("s safe a,b hello world").unwrap(),
+            Line::Send(ServiceType::Safe, g, t) if g == ["a", "b"] && t == "hello world"
+        ));
+        assert!(matches!(
+            parse_line("send chat hi there").unwrap(),
+            Line::Send(ServiceType::Agreed, g, t) if g == ["chat"] && t == "hi there"
+        ));
+        assert!(matches!(parse_line("# comment").unwrap(), Line::Nothing));
+        assert!(parse_line("send chat").is_err());
+        assert!(parse_line("dance").is_err());
+        assert!(parse_line("sleep x").is_err());
+    }
+}

@@ -1,0 +1,122 @@
+//! The admin protocol: one JSON object a line each way over TCP (`conclave admin` speaks it).
+//!
+//! ```text
+//! {"cmd":"status"}
+//! {"cmd":"partition","sets":[["d1","d2"],["d3"]]}
+//! {"cmd":"heal"}
+//! {"cmd":"drop","rate":0.1}                       (optionally "peer":"d2")
+//! {"cmd":"delay","ms":20,"jitter_ms":5}           (optionally "peer":"d2")
+//! {"cmd":"dup","rate":0.05}                       (optionally "peer":"d2")
+//! {"cmd":"pause","ms":1000}
+//! {"cmd":"clear"}                                 (every fault off)
+//! {"cmd":"shutdown"}
+//! ```
+//!
+//! Each request gets one line back: `{"ok":true,...}` or `{"ok":false,"error":"..."}`.
+
+use serde::{Deserialize, Serialize};
+
+/// Longest admin request line, in bytes.
+pub const MAX_ADMIN_LINE: usize = 64 * 1024;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AdminRequest {
+    Status,
+    Partition {
+        sets: Vec<Vec<String>>,
+    },
+    Heal,
+    Drop {
+        rate: f64,
+        #[serde(default)]
+        peer: Option<String>,
+    },
+    Delay {
+        ms: u64,
+        #[serde(default)]
+        jitter_ms: u64,
+        #[serde(default)]
+        peer: Option<String>,
+    },
+    Dup {
+        rate: f64,
+        #[serde(default)]
+        peer: Option<String>,
+    },
+    Pause {
+        ms: u64,
+    },
+    Clear,
+    Shutdown,
+}
+
+/// The daemon's state, as `status` reports it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub daemon: String,
+    pub incarnation: u32,
+    /// The phase of the ring protocol: operational, gather, commit or recovery.
+    pub phase: String,
+    /// The current ring, `seq@rep`, if one is installed.
+    pub ring: Option<String>,
+    pub members: Vec<String>,
+    /// Client groups and connections are accepted.
+    pub ready: bool,
+    pub clients: usize,
+    pub connections: usize,
+    pub faults: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdminReply {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+}
+
+impl AdminReply {
+    pub fn ok() -> Self {
+        AdminReply {
+            ok: true,
+            error: None,
+            status: None,
+        }
+    }
+    pub fn error(e: impl Into<String>) -> Self {
+        AdminReply {
+            ok: false,
+            error: Some(e.into()),
+            status: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_requests_parse() {
+        for line in [
+            r#"{"cmd":"status"}"#,
+            r#"{"cmd":"partition","sets":[["d1","d2"],["d3"]]}"#,
+            r#"{"cmd":"heal"}"#,
+            r#"{"cmd":"drop","rate":0.1}"#,
+            r#"{"cmd":"drop","rate":0.1,"peer":"d2"}"#,
+            r#"{"cmd":"delay","ms":20,"jitter_ms":5}"#,
+            r#"{"cmd":"dup","rate":0.05}"#,
+            r#"{"cmd":"pause","ms":1000}"#,
+            r#"{"cmd":"clear"}"#,
+            r#"{"cmd":"shutdown"}"#,
+        ] {
+            let r: AdminRequest = serde_json::from_str(line).unwrap();
+            let back: AdminRequest =
+                serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+            assert_eq!(r, back);
+        }
+        assert!(serde_json::from_str::<AdminRequest>(r#"{"cmd":"explode"}"#).is_err());
+    }
+}

@@ -1,0 +1,63 @@
+//! Counters a daemon exposes in the Prometheus text format (any HTTP GET to the metrics address).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+macro_rules! metrics {
+    ($($field:ident: $kind:literal, $help:literal;)*) => {
+        #[derive(Default, Debug)]
+        pub struct Metrics {
+            $(pub $field: AtomicU64,)*
+        }
+
+        impl Metrics {
+            /// The Prometheus exposition text.
+            pub fn render(&self) -> String {
+                let mut s = String::new();
+                $(
+                    s.push_str(concat!(
+                        "# HELP conclave_", stringify!($field), " ", $help, "\n",
+                        "# TYPE conclave_", stringify!($field), " ", $kind, "\n",
+                        "conclave_", stringify!($field), " "
+                    ));
+                    s.push_str(&self.$field.load(Relaxed).to_string());
+                    s.push('\n');
+                )*
+                s
+            }
+        }
+    };
+}
+
+metrics! {
+    packets_sent: "counter", "Daemon packets sent (before fault injection).";
+    packets_received: "counter", "Daemon packets received and decoded.";
+    bytes_sent: "counter", "Bytes of datagrams sent to other daemons.";
+    bytes_received: "counter", "Bytes of datagrams received from other daemons.";
+    bad_datagrams: "counter", "Datagrams refused: unknown sender, malformed, or undecodable.";
+    fault_drops: "counter", "Datagrams dropped by fault injection.";
+    retransmit_requests: "counter", "Messages this daemon asked the ring to retransmit.";
+    views: "counter", "Daemon configurations installed.";
+    group_views: "counter", "Group views delivered to this daemon's clients.";
+    messages_accepted: "counter", "Client messages accepted for sending.";
+    messages_delivered: "counter", "Messages delivered to this daemon's clients.";
+    refusals: "counter", "Client requests refused.";
+    connections: "gauge", "Client connections open.";
+    clients: "gauge", "Clients connected under a name.";
+    unread_bytes: "gauge", "Bytes queued for clients and not yet written to them.";
+    closed_slow_clients: "counter", "Clients disconnected for not reading their events.";
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_counter_is_rendered_with_help_and_type() {
+        let m = super::Metrics::default();
+        m.views.store(3, super::Relaxed);
+        let text = m.render();
+        assert!(text.contains("# TYPE conclave_views counter\nconclave_views 3\n"));
+        assert_eq!(
+            text.matches("# HELP").count(),
+            text.matches("# TYPE").count()
+        );
+    }
+}

@@ -1,0 +1,179 @@
+//! Client connections (TCP or Unix socket): frames in, replies out, with every limit a hostile or
+//! slow client could push against.
+//!
+//! The reader splits frames off the stream and hands each request to the daemon's core over one
+//! bounded channel shared by all connections, so a client that sends faster than the daemon
+//! works waits on its socket (TCP flow control) instead of filling memory. The writer writes what
+//! the core queued for the client; the core bounds that queue in count and bytes and disconnects
+//! a client that lets it fill (it does not read). A write that does not progress for
+//! [`WRITE_TIMEOUT`] ends the connection. A connection that does not say who it is within the
+//! handshake time is closed.
+
+use crate::server::ToCore;
+use conclave_wire::client::{frame, next_frame, Reply, Request};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+/// A write to a client that makes no progress for this long ends its connection.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the core queues for a connection.
+pub enum Out {
+    Reply(Reply),
+    /// Write what is queued before this, then close.
+    Close,
+}
+
+/// The bytes a reply takes on the wire, roughly (for the bound on a client's unread bytes).
+pub fn approx_size(r: &Reply) -> usize {
+    use conclave_wire::client::ClientEvent as E;
+    64 + match r {
+        Reply::Event(E::Message { payload, .. }) | Reply::Event(E::Sent { payload, .. }) => {
+            payload.len()
+        }
+        Reply::Event(E::View {
+            members,
+            transitional,
+            ..
+        }) => members
+            .iter()
+            .chain(transitional)
+            .map(|m| m.len() + 2)
+            .sum(),
+        Reply::Refused { reason } => reason.len(),
+        _ => 0,
+    }
+}
+
+/// Runs one connection until either side ends it.
+pub(crate) async fn run<S>(
+    stream: S,
+    id: u64,
+    core: mpsc::Sender<ToCore>,
+    queue: usize,
+    handshake: Duration,
+) where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(queue.max(1));
+    let unread = Arc::new(AtomicUsize::new(0));
+    if core
+        .send(ToCore::Open {
+            id,
+            tx,
+            unread: unread.clone(),
+        })
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let (r, w) = tokio::io::split(stream);
+    tokio::select! {
+        _ = read(r, id, core.clone(), handshake) => {}
+        _ = write(w, rx, unread) => {}
+    }
+    let _ = core.send(ToCore::Gone { id }).await;
+}
+
+async fn read<R: AsyncRead + Unpin>(
+    mut r: R,
+    id: u64,
+    core: mpsc::Sender<ToCore>,
+    handshake: Duration,
+) {
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut start = 0;
+    let mut greeted = false;
+    let deadline = tokio::time::Instant::now() + handshake;
+    loop {
+        loop {
+            match next_frame(&buf[start..]) {
+                Ok(Some((body, used))) => {
+                    let req = match Request::decode(body) {
+                        Ok(req) => req,
+                        Err(e) => {
+                            let reason = format!("undecodable request: {e}");
+                            let _ = core.send(ToCore::Garbage { id, reason }).await;
+                            return;
+                        }
+                    };
+                    greeted = true;
+                    if core.send(ToCore::Request { id, req }).await.is_err() {
+                        return;
+                    }
+                    start += used;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let reason = format!("bad frame: {e}");
+                    let _ = core.send(ToCore::Garbage { id, reason }).await;
+                    return;
+                }
+            }
+        }
+        buf.drain(..start);
+        start = 0;
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(16 * 1024);
+        }
+        let n = if greeted {
+            r.read_buf(&mut buf).await
+        } else {
+            match tokio::time::timeout_at(deadline, r.read_buf(&mut buf)).await {
+                Ok(n) => n,
+                Err(_) => {
+                    let reason = "no connect request in time".to_string();
+                    let _ = core.send(ToCore::Garbage { id, reason }).await;
+                    return;
+                }
+            }
+        };
+        match n {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+async fn write<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut rx: mpsc::Receiver<Out>,
+    unread: Arc<AtomicUsize>,
+) {
+    let mut out = Vec::with_capacity(64 * 1024);
+    while let Some(first) = rx.recv().await {
+        // Everything already queued goes out in one write.
+        let mut next = Some(first);
+        let mut close = false;
+        while let Some(o) = next.take() {
+            match o {
+                Out::Reply(r) => {
+                    unread.fetch_sub(approx_size(&r).min(unread.load(Relaxed)), Relaxed);
+                    out.extend_from_slice(&frame(&r.encode()));
+                }
+                Out::Close => {
+                    close = true;
+                    break;
+                }
+            }
+            if out.len() < 256 * 1024 {
+                next = rx.try_recv().ok();
+            }
+        }
+        match tokio::time::timeout(WRITE_TIMEOUT, w.write_all(&out)).await {
+            Ok(Ok(())) => {}
+            _ => return,
+        }
+        out.clear();
+        if close {
+            let _ = w.flush().await;
+            // Give the client a moment to read the last replies before the socket goes.
+            let _ = tokio::time::timeout(Duration::from_millis(100), w.shutdown()).await;
+            return;
+        }
+    }
+}
