@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
         rest = &rest[2..];
         let d = &rest[..n.min(rest.len())];
         rest = &rest[d.len()..];
-        if let Ok(Some(p)) = r.push(d) {
+        for p in r.push(d).unwrap_or_default() {
             assert!(p.len() <= MAX_PACKET_BYTES);
             let _ = Packet::decode(&p);
         }

@@ -3,7 +3,8 @@
 //! what it measures ([`measure`]), so timed code pays one relaxed load per allocation, not an
 //! atomic add.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use mimalloc::MiMalloc as System;
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 pub struct Counting;

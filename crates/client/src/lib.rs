@@ -87,7 +87,8 @@ pub struct Client {
     receiver: Receiver,
 }
 
-/// The sending half of a client.
+/// The sending half of a client. Dropping it ends the session (the daemon sees the connection
+/// close), so a member that only receives keeps it.
 pub struct Sender {
     name: String,
     w: Writer,

@@ -21,7 +21,7 @@ pub struct ThroughputArgs {
     #[arg(long, default_value_t = 3)]
     daemons: usize,
     /// Numbers of senders to run (one client per daemon receives; senders are clients too).
-    #[arg(long, value_delimiter = ',', default_value = "1,5")]
+    #[arg(long, value_delimiter = ',', default_value = "1,3,5")]
     senders: Vec<usize>,
     /// Message sizes in bytes.
     #[arg(long, value_delimiter = ',', default_value = "100,1024,8192,65536")]
@@ -245,6 +245,8 @@ async fn throughput_once(
     let start = Instant::now();
     let mut counters = Vec::new();
     let mut send_tasks = Vec::new();
+    // Members that only receive keep their sending half: dropping it ends the session.
+    let mut quiet = Vec::new();
     for (i, (mut s, mut r)) in ms.into_iter().enumerate() {
         let got = Arc::new(AtomicU64::new(0));
         let last = Arc::new(Mutex64::default());
@@ -275,6 +277,8 @@ async fn throughput_once(
                 sent.fetch_add(n, Relaxed);
                 s
             }));
+        } else {
+            quiet.push(s);
         }
     }
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
@@ -284,10 +288,26 @@ async fn throughput_once(
         keep.push(t.await?);
     }
     let total = sent.load(Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(20);
     while counters.iter().any(|(g, _)| g.load(Relaxed) < total) {
         if Instant::now() > deadline {
-            bail!("messages were lost: a member delivered fewer than the {total} sent");
+            let got: Vec<u64> = counters.iter().map(|(g, _)| g.load(Relaxed)).collect();
+            let m: Vec<String> = net
+                .daemons
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{}: {} slow clients closed, {} refusals",
+                        d.name,
+                        d.metrics.closed_slow_clients.load(Relaxed),
+                        d.metrics.refusals.load(Relaxed)
+                    )
+                })
+                .collect();
+            bail!(
+                "members delivered {got:?} of the {total} sent ({})",
+                m.join("; ")
+            );
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -297,7 +317,7 @@ async fn throughput_once(
         .collect();
     let min = rates.iter().cloned().fold(f64::INFINITY, f64::min);
     let mean = rates.iter().sum::<f64>() / rates.len() as f64;
-    for mut s in keep {
+    for mut s in keep.into_iter().chain(quiet) {
         let _ = s.disconnect().await;
     }
     // The members leave before the next configuration joins.

@@ -109,8 +109,8 @@ impl Default for Limits {
             max_held_per_client: d.max_held_per_client,
             max_unread_per_client: 10_000,
             max_queued: o.max_queued,
-            max_per_visit: o.max_per_visit,
-            window: o.window,
+            max_per_visit: 60,
+            window: 600,
             handshake_ms: 5_000,
         }
     }

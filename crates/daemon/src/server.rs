@@ -10,7 +10,7 @@
 use crate::admin::{AdminReply, AdminRequest, Status, MAX_ADMIN_LINE};
 use crate::config::{qualified_name, Config};
 use crate::faults::{Faults, LinkFaults};
-use crate::frag::{split, Reassembly};
+use crate::frag::{pack, Reassembly};
 use crate::metrics::Metrics;
 use crate::record::Recorder;
 use crate::session::{self, approx_size, Out};
@@ -444,9 +444,8 @@ impl Core {
             m.fault_drops.fetch_add(1, Relaxed);
             return;
         }
-        let packet = match self.reassembly.entry(peer).or_default().push(d) {
-            Ok(Some(p)) => p,
-            Ok(None) => return,
+        let packets = match self.reassembly.entry(peer).or_default().push(d) {
+            Ok(p) => p,
             Err(e) => {
                 m.bad_datagrams.fetch_add(1, Relaxed);
                 tracing::debug!(peer, error = %e, "bad datagram");
@@ -454,13 +453,15 @@ impl Core {
             }
         };
         let now = self.now();
-        match self.daemon.handle_packet(now, peer, &packet) {
-            Ok(()) => {
-                m.packets_received.fetch_add(1, Relaxed);
-            }
-            Err(e) => {
-                m.bad_datagrams.fetch_add(1, Relaxed);
-                tracing::debug!(peer, error = %e, "bad packet");
+        for packet in packets {
+            match self.daemon.handle_packet(now, peer, &packet) {
+                Ok(()) => {
+                    m.packets_received.fetch_add(1, Relaxed);
+                }
+                Err(e) => {
+                    m.bad_datagrams.fetch_add(1, Relaxed);
+                    tracing::debug!(peer, error = %e, "bad packet");
+                }
             }
         }
     }
@@ -768,6 +769,11 @@ impl Core {
         if let Some(r) = self.recorder.as_mut() {
             r.flush();
         }
+        // Everything the core has to send, by destination, in order; then as few datagrams as
+        // will carry it.
+        let n = self.peers.len();
+        let mut per_peer: Vec<Vec<Vec<u8>>> = vec![Vec::new(); n + 1];
+        let mut any = false;
         while let Some(t) = self.daemon.poll_transmit() {
             if let Packet::Token(tok) = &t.packet {
                 if !tok.rtr.is_empty() {
@@ -778,37 +784,47 @@ impl Core {
             }
             let bytes = t.packet.encode();
             self.metrics.packets_sent.fetch_add(1, Relaxed);
-            let datagrams = match split(&bytes, self.frag_id) {
+            any = true;
+            match t.to {
+                Dest::One(d) if (d as usize) <= n && d > 0 => per_peer[d as usize].push(bytes),
+                Dest::One(_) => {}
+                Dest::AllOthers => {
+                    for d in 1..=n {
+                        if d as DaemonId != self.me {
+                            per_peer[d].push(bytes.clone());
+                        }
+                    }
+                }
+            }
+        }
+        if !any {
+            return;
+        }
+        for (peer, packets) in per_peer.into_iter().enumerate().skip(1) {
+            if packets.is_empty() {
+                continue;
+            }
+            let peer = peer as DaemonId;
+            let datagrams = match pack(&packets, &mut self.frag_id) {
                 Ok(d) => d,
                 Err(e) => {
                     tracing::warn!(error = %e, "a packet too large to send");
                     continue;
                 }
             };
-            if datagrams.len() > 1 {
-                self.frag_id = self.frag_id.wrapping_add(1);
-            }
-            let to: Vec<DaemonId> = match t.to {
-                Dest::One(d) => vec![d],
-                Dest::AllOthers => (1..=self.peers.len() as DaemonId)
-                    .filter(|&d| d != self.me)
-                    .collect(),
-            };
-            for peer in to {
-                for d in &datagrams {
-                    let copies = self.faults.send(self.me, peer, &mut self.rng);
-                    if copies.is_empty() {
-                        self.metrics.fault_drops.fetch_add(1, Relaxed);
-                    }
-                    for delay in copies {
-                        if delay == 0 {
-                            self.send_now(peer, d).await;
-                        } else {
-                            self.delayed_seq += 1;
-                            let at = Instant::now() + Duration::from_millis(delay);
-                            self.delayed
-                                .push(Reverse((at, self.delayed_seq, peer, d.clone())));
-                        }
+            for d in datagrams {
+                let copies = self.faults.send(self.me, peer, &mut self.rng);
+                if copies.is_empty() {
+                    self.metrics.fault_drops.fetch_add(1, Relaxed);
+                }
+                for delay in copies {
+                    if delay == 0 {
+                        self.send_now(peer, &d).await;
+                    } else {
+                        self.delayed_seq += 1;
+                        let at = Instant::now() + Duration::from_millis(delay);
+                        self.delayed
+                            .push(Reverse((at, self.delayed_seq, peer, d.clone())));
                     }
                 }
             }
