@@ -321,3 +321,100 @@ fn json_lines(out: &str) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// A configuration of one daemon on free ports, written to a file.
+fn one_daemon_config(tag: &str) -> (std::path::PathBuf, conclave_daemon::Config) {
+    let cfg = conclave_daemon::Config::local_on_free_ports(1).unwrap();
+    let d = &cfg.daemon[0];
+    let text = format!(
+        "[[daemon]]\nname = \"d1\"\npeer = \"{}\"\nclient = \"{}\"\nadmin = \"{}\"\nmetrics = \"{}\"\n",
+        d.peer,
+        d.client.unwrap(),
+        d.admin.unwrap(),
+        d.metrics.unwrap()
+    );
+    let path = std::env::temp_dir().join(format!("conclave-{tag}-{}.toml", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    (path, cfg)
+}
+
+#[test]
+fn daemon_user_and_admin_work_together() {
+    let (path, cfg) = one_daemon_config("user");
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .args(["daemon", "--log", "warn", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let cfg_arg = path.to_str().unwrap();
+    let mut status = String::new();
+    for _ in 0..200 {
+        let (ok, out, _) = conclave(&["admin", "--config", cfg_arg, "status"], None);
+        if ok && out.contains("\"ready\":true") {
+            status = out;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(status.contains("\"phase\":\"operational\""), "{status}");
+    let addr = cfg.daemon[0].client.unwrap().to_string();
+    let (ok, out, err) = conclave(
+        &["user", "--daemon", &addr, "--name", "ann", "--json"],
+        Some("j chat\ns safe chat hello there\nsend nope x\ndance\n"),
+    );
+    assert!(ok, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON lines"))
+        .collect();
+    let has = |f: &dyn Fn(&serde_json::Value) -> bool| lines.iter().any(f);
+    assert!(
+        has(&|l| l["ev"] == "connected" && l["name"] == "ann#d1"),
+        "{out}"
+    );
+    assert!(
+        has(&|l| l["ev"] == "view" && l["members"][0] == "ann#d1"),
+        "{out}"
+    );
+    assert!(
+        has(&|l| l["ev"] == "message" && l["payload"] == "hello there" && l["service"] == "safe"),
+        "{out}"
+    );
+    // A group it is not in, and an unknown command: errors, and the session goes on.
+    assert_eq!(
+        lines.iter().filter(|l| l["ev"] == "error").count(),
+        2,
+        "{out}"
+    );
+    let (ok, _, _) = conclave(
+        &["admin", "--config", cfg_arg, "partition", "d1", "d9"],
+        None,
+    );
+    assert!(!ok, "a partition naming an unknown daemon is refused");
+    let (ok, out, _) = conclave(&["admin", "--config", cfg_arg, "shutdown"], None);
+    assert!(ok, "{out}");
+    assert!(daemon.wait().unwrap().success());
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn a_bad_daemon_configuration_is_a_clear_error() {
+    let (ok, _, err) = conclave(&["daemon", "--config", "/nonexistent/conclave.toml"], None);
+    assert!(!ok && err.contains("/nonexistent/conclave.toml"), "{err}");
+    let path = std::env::temp_dir().join(format!("conclave-bad-{}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:2\"\n",
+    )
+    .unwrap();
+    let (ok, _, err) = conclave(&["daemon", "--config", path.to_str().unwrap()], None);
+    assert!(!ok && err.contains("named twice"), "{err}");
+    let (ok, _, err) = conclave(
+        &["daemon", "--config", path.to_str().unwrap(), "--name", "zz"],
+        None,
+    );
+    assert!(!ok, "{err}");
+    let _ = std::fs::remove_file(path);
+}

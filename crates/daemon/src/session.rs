@@ -72,11 +72,19 @@ pub(crate) async fn run<S>(
         return;
     }
     let (r, w) = tokio::io::split(stream);
+    let writer = write(w, rx, unread);
+    tokio::pin!(writer);
     tokio::select! {
-        _ = read(r, id, core.clone(), handshake) => {}
-        _ = write(w, rx, unread) => {}
+        _ = read(r, id, core.clone(), handshake) => {
+            // The client is gone or misbehaved; what the core still queues for it (a refusal
+            // with the reason) is written before the connection closes.
+            let _ = core.send(ToCore::Gone { id }).await;
+            let _ = tokio::time::timeout(WRITE_TIMEOUT, &mut writer).await;
+        }
+        _ = &mut writer => {
+            let _ = core.send(ToCore::Gone { id }).await;
+        }
     }
-    let _ = core.send(ToCore::Gone { id }).await;
 }
 
 async fn read<R: AsyncRead + Unpin>(
