@@ -92,7 +92,13 @@ impl Network {
         let cfg = Config::local_on_free_ports(n)?;
         let mut daemons = Vec::new();
         for d in &cfg.daemon {
-            daemons.push(conclave_daemon::start(cfg.clone(), &d.name, Options::default()).await?);
+            // CONCLAVE_BENCH_RECORD=DIR records each daemon's history there (for the checker).
+            let opts = Options {
+                record: std::env::var_os("CONCLAVE_BENCH_RECORD")
+                    .map(|dir| PathBuf::from(dir).join(format!("{}.jsonl", d.name))),
+                ..Options::default()
+            };
+            daemons.push(conclave_daemon::start(cfg.clone(), &d.name, opts).await?);
         }
         let net = Network { cfg, daemons };
         net.wait_ring(n).await?;
@@ -247,24 +253,38 @@ async fn throughput_once(
     let mut send_tasks = Vec::new();
     // Members that only receive keep their sending half: dropping it ends the session.
     let mut quiet = Vec::new();
+    // Views after the start: a daemon falsely suspected under the load changes them, and then
+    // not every message reaches every member (EVS), so the run is reported as such.
+    let views = Arc::new(AtomicU64::new(0));
     for (i, (mut s, mut r)) in ms.into_iter().enumerate() {
         let got = Arc::new(AtomicU64::new(0));
         let last = Arc::new(Mutex64::default());
         counters.push((got.clone(), last.clone()));
+        let views = views.clone();
         tokio::spawn(async move {
             while let Ok(ev) = r.receive().await {
-                if let ClientEvent::Message { .. } = ev {
-                    got.fetch_add(1, Relaxed);
-                    last.set(start.elapsed().as_nanos() as u64);
+                match ev {
+                    ClientEvent::Message { .. } => {
+                        got.fetch_add(1, Relaxed);
+                        last.set(start.elapsed().as_nanos() as u64);
+                    }
+                    ClientEvent::View { .. } => {
+                        views.fetch_add(1, Relaxed);
+                    }
+                    _ => {}
                 }
             }
         });
         if i < senders {
             let (sent, stop) = (sent.clone(), stop.clone());
             send_tasks.push(tokio::spawn(async move {
-                let payload = vec![0x5a; size];
+                // Each payload its own (the sender and a count first), so that a recorded
+                // history names every message apart.
+                let mut payload = vec![0x5a; size.max(16)];
+                payload[..8].copy_from_slice(&(i as u64).to_be_bytes());
                 let mut n = 0u64;
                 while !stop.load(Relaxed) {
+                    payload[8..16].copy_from_slice(&n.to_be_bytes());
                     if s.queue(service, &[GROUP], &payload).await.is_err() {
                         break;
                     }
@@ -289,21 +309,33 @@ async fn throughput_once(
     }
     let total = sent.load(Relaxed);
     let deadline = Instant::now() + Duration::from_secs(20);
+    let mut still = (Instant::now(), 0u64);
     while counters.iter().any(|(g, _)| g.load(Relaxed) < total) {
+        let now_got: u64 = counters.iter().map(|(g, _)| g.load(Relaxed)).sum();
+        if now_got != still.1 {
+            still = (Instant::now(), now_got);
+        }
+        if views.load(Relaxed) > 0 && still.0.elapsed() > Duration::from_secs(2) {
+            break;
+        }
         if Instant::now() > deadline {
             let got: Vec<u64> = counters.iter().map(|(g, _)| g.load(Relaxed)).collect();
-            let m: Vec<String> = net
-                .daemons
-                .iter()
-                .map(|d| {
-                    format!(
-                        "{}: {} slow clients closed, {} refusals",
-                        d.name,
-                        d.metrics.closed_slow_clients.load(Relaxed),
-                        d.metrics.refusals.load(Relaxed)
-                    )
-                })
-                .collect();
+            let mut m = Vec::new();
+            for d in &net.daemons {
+                let s = d
+                    .admin(AdminRequest::Status)
+                    .await
+                    .status
+                    .unwrap_or_default();
+                m.push(format!(
+                    "{}: {} slow clients closed, {} refusals, ring {} (seen, received, delivered, queued) {:?}",
+                    d.name,
+                    d.metrics.closed_slow_clients.load(Relaxed),
+                    d.metrics.refusals.load(Relaxed),
+                    s.phase,
+                    s.progress
+                ));
+            }
             bail!(
                 "members delivered {got:?} of the {total} sent ({})",
                 m.join("; ")
@@ -315,6 +347,11 @@ async fn throughput_once(
         .iter()
         .map(|(g, l)| g.load(Relaxed) as f64 / (l.get() as f64 / 1e9))
         .collect();
+    let delivered_min = counters
+        .iter()
+        .map(|(g, _)| g.load(Relaxed))
+        .min()
+        .unwrap_or(0);
     let min = rates.iter().cloned().fold(f64::INFINITY, f64::min);
     let mean = rates.iter().sum::<f64>() / rates.len() as f64;
     for mut s in keep.into_iter().chain(quiet) {
@@ -325,7 +362,8 @@ async fn throughput_once(
     Ok(json!({
         "bench": "throughput", "daemons": net.daemons.len(), "members": receivers,
         "senders": senders, "size": size, "service": service_name(service),
-        "messages": total, "msgs_per_s_min": min.round(), "msgs_per_s_mean": mean.round(),
+        "messages": total, "delivered_min": delivered_min, "view_changes": views.load(Relaxed),
+        "msgs_per_s_min": min.round(), "msgs_per_s_mean": mean.round(),
         "mbytes_per_s_min": (min * size as f64 / 1e6 * 10.0).round() / 10.0,
     }))
 }

@@ -66,6 +66,10 @@ pub struct Status {
     pub clients: usize,
     pub connections: usize,
     pub faults: bool,
+    /// The ring's progress: highest sequence number seen, all received up to, delivered up to,
+    /// messages waiting for the token.
+    #[serde(default)]
+    pub progress: Option<(u64, u64, u64, usize)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -41,10 +41,11 @@ pub enum DatagramError {
     BadBatch,
 }
 
-enum Packets {
+enum Packets<'a> {
     None,
-    One(Vec<u8>),
-    Many(Vec<Vec<u8>>),
+    One(&'a [u8]),
+    Owned(Vec<u8>),
+    Many(Vec<&'a [u8]>),
 }
 
 /// Splits a packet into the datagrams that carry it. `id` names the packet among the sender's
@@ -79,7 +80,7 @@ pub fn split(packet: &[u8], id: u32) -> Result<Vec<Vec<u8>>, DatagramError> {
 
 /// The datagrams that carry `packets` (in order) to one daemon: small ones packed together up to
 /// [`MAX_PART_BYTES`], large ones alone or in fragments. `next_id` numbers fragmented packets.
-pub fn pack(packets: &[Vec<u8>], next_id: &mut u32) -> Result<Vec<Vec<u8>>, DatagramError> {
+pub fn pack(packets: &[&[u8]], next_id: &mut u32) -> Result<Vec<Vec<u8>>, DatagramError> {
     let mut out = Vec::new();
     let mut batch: Vec<&[u8]> = Vec::new();
     let mut batch_bytes = 0;
@@ -101,7 +102,7 @@ pub fn pack(packets: &[Vec<u8>], next_id: &mut u32) -> Result<Vec<Vec<u8>>, Data
         }
         batch.clear();
     };
-    for p in packets {
+    for &p in packets {
         if p.len() + 4 > MAX_PART_BYTES {
             flush(&mut batch, &mut out);
             batch_bytes = 0;
@@ -136,26 +137,40 @@ pub struct Reassembly {
 impl Reassembly {
     /// A datagram from the peer: the packets it carries or completes, in order.
     pub fn push(&mut self, datagram: &[u8]) -> Result<Vec<Vec<u8>>, DatagramError> {
-        Ok(match self.push_one(datagram)? {
-            Packets::None => Vec::new(),
-            Packets::One(p) => vec![p],
-            Packets::Many(v) => v,
-        })
+        let mut out = Vec::new();
+        self.push_each(datagram, |p| out.push(p.to_vec()))?;
+        Ok(out)
     }
 
-    fn push_one(&mut self, datagram: &[u8]) -> Result<Packets, DatagramError> {
+    /// As [`Reassembly::push`], handing each packet to `f` where it lies in the datagram (no
+    /// copy, but for reassembled fragments). A malformed datagram hands over nothing.
+    pub fn push_each(
+        &mut self,
+        datagram: &[u8],
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<(), DatagramError> {
+        match self.push_one(datagram)? {
+            Packets::None => {}
+            Packets::One(p) => f(p),
+            Packets::Owned(p) => f(&p),
+            Packets::Many(v) => v.into_iter().for_each(f),
+        }
+        Ok(())
+    }
+
+    fn push_one<'a>(&mut self, datagram: &'a [u8]) -> Result<Packets<'a>, DatagramError> {
         let mut r = Reader::new(datagram);
         let version = r.u8("datagram version")?;
         if version != DATAGRAM_VERSION {
             return Err(DecodeError::BadVersion(version).into());
         }
         match r.u8("datagram kind")? {
-            0 => Ok(Packets::One(r.take(r.remaining(), "packet")?.to_vec())),
+            0 => Ok(Packets::One(r.take(r.remaining(), "packet")?)),
             2 => {
                 let mut v = Vec::new();
                 while r.remaining() > 0 {
                     let n = r.u32("packet length")? as usize;
-                    v.push(r.take(n, "packet")?.to_vec());
+                    v.push(r.take(n, "packet")?);
                 }
                 if v.len() < 2 {
                     return Err(DatagramError::BadBatch);
@@ -212,7 +227,7 @@ impl Reassembly {
                     return Ok(Packets::None);
                 }
                 let p = self.partial.remove(at).expect("present");
-                Ok(Packets::One(
+                Ok(Packets::Owned(
                     p.parts.into_iter().flatten().flatten().collect(),
                 ))
             }
@@ -307,7 +322,8 @@ mod tests {
                 .map(|(k, &n)| (0..n).map(|i| (i + k) as u8).collect())
                 .collect();
             let mut id = 0;
-            let datagrams = pack(&packets, &mut id).unwrap();
+            let slices: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
+            let datagrams = pack(&slices, &mut id).unwrap();
             prop_assert!(datagrams.iter().all(|d| d.len() <= MAX_PART_BYTES + 10));
             prop_assert!(datagrams.len() <= packets.len().max(1) * 2);
             let mut r = Reassembly::default();

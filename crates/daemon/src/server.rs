@@ -140,9 +140,8 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         .id_of(name)
         .with_context(|| format!("the configuration names no daemon {name:?}"))?;
     let entry = cfg.entry(me).expect("named").clone();
-    let udp = UdpSocket::bind(entry.peer)
-        .await
-        .with_context(|| format!("binding the peer address {}", entry.peer))?;
+    let udp =
+        bind_udp(entry.peer).with_context(|| format!("binding the peer address {}", entry.peer))?;
     let metrics = Arc::new(Metrics::default());
     let (tx, rx) = mpsc::channel(CORE_QUEUE);
     let mut tasks = Vec::new();
@@ -286,6 +285,22 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         unix: entry.unix,
     })
 }
+
+/// The socket to the other daemons, with buffers large enough for a token visit's burst (the
+/// kernel caps them at its `rmem_max` and `wmem_max`): a datagram lost to a full buffer costs a
+/// retransmission, and too many of them a storm.
+fn bind_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    let _ = s.set_recv_buffer_size(UDP_BUFFER_BYTES);
+    let _ = s.set_send_buffer_size(UDP_BUFFER_BYTES);
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    UdpSocket::from_std(s.into())
+}
+
+/// Asked of the kernel for each daemon socket's receive and send buffers.
+const UDP_BUFFER_BYTES: usize = 4 << 20;
 
 async fn admin_session(s: tokio::net::TcpStream, core: mpsc::Sender<ToCore>) {
     let (r, mut w) = s.into_split();
@@ -444,17 +459,13 @@ impl Core {
             m.fault_drops.fetch_add(1, Relaxed);
             return;
         }
-        let packets = match self.reassembly.entry(peer).or_default().push(d) {
-            Ok(p) => p,
-            Err(e) => {
-                m.bad_datagrams.fetch_add(1, Relaxed);
-                tracing::debug!(peer, error = %e, "bad datagram");
-                return;
-            }
-        };
         let now = self.now();
-        for packet in packets {
-            match self.daemon.handle_packet(now, peer, &packet) {
+        let daemon = &mut self.daemon;
+        let r = self
+            .reassembly
+            .entry(peer)
+            .or_default()
+            .push_each(d, |packet| match daemon.handle_packet(now, peer, packet) {
                 Ok(()) => {
                     m.packets_received.fetch_add(1, Relaxed);
                 }
@@ -462,7 +473,10 @@ impl Core {
                     m.bad_datagrams.fetch_add(1, Relaxed);
                     tracing::debug!(peer, error = %e, "bad packet");
                 }
-            }
+            });
+        if let Err(e) = r {
+            m.bad_datagrams.fetch_add(1, Relaxed);
+            tracing::debug!(peer, error = %e, "bad datagram");
         }
     }
 
@@ -716,6 +730,7 @@ impl Core {
             clients: self.by_name.len(),
             connections: self.sessions.len(),
             faults: self.faults.active(),
+            progress: ring.progress(),
         }
     }
 
@@ -772,7 +787,8 @@ impl Core {
         // Everything the core has to send, by destination, in order; then as few datagrams as
         // will carry it.
         let n = self.peers.len();
-        let mut per_peer: Vec<Vec<Vec<u8>>> = vec![Vec::new(); n + 1];
+        let mut encoded: Vec<Vec<u8>> = Vec::new();
+        let mut per_peer: Vec<Vec<usize>> = vec![Vec::new(); n + 1];
         let mut any = false;
         while let Some(t) = self.daemon.poll_transmit() {
             if let Packet::Token(tok) = &t.packet {
@@ -782,16 +798,17 @@ impl Core {
                         .fetch_add(tok.rtr.len() as u64, Relaxed);
                 }
             }
-            let bytes = t.packet.encode();
+            let at = encoded.len();
+            encoded.push(t.packet.encode());
             self.metrics.packets_sent.fetch_add(1, Relaxed);
             any = true;
             match t.to {
-                Dest::One(d) if (d as usize) <= n && d > 0 => per_peer[d as usize].push(bytes),
+                Dest::One(d) if (d as usize) <= n && d > 0 => per_peer[d as usize].push(at),
                 Dest::One(_) => {}
                 Dest::AllOthers => {
-                    for d in 1..=n {
+                    for (d, list) in per_peer.iter_mut().enumerate().skip(1) {
                         if d as DaemonId != self.me {
-                            per_peer[d].push(bytes.clone());
+                            list.push(at);
                         }
                     }
                 }
@@ -805,6 +822,7 @@ impl Core {
                 continue;
             }
             let peer = peer as DaemonId;
+            let packets: Vec<&[u8]> = packets.iter().map(|&i| encoded[i].as_slice()).collect();
             let datagrams = match pack(&packets, &mut self.frag_id) {
                 Ok(d) => d,
                 Err(e) => {

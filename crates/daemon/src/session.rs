@@ -10,7 +10,7 @@
 //! handshake time is closed.
 
 use crate::server::ToCore;
-use conclave_wire::client::{frame, next_frame, Reply, Request};
+use conclave_wire::client::{next_frame, Reply, Request};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,7 +161,7 @@ async fn write<W: AsyncWrite + Unpin>(
             match o {
                 Out::Reply(r) => {
                     unread.fetch_sub(approx_size(&r).min(unread.load(Relaxed)), Relaxed);
-                    out.extend_from_slice(&frame(&r.encode()));
+                    r.frame_into(&mut out);
                 }
                 Out::Close => {
                     close = true;

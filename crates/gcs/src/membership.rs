@@ -241,6 +241,14 @@ impl Membership {
 
     /// The members of the ring this daemon is operational in (empty while it gathers, commits or
     /// recovers).
+    /// The current ring's progress, for status reports: (highest sequence number seen, all
+    /// received up to, delivered up to, messages waiting to be sent).
+    pub fn progress(&self) -> Option<(u64, u64, u64, usize)> {
+        self.regular
+            .as_ref()
+            .map(|o| (o.high_seq(), o.my_aru(), o.delivered_up_to(), o.queued()))
+    }
+
     pub fn ring_members(&self) -> Vec<DaemonId> {
         match (&self.state, &self.regular) {
             (State::Operational { .. }, Some(o)) => o.members().to_vec(),

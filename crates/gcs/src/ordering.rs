@@ -207,6 +207,9 @@ impl Ordering {
     pub fn members(&self) -> &[DaemonId] {
         &self.members
     }
+    pub fn high_seq(&self) -> u64 {
+        self.high_seq
+    }
     pub fn delivered_up_to(&self) -> u64 {
         self.delivered
     }
@@ -523,15 +526,23 @@ impl Ordering {
         self.aru_prev = self.aru_now;
         self.aru_now = t.aru;
         self.high_seq = self.high_seq.max(t.seq);
-        // Answer retransmission requests.
+        // Answer retransmission requests, within the visit's budget (TOCS §3.3 counts
+        // retransmissions in the flow control as new messages): the rest stay on the token for
+        // the next holder that has them. Unbounded, a member far behind asks for hundreds of
+        // messages at once, and the burst that answers overflows the receivers' buffers and is
+        // lost again.
         let mut still = Vec::new();
+        let mut resent = 0u64;
         for s in std::mem::take(&mut t.rtr) {
             match self.buffer.get(&s) {
-                Some(d) => self.out.push_back(Transmit {
-                    to: Dest::AllOthers,
-                    packet: Packet::Data(d.clone()),
-                }),
-                None => still.push(s),
+                Some(d) if resent < self.cfg.max_per_visit as u64 => {
+                    resent += 1;
+                    self.out.push_back(Transmit {
+                        to: Dest::AllOthers,
+                        packet: Packet::Data(d.clone()),
+                    })
+                }
+                _ => still.push(s),
             }
         }
         // Ask for what this member misses, of what was sent before its previous visit: later
@@ -575,7 +586,7 @@ impl Ordering {
             .saturating_sub(in_flight)
             .min(self.cfg.window.saturating_sub(others_fcc))
             .min(share)
-            .min(self.cfg.max_per_visit as u64);
+            .min((self.cfg.max_per_visit as u64).saturating_sub(resent));
         let mut sent = 0;
         let mut fresh = Vec::new();
         while sent < room {
@@ -616,9 +627,9 @@ impl Ordering {
             t.aru_id = if t.aru == t.seq { None } else { Some(self.me) };
         }
         let left = mine_now.saturating_sub(sent);
-        t.fcc = (others_fcc + sent).min(u32::MAX as u64) as u32;
+        t.fcc = (others_fcc + sent + resent).min(u32::MAX as u64) as u32;
         t.backlog = (others_backlog + left).min(u32::MAX as u64) as u32;
-        self.last_fcc = sent;
+        self.last_fcc = sent + resent;
         self.last_backlog = left;
         // The successor accepts it for its higher number; `last_token_seq` stays at the number
         // received, so that on a ring of one the token comes back to its only member.

@@ -296,7 +296,22 @@ impl Request {
 impl Reply {
     /// The message (without its frame length).
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::with_capacity(64);
+        self.encode_after(Vec::with_capacity(64))
+    }
+
+    /// Appends the reply in its frame to `out` (what [`frame`] of [`Reply::encode`] gives,
+    /// without the copies: a daemon writes every delivery this way).
+    pub fn frame_into(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0; 4]);
+        *out = self.encode_after(std::mem::take(out));
+        let len = out.len() - start - 4;
+        assert!(len <= MAX_FRAME_BYTES, "a frame over the limit");
+        out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
+    }
+
+    fn encode_after(&self, buf: Vec<u8>) -> Vec<u8> {
+        let mut w = Writer::from_vec(buf);
         w.u8(CLIENT_VERSION);
         match self {
             Reply::Connected { name } => {
@@ -474,6 +489,31 @@ pub fn next_frame(stream: &[u8]) -> Result<Option<(&[u8], usize)>, DecodeError> 
         });
     }
     Ok(stream.get(4..4 + len).map(|m| (m, 4 + len)))
+}
+
+#[cfg(test)]
+mod frame_into_tests {
+    use super::*;
+
+    #[test]
+    fn frame_into_appends_what_frame_gives() {
+        let replies = [
+            Reply::Connected {
+                name: "a#d1".into(),
+            },
+            Reply::Refused {
+                reason: "no".into(),
+            },
+            Reply::Event(ClientEvent::Left { group: "g".into() }),
+        ];
+        let mut out = b"xy".to_vec();
+        let mut want = b"xy".to_vec();
+        for r in &replies {
+            r.frame_into(&mut out);
+            want.extend(frame(&r.encode()));
+        }
+        assert_eq!(out, want);
+    }
 }
 
 #[cfg(test)]
