@@ -153,22 +153,34 @@ async fn members(net: &Network, k: usize, tag: &str) -> Result<Vec<(Sender, Rece
         c.join(GROUP).await?;
         out.push(c.split());
     }
-    for (_, r) in out.iter_mut() {
-        wait_view(r, k).await?;
+    for (i, (_, r)) in out.iter_mut().enumerate() {
+        if let Err(e) = wait_view(r, k).await {
+            let mut st = Vec::new();
+            for d in &net.daemons {
+                let s = d.admin(AdminRequest::Status).await.status.unwrap_or_default();
+                st.push(format!(
+                    "{} {} {:?} {:?} ready {} clients {}",
+                    s.daemon, s.phase, s.ring, s.members, s.ready, s.clients
+                ));
+            }
+            bail!("member {i} of {k} ({tag}) saw no view of all: {e} ({})", st.join("; "));
+        }
     }
     Ok(out)
 }
 
 async fn wait_view(r: &mut Receiver, size: usize) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
     loop {
         let ev = tokio::time::timeout_at(deadline, r.receive())
             .await
-            .context("no view in 30 s")??;
+            .with_context(|| format!("no view of {size} in 30 s (views seen: {seen:?})"))??;
         if let ClientEvent::View { members, .. } = ev {
             if members.len() == size {
                 return Ok(());
             }
+            seen.push(members.len());
         }
     }
 }
@@ -511,17 +523,36 @@ async fn latency_once(
 }
 
 pub fn run_membership(args: MembershipArgs) -> Result<()> {
+    if let Ok(f) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(f)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     std::fs::create_dir_all(&args.out)?;
     let rt = tokio::runtime::Runtime::new()?;
     let rows = rt.block_on(async {
         let mut rows = Vec::new();
         for &d in &args.daemons {
             let net = Network::start(d).await?;
-            for &k in &args.clients {
+            'clients: for &k in &args.clients {
                 for event in ["join", "leave", "partition", "merge"] {
-                    let row = membership_once(&net, k, event, args.repeat).await?;
-                    println!("{row}");
-                    rows.push(row);
+                    match membership_once(&net, k, event, args.repeat).await {
+                        Ok(row) => {
+                            println!("{row}");
+                            rows.push(row);
+                        }
+                        // Reported, and the rest of this network's runs skipped: its state is
+                        // unknown.
+                        Err(e) => {
+                            let row = json!({
+                                "bench": "membership", "daemons": d, "clients": k,
+                                "event": event, "error": format!("{e:#}"),
+                            });
+                            println!("{row}");
+                            break 'clients;
+                        }
+                    }
                 }
             }
             net.stop().await?;
@@ -590,7 +621,14 @@ async fn membership_once(
             // Each side in its own view first.
             partition(net, true).await?;
             for (i, r) in receivers.iter_mut().enumerate() {
-                wait_view(r, sides[i]).await?;
+                if let Err(e) = wait_view(r, sides[i]).await {
+                    let mut st = Vec::new();
+                    for d in &net.daemons {
+                        let s = d.admin(AdminRequest::Status).await.status.unwrap_or_default();
+                        st.push(format!("{} {} {:?} {:?}", s.daemon, s.phase, s.ring, s.members));
+                    }
+                    bail!("member {i}'s side of the partition: {e:#} ({})", st.join("; "));
+                }
             }
         }
         let t0 = Instant::now();
@@ -612,7 +650,14 @@ async fn membership_once(
         }
         let mut times = Vec::new();
         for (&i, &want) in watch.iter().zip(&size) {
-            wait_view(&mut receivers[i], want).await?;
+            if let Err(e) = wait_view(&mut receivers[i], want).await {
+                let mut st = Vec::new();
+                for d in &net.daemons {
+                    let s = d.admin(AdminRequest::Status).await.status.unwrap_or_default();
+                    st.push(format!("{} {} {:?} {:?} ready {}", s.daemon, s.phase, s.ring, s.members, s.ready));
+                }
+                bail!("{event} with {k} clients: member {i} saw no view of {want}: {e} ({})", st.join("; "));
+            }
             times.push(t0.elapsed().as_secs_f64() * 1e3);
         }
         let max = times.iter().cloned().fold(0.0, f64::max);

@@ -35,6 +35,10 @@ pub struct SimArgs {
     /// default is 300).
     #[arg(long, default_value_t = 0)]
     pub idle_hold_us: u64,
+    /// Full runs: bytes of messages one token visit may send (default: no limit; the real
+    /// daemons use 1 MiB).
+    #[arg(long)]
+    pub max_visit_bytes: Option<usize>,
 }
 
 fn parse_seeds(s: &str) -> Result<std::ops::Range<u64>> {
@@ -86,6 +90,7 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
             m.clients_per_daemon = args.clients;
             m.faults = full_faults;
             m.idle_hold_us = args.idle_hold_us;
+            m.max_visit_bytes = args.max_visit_bytes.unwrap_or(usize::MAX);
             (conclave_sim::run_membership(&m), m.max_views_after_stable())
         } else {
             (run(&cfg), Config::default().max_views_after_stable)

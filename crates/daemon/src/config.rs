@@ -94,6 +94,8 @@ pub struct Limits {
     pub max_per_visit: u32,
     /// Messages in flight on the ring.
     pub window: u64,
+    /// Bytes of messages one token visit may send (at least one message goes).
+    pub max_visit_bytes: usize,
     /// A connection that has not said who it is within this long is closed (milliseconds).
     pub handshake_ms: u64,
 }
@@ -111,6 +113,7 @@ impl Default for Limits {
             max_queued: o.max_queued,
             max_per_visit: 60,
             window: 600,
+            max_visit_bytes: 1 << 20,
             handshake_ms: 5_000,
         }
     }
@@ -270,6 +273,7 @@ impl Config {
         .contains(&0)
             || l.max_per_visit == 0
             || l.window == 0
+            || l.max_visit_bytes == 0
         {
             return bad("limits must be above 0".into());
         }
@@ -353,6 +357,7 @@ impl Config {
         c.membership.ordering.idle_hold_us = t.idle_hold_us;
         c.membership.ordering.max_per_visit = l.max_per_visit;
         c.membership.ordering.window = l.window;
+        c.membership.ordering.max_visit_bytes = l.max_visit_bytes;
         c.membership.ordering.max_queued = l.max_queued;
         c.max_clients = l.max_clients;
         c.max_groups_per_client = l.max_groups_per_client;

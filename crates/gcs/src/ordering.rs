@@ -39,6 +39,10 @@ pub struct OrderingConfig {
     pub window: u64,
     /// Most messages a daemon queues before `submit` refuses.
     pub max_queued: usize,
+    /// Most bytes of messages (new and retransmitted) one token visit may send, roughly (at
+    /// least one message goes): large messages in a burst of `max_per_visit` would overflow the
+    /// receivers' buffers and delay the token behind them.
+    pub max_visit_bytes: usize,
     /// An idle token (nothing sent, missing or waiting anywhere on the ring) is held this long
     /// (microseconds) before it is passed on, unless a message is submitted meanwhile: without
     /// it, an idle ring passes its token as fast as the network allows and keeps every daemon's
@@ -53,6 +57,7 @@ impl Default for OrderingConfig {
             max_per_visit: 30,
             window: 400,
             max_queued: 10_000,
+            max_visit_bytes: usize::MAX,
             idle_hold_us: 0,
         }
     }
@@ -106,6 +111,20 @@ pub struct Finished {
     pub sender: DaemonId,
     pub body: Body,
     pub transitional: bool,
+}
+
+/// A message's size on the wire, roughly (for the visit's byte budget).
+fn body_bytes(b: &Body) -> usize {
+    64 + match b {
+        Body::Client { payload, groups, .. } => {
+            payload.len() + groups.iter().map(|(g, _)| g.len() + 8).sum::<usize>()
+        }
+        Body::GroupState { members } => members
+            .iter()
+            .map(|m| m.client.len() + m.group.len() + 32)
+            .sum(),
+        _ => 0,
+    }
 }
 
 fn service_of(d: &Data) -> ServiceType {
@@ -533,10 +552,15 @@ impl Ordering {
         // lost again.
         let mut still = Vec::new();
         let mut resent = 0u64;
+        let mut bytes = 0usize;
         for s in std::mem::take(&mut t.rtr) {
             match self.buffer.get(&s) {
-                Some(d) if resent < self.cfg.max_per_visit as u64 => {
+                Some(d)
+                    if resent < self.cfg.max_per_visit as u64
+                        && (resent == 0 || bytes < self.cfg.max_visit_bytes) =>
+                {
                     resent += 1;
+                    bytes = bytes.saturating_add(body_bytes(&d.body));
                     self.out.push_back(Transmit {
                         to: Dest::AllOthers,
                         packet: Packet::Data(d.clone()),
@@ -589,7 +613,7 @@ impl Ordering {
             .min((self.cfg.max_per_visit as u64).saturating_sub(resent));
         let mut sent = 0;
         let mut fresh = Vec::new();
-        while sent < room {
+        while sent < room && (sent + resent == 0 || bytes < self.cfg.max_visit_bytes) {
             let (origin, body) = if let Some(r) = self.recovery.pop_front() {
                 r
             } else if self.hold_queue {
@@ -601,6 +625,7 @@ impl Ordering {
             };
             t.seq += 1;
             sent += 1;
+            bytes = bytes.saturating_add(body_bytes(&body));
             if origin.is_none() && body != Body::RecoveryDone {
                 self.sent_out.push_back((t.seq, body.clone()));
             }

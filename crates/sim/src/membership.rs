@@ -134,6 +134,8 @@ pub struct MembershipSimConfig {
     pub settle_ms: u64,
     /// The daemons hold an idle token this long (microseconds; 0: never), as real daemons do.
     pub idle_hold_us: u64,
+    /// Bytes of messages per token visit (the core's default: no limit).
+    pub max_visit_bytes: usize,
 }
 
 impl MembershipSimConfig {
@@ -149,6 +151,7 @@ impl MembershipSimConfig {
             safety_ms: 2_000,
             settle_ms: 8_000,
             idle_hold_us: 0,
+            max_visit_bytes: usize::MAX,
         }
     }
 
@@ -598,6 +601,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         ..DaemonConfig::default()
     };
     dcfg.membership.ordering.idle_hold_us = cfg.idle_hold_us;
+    dcfg.membership.ordering.max_visit_bytes = cfg.max_visit_bytes;
     let safety = cfg.safety_ms * 1000;
     let mut wire = Wire {
         n,

@@ -70,14 +70,15 @@ fn regression_a_ring_of_one_delivers() {
 /// Full runs (daemons, clients, groups, every fault as each seed draws): 500 seeds, in two halves
 /// so that both cores work.
 fn full_swarm_seeds(seeds: std::ops::Range<u64>) {
-    full_swarm_seeds_holding(seeds, 0);
+    full_swarm_seeds_with(seeds, 0, usize::MAX);
 }
 
-fn full_swarm_seeds_holding(seeds: std::ops::Range<u64>, idle_hold_us: u64) {
+fn full_swarm_seeds_with(seeds: std::ops::Range<u64>, idle_hold_us: u64, max_visit_bytes: usize) {
     use conclave_sim::{run_membership, MembershipSimConfig};
     for seed in seeds {
         let mut m = MembershipSimConfig::new(seed);
         m.idle_hold_us = idle_hold_us;
+        m.max_visit_bytes = max_visit_bytes;
         let r = run_membership(&m);
         let cfg = Config {
             max_views_after_stable: m.max_views_after_stable(),
@@ -103,10 +104,11 @@ fn full_swarm_seeds_second_half() {
     full_swarm_seeds(250..500);
 }
 
-/// The daemons' default: an idle token rests a moment at each daemon.
+/// As the daemons run: an idle token rests a moment at each daemon, and a visit sends a bounded
+/// number of bytes (small here, so that the simulator's small messages meet the bound).
 #[test]
-fn full_swarm_seeds_with_an_idle_token_hold() {
-    full_swarm_seeds_holding(1000..1100, 300);
+fn full_swarm_seeds_with_an_idle_token_hold_and_a_byte_budget() {
+    full_swarm_seeds_with(1000..1100, 300, 1024);
 }
 
 /// Seed 394 (basic faults) fails when recovery ends at each member as soon as it has every
