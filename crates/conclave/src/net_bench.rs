@@ -157,13 +157,20 @@ async fn members(net: &Network, k: usize, tag: &str) -> Result<Vec<(Sender, Rece
         if let Err(e) = wait_view(r, k).await {
             let mut st = Vec::new();
             for d in &net.daemons {
-                let s = d.admin(AdminRequest::Status).await.status.unwrap_or_default();
+                let s = d
+                    .admin(AdminRequest::Status)
+                    .await
+                    .status
+                    .unwrap_or_default();
                 st.push(format!(
                     "{} {} {:?} {:?} ready {} clients {}",
                     s.daemon, s.phase, s.ring, s.members, s.ready, s.clients
                 ));
             }
-            bail!("member {i} of {k} ({tag}) saw no view of all: {e} ({})", st.join("; "));
+            bail!(
+                "member {i} of {k} ({tag}) saw no view of all: {e} ({})",
+                st.join("; ")
+            );
         }
     }
     Ok(out)
@@ -624,10 +631,20 @@ async fn membership_once(
                 if let Err(e) = wait_view(r, sides[i]).await {
                     let mut st = Vec::new();
                     for d in &net.daemons {
-                        let s = d.admin(AdminRequest::Status).await.status.unwrap_or_default();
-                        st.push(format!("{} {} {:?} {:?}", s.daemon, s.phase, s.ring, s.members));
+                        let s = d
+                            .admin(AdminRequest::Status)
+                            .await
+                            .status
+                            .unwrap_or_default();
+                        st.push(format!(
+                            "{} {} {:?} {:?}",
+                            s.daemon, s.phase, s.ring, s.members
+                        ));
                     }
-                    bail!("member {i}'s side of the partition: {e:#} ({})", st.join("; "));
+                    bail!(
+                        "member {i}'s side of the partition: {e:#} ({})",
+                        st.join("; ")
+                    );
                 }
             }
         }
@@ -653,10 +670,20 @@ async fn membership_once(
             if let Err(e) = wait_view(&mut receivers[i], want).await {
                 let mut st = Vec::new();
                 for d in &net.daemons {
-                    let s = d.admin(AdminRequest::Status).await.status.unwrap_or_default();
-                    st.push(format!("{} {} {:?} {:?} ready {}", s.daemon, s.phase, s.ring, s.members, s.ready));
+                    let s = d
+                        .admin(AdminRequest::Status)
+                        .await
+                        .status
+                        .unwrap_or_default();
+                    st.push(format!(
+                        "{} {} {:?} {:?} ready {}",
+                        s.daemon, s.phase, s.ring, s.members, s.ready
+                    ));
                 }
-                bail!("{event} with {k} clients: member {i} saw no view of {want}: {e} ({})", st.join("; "));
+                bail!(
+                    "{event} with {k} clients: member {i} saw no view of {want}: {e} ({})",
+                    st.join("; ")
+                );
             }
             times.push(t0.elapsed().as_secs_f64() * 1e3);
         }

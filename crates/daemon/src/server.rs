@@ -114,6 +114,7 @@ impl Running {
     /// be waited for again.
     pub async fn stopped(&mut self) -> anyhow::Result<()> {
         let r = (&mut self.core).await.context("the daemon's core task")?;
+        linger().await;
         for t in &self.tasks {
             t.abort();
         }
@@ -123,6 +124,7 @@ impl Running {
     /// Waits until the daemon stops (an admin `shutdown`).
     pub async fn wait(self) -> anyhow::Result<()> {
         let r = self.core.await.context("the daemon's core task")?;
+        linger().await;
         for t in &self.tasks {
             t.abort();
         }
@@ -131,6 +133,12 @@ impl Running {
         }
         r
     }
+}
+
+/// After the core stops, the connections' tasks get a moment to write what is queued (the
+/// answer to an admin `shutdown`, the clients' `Closed`) before the process may exit.
+async fn linger() {
+    tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
 /// Binds the daemon's sockets and starts it.

@@ -116,9 +116,9 @@ pub struct Finished {
 /// A message's size on the wire, roughly (for the visit's byte budget).
 fn body_bytes(b: &Body) -> usize {
     64 + match b {
-        Body::Client { payload, groups, .. } => {
-            payload.len() + groups.iter().map(|(g, _)| g.len() + 8).sum::<usize>()
-        }
+        Body::Client {
+            payload, groups, ..
+        } => payload.len() + groups.iter().map(|(g, _)| g.len() + 8).sum::<usize>(),
         Body::GroupState { members } => members
             .iter()
             .map(|m| m.client.len() + m.group.len() + 32)
