@@ -81,6 +81,32 @@ fn parse_services(names: &[String]) -> Result<Vec<ServiceType>> {
         .collect()
 }
 
+/// Every daemon's phase, ring, members and progress, and what it refused, for an error message.
+async fn statuses(net: &Network) -> String {
+    let mut st = Vec::new();
+    for d in &net.daemons {
+        let s = d
+            .admin(AdminRequest::Status)
+            .await
+            .status
+            .unwrap_or_default();
+        st.push(format!(
+            "{} {} {:?} {:?} ready {} clients {} progress (seen, received, delivered, queued) \
+             {:?}, {} slow clients closed, {} refusals",
+            s.daemon,
+            s.phase,
+            s.ring,
+            s.members,
+            s.ready,
+            s.clients,
+            s.progress,
+            d.metrics.closed_slow_clients.load(Relaxed),
+            d.metrics.refusals.load(Relaxed)
+        ));
+    }
+    st.join("; ")
+}
+
 /// `n` daemons of this process, one ring.
 struct Network {
     cfg: Config,
@@ -155,21 +181,9 @@ async fn members(net: &Network, k: usize, tag: &str) -> Result<Vec<(Sender, Rece
     }
     for (i, (_, r)) in out.iter_mut().enumerate() {
         if let Err(e) = wait_view(r, k).await {
-            let mut st = Vec::new();
-            for d in &net.daemons {
-                let s = d
-                    .admin(AdminRequest::Status)
-                    .await
-                    .status
-                    .unwrap_or_default();
-                st.push(format!(
-                    "{} {} {:?} {:?} ready {} clients {}",
-                    s.daemon, s.phase, s.ring, s.members, s.ready, s.clients
-                ));
-            }
             bail!(
                 "member {i} of {k} ({tag}) saw no view of all: {e} ({})",
-                st.join("; ")
+                statuses(net).await
             );
         }
     }
@@ -308,7 +322,8 @@ async fn throughput_once(
                         break;
                     }
                     n += 1;
-                    if n % 32 == 0 {
+                    // Written out every 32 messages (and whenever the window is full).
+                    if n & 31 == 0 {
                         let _ = s.flush().await;
                     }
                 }
@@ -339,25 +354,9 @@ async fn throughput_once(
         }
         if Instant::now() > deadline {
             let got: Vec<u64> = counters.iter().map(|(g, _)| g.load(Relaxed)).collect();
-            let mut m = Vec::new();
-            for d in &net.daemons {
-                let s = d
-                    .admin(AdminRequest::Status)
-                    .await
-                    .status
-                    .unwrap_or_default();
-                m.push(format!(
-                    "{}: {} slow clients closed, {} refusals, ring {} (seen, received, delivered, queued) {:?}",
-                    d.name,
-                    d.metrics.closed_slow_clients.load(Relaxed),
-                    d.metrics.refusals.load(Relaxed),
-                    s.phase,
-                    s.progress
-                ));
-            }
             bail!(
                 "members delivered {got:?} of the {total} sent ({})",
-                m.join("; ")
+                statuses(net).await
             );
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -629,21 +628,9 @@ async fn membership_once(
             partition(net, true).await?;
             for (i, r) in receivers.iter_mut().enumerate() {
                 if let Err(e) = wait_view(r, sides[i]).await {
-                    let mut st = Vec::new();
-                    for d in &net.daemons {
-                        let s = d
-                            .admin(AdminRequest::Status)
-                            .await
-                            .status
-                            .unwrap_or_default();
-                        st.push(format!(
-                            "{} {} {:?} {:?}",
-                            s.daemon, s.phase, s.ring, s.members
-                        ));
-                    }
                     bail!(
                         "member {i}'s side of the partition: {e:#} ({})",
-                        st.join("; ")
+                        statuses(net).await
                     );
                 }
             }
@@ -668,21 +655,9 @@ async fn membership_once(
         let mut times = Vec::new();
         for (&i, &want) in watch.iter().zip(&size) {
             if let Err(e) = wait_view(&mut receivers[i], want).await {
-                let mut st = Vec::new();
-                for d in &net.daemons {
-                    let s = d
-                        .admin(AdminRequest::Status)
-                        .await
-                        .status
-                        .unwrap_or_default();
-                    st.push(format!(
-                        "{} {} {:?} {:?} ready {}",
-                        s.daemon, s.phase, s.ring, s.members, s.ready
-                    ));
-                }
                 bail!(
                     "{event} with {k} clients: member {i} saw no view of {want}: {e} ({})",
-                    st.join("; ")
+                    statuses(net).await
                 );
             }
             times.push(t0.elapsed().as_secs_f64() * 1e3);

@@ -154,34 +154,28 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
     let (tx, rx) = mpsc::channel(CORE_QUEUE);
     let mut tasks = Vec::new();
     let limits = cfg.limits.clone();
-    let conns = Arc::new(Semaphore::new(limits.max_connections));
-    let next_id = Arc::new(std::sync::atomic::AtomicU64::new(1));
-    let handshake = Duration::from_millis(limits.handshake_ms);
+    let sessions = Sessions {
+        core: tx.clone(),
+        permits: Arc::new(Semaphore::new(limits.max_connections)),
+        next_id: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+        metrics: metrics.clone(),
+        queue: limits.max_unread_per_client,
+        handshake: Duration::from_millis(limits.handshake_ms),
+    };
     if let Some(addr) = entry.client {
         let l = TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding the client address {addr}"))?;
-        let (tx, conns, next_id, m) = (tx.clone(), conns.clone(), next_id.clone(), metrics.clone());
-        let queue = limits.max_unread_per_client;
+        let sessions = sessions.clone();
         tasks.push(tokio::spawn(async move {
             loop {
-                let Ok((s, _)) = l.accept().await else {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                };
-                let _ = s.set_nodelay(true);
-                // Past the limit, a connection is closed at once.
-                let Ok(permit) = conns.clone().try_acquire_owned() else {
-                    continue;
-                };
-                let id = next_id.fetch_add(1, Relaxed);
-                let (tx, m) = (tx.clone(), m.clone());
-                tokio::spawn(async move {
-                    m.connections.fetch_add(1, Relaxed);
-                    session::run(s, id, tx, queue, handshake).await;
-                    m.connections.fetch_sub(1, Relaxed);
-                    drop(permit);
-                });
+                match l.accept().await {
+                    Ok((s, _)) => {
+                        let _ = s.set_nodelay(true);
+                        sessions.serve(s);
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
             }
         }));
     }
@@ -193,25 +187,13 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         }
         let l = tokio::net::UnixListener::bind(path)
             .with_context(|| format!("binding the Unix socket {}", path.display()))?;
-        let (tx, conns, next_id, m) = (tx.clone(), conns.clone(), next_id.clone(), metrics.clone());
-        let queue = limits.max_unread_per_client;
+        let sessions = sessions.clone();
         tasks.push(tokio::spawn(async move {
             loop {
-                let Ok((s, _)) = l.accept().await else {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                };
-                let Ok(permit) = conns.clone().try_acquire_owned() else {
-                    continue;
-                };
-                let id = next_id.fetch_add(1, Relaxed);
-                let (tx, m) = (tx.clone(), m.clone());
-                tokio::spawn(async move {
-                    m.connections.fetch_add(1, Relaxed);
-                    session::run(s, id, tx, queue, handshake).await;
-                    m.connections.fetch_sub(1, Relaxed);
-                    drop(permit);
-                });
+                match l.accept().await {
+                    Ok((s, _)) => sessions.serve(s),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
             }
         }));
     }
@@ -309,6 +291,38 @@ fn bind_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
 
 /// Asked of the kernel for each daemon socket's receive and send buffers.
 const UDP_BUFFER_BYTES: usize = 4 << 20;
+
+/// What accepting a client connection needs, shared by the TCP and Unix listeners.
+#[derive(Clone)]
+struct Sessions {
+    core: mpsc::Sender<ToCore>,
+    permits: Arc<Semaphore>,
+    next_id: Arc<std::sync::atomic::AtomicU64>,
+    metrics: Arc<Metrics>,
+    queue: usize,
+    handshake: Duration,
+}
+
+impl Sessions {
+    /// Runs a new connection's session, or closes it at once past the connection limit.
+    fn serve<S>(&self, s: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+    {
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            return;
+        };
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let (core, m) = (self.core.clone(), self.metrics.clone());
+        let (queue, handshake) = (self.queue, self.handshake);
+        tokio::spawn(async move {
+            m.connections.fetch_add(1, Relaxed);
+            session::run(s, id, core, queue, handshake).await;
+            m.connections.fetch_sub(1, Relaxed);
+            drop(permit);
+        });
+    }
+}
 
 async fn admin_session(s: tokio::net::TcpStream, core: mpsc::Sender<ToCore>) {
     let (r, mut w) = s.into_split();
