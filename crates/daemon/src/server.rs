@@ -292,6 +292,25 @@ fn bind_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
 /// Asked of the kernel for each daemon socket's receive and send buffers.
 const UDP_BUFFER_BYTES: usize = 4 << 20;
 
+/// The membership protocol's packets, at trace level, for following a ring change in the logs
+/// (`RUST_LOG=conclave_daemon=trace`).
+fn trace_membership(me: DaemonId, peer: DaemonId, packet: &[u8]) {
+    if !tracing::enabled!(tracing::Level::TRACE) {
+        return;
+    }
+    match Packet::decode(packet) {
+        Ok(Packet::Join(j)) => tracing::trace!(
+            me, peer, ring_seq = j.ring_seq, procs = ?j.procs, failed = ?j.failed, "join"
+        ),
+        Ok(Packet::Commit(c)) => tracing::trace!(
+            me, peer, ring = ?c.ring, rotation = c.rotation,
+            members = ?c.members.iter().map(|m| m.id).collect::<Vec<_>>(), "commit"
+        ),
+        Ok(Packet::MergeDetect { ring }) => tracing::trace!(me, peer, ?ring, "merge detect"),
+        _ => {}
+    }
+}
+
 /// What accepting a client connection needs, shared by the TCP and Unix listeners.
 #[derive(Clone)]
 struct Sessions {
@@ -482,18 +501,22 @@ impl Core {
             return;
         }
         let now = self.now();
+        let me = self.me;
         let daemon = &mut self.daemon;
         let r = self
             .reassembly
             .entry(peer)
             .or_default()
-            .push_each(d, |packet| match daemon.handle_packet(now, peer, packet) {
-                Ok(()) => {
-                    m.packets_received.fetch_add(1, Relaxed);
-                }
-                Err(e) => {
-                    m.bad_datagrams.fetch_add(1, Relaxed);
-                    tracing::debug!(peer, error = %e, "bad packet");
+            .push_each(d, |packet| {
+                trace_membership(me, peer, packet);
+                match daemon.handle_packet(now, peer, packet) {
+                    Ok(()) => {
+                        m.packets_received.fetch_add(1, Relaxed);
+                    }
+                    Err(e) => {
+                        m.bad_datagrams.fetch_add(1, Relaxed);
+                        tracing::debug!(peer, error = %e, "bad packet");
+                    }
                 }
             });
         if let Err(e) = r {

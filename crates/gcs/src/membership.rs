@@ -144,6 +144,10 @@ enum State {
         failed: BTreeSet<DaemonId>,
         /// The last join each daemon sent: its procs and failed sets.
         heard: BTreeMap<DaemonId, (BTreeSet<DaemonId>, BTreeSet<DaemonId>)>,
+        /// When each daemon's last join arrived.
+        heard_at: BTreeMap<DaemonId, u64>,
+        /// Consensus timeouts in this round so far.
+        timeouts: u32,
         next_join: u64,
         consensus_by: u64,
     },
@@ -310,6 +314,8 @@ impl Membership {
             procs,
             failed: BTreeSet::new(),
             heard: BTreeMap::new(),
+            heard_at: BTreeMap::new(),
+            timeouts: 0,
             next_join: now,
             consensus_by: now + ms(self.cfg.consensus_ms),
         };
@@ -781,11 +787,13 @@ impl Membership {
             procs,
             failed,
             heard,
+            heard_at,
             ..
         } = &mut self.state
         else {
             return;
         };
+        heard_at.insert(from, now);
         let jp: BTreeSet<DaemonId> = j.procs.iter().copied().collect();
         let jf: BTreeSet<DaemonId> = j.failed.iter().copied().collect();
         let mut changed = false;
@@ -859,17 +867,34 @@ impl Membership {
                     procs,
                     failed,
                     heard,
+                    heard_at,
+                    timeouts,
                     next_join,
                     consensus_by,
                 },
                 _,
             ) => {
                 if now >= *consensus_by {
-                    // Give up on those who have not agreed.
+                    // Give up first on those not heard from in the last period: the daemons
+                    // still talking converge on their own, as their sets only grow. Giving up at
+                    // once on every daemon that has not agreed yet made the daemons of one side
+                    // fail each other differently when an unreachable daemon held up everyone's
+                    // consensus, and split the side into rings that never merged (seen with real
+                    // daemons: four daemons re-forming {d1,d3} and {d2,d4} every 400 ms). At the
+                    // second timeout of a round, those that have still not agreed go too.
                     let mine = (procs.clone(), failed.clone());
+                    let period = ms(self.cfg.consensus_ms);
+                    let first = *timeouts == 0;
+                    *timeouts += 1;
                     let silent: Vec<DaemonId> = procs
                         .difference(failed)
-                        .filter(|p| **p != self.me && heard.get(p) != Some(&mine))
+                        .filter(|p| {
+                            let quiet = !matches!(
+                                heard_at.get(*p),
+                                Some(t) if now.saturating_sub(*t) < period
+                            );
+                            **p != self.me && heard.get(*p) != Some(&mine) && (quiet || !first)
+                        })
                         .copied()
                         .collect();
                     failed.extend(silent);
