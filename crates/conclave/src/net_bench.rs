@@ -480,7 +480,10 @@ async fn latency_once(
             while let Ok(ev) = r.receive().await {
                 if let ClientEvent::Message { payload, .. } = ev {
                     let now = epoch.elapsed().as_nanos() as u64;
-                    let t = u64::from_be_bytes(payload[..8].try_into().unwrap_or([0; 8]));
+                    let t = payload
+                        .get(..8)
+                        .and_then(|b| b.try_into().ok())
+                        .map_or(0, u64::from_be_bytes);
                     samples.lock().unwrap().push(now.saturating_sub(t) / 1000);
                     got.fetch_add(1, Relaxed);
                 }

@@ -11,21 +11,11 @@
 //! has its send on disk.
 
 use conclave_gcs::{ClientEvent, GroupViewId};
-use conclave_history::{Event, Record, Service, ViewId};
-use conclave_wire::gcs::{RingId, ServiceType};
+use conclave_history::wire::{client_event, Naming};
+use conclave_history::{Event, Record, ViewId};
+use conclave_wire::gcs::RingId;
 use sha2::{Digest, Sha256};
 use std::io::Write;
-
-pub fn service(s: ServiceType) -> Service {
-    match s {
-        ServiceType::Unreliable => Service::Unreliable,
-        ServiceType::Reliable => Service::Reliable,
-        ServiceType::Fifo => Service::Fifo,
-        ServiceType::Causal => Service::Causal,
-        ServiceType::Agreed => Service::Agreed,
-        ServiceType::Safe => Service::Safe,
-    }
-}
 
 /// Wall-clock microseconds since the Unix epoch.
 pub fn wall_us() -> u64 {
@@ -93,54 +83,17 @@ impl Recorder {
             let d = Sha256::digest(payload);
             format!("{sender}:{}@{group}", hex::encode(&d[..8]))
         };
-        Some(match ev.clone() {
-            ClientEvent::Joined { group, vs } => Event::Join { group, vs },
-            ClientEvent::Left { group } => Event::Leave { group },
-            ClientEvent::Sent {
-                group,
-                service: s,
-                payload,
-                view,
-            } => Event::Send {
-                msg: msg(client, &group, &payload),
-                service: service(s),
-                view: self.group_view(view),
-                payload: hex::encode(&payload),
-                group,
-            },
-            ClientEvent::FlushAcked { group } => Event::FlushAck { group },
-            ClientEvent::View {
-                group,
-                view,
-                members,
-                transitional,
-                ..
-            } => Event::View {
-                group,
-                view: self.group_view(view),
-                members,
-                transitional,
-            },
-            ClientEvent::TransitionalSignal { group } => Event::TransSignal { group },
-            ClientEvent::Message {
-                group,
-                sender,
-                service: s,
-                payload,
-                view,
-                transitional,
-            } => Event::Deliver {
-                msg: msg(&sender, &group, &payload),
-                sender,
-                service: service(s),
-                view: self.group_view(view),
-                transitional,
-                payload: hex::encode(&payload),
-                group,
-            },
-            ClientEvent::FlushRequest { .. } => return None,
-            ClientEvent::Closed { .. } => Event::Crash,
-        })
+        match ev {
+            ClientEvent::Closed { .. } => Some(Event::Crash),
+            ev => {
+                let naming = Naming {
+                    view: &|v| self.group_view(v),
+                    msg: &msg,
+                    payload: &|p: &[u8]| hex::encode(p),
+                };
+                client_event(client, ev.clone(), &naming)
+            }
+        }
     }
 
     /// Puts what was written on disk (before the daemon sends the packets of the same step).

@@ -6,6 +6,7 @@
 
 pub mod check;
 pub mod record;
+pub mod wire;
 
 pub use check::{check, Config, Violation};
 pub use record::{Event, Record, Service, ViewId};

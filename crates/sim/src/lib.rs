@@ -16,7 +16,7 @@ pub use membership::{
 };
 
 use conclave_gcs::{Dest, Ordering, OrderingConfig};
-use conclave_history::{Event, Record, Service, ViewId};
+use conclave_history::{Event, Record, ViewId};
 use conclave_wire::gcs::{Body, DaemonId, Packet, RingId, ServiceType};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -199,17 +199,6 @@ pub(crate) const SERVICES: [ServiceType; 6] = [
     ServiceType::Safe,
 ];
 
-pub(crate) fn service(s: ServiceType) -> Service {
-    match s {
-        ServiceType::Unreliable => Service::Unreliable,
-        ServiceType::Reliable => Service::Reliable,
-        ServiceType::Fifo => Service::Fifo,
-        ServiceType::Causal => Service::Causal,
-        ServiceType::Agreed => Service::Agreed,
-        ServiceType::Safe => Service::Safe,
-    }
-}
-
 fn name(d: DaemonId) -> String {
     format!("d{d}")
 }
@@ -335,7 +324,7 @@ impl Sim {
                         group: "g".into(),
                         msg: msg.clone(),
                         sender: name(d.sender),
-                        service: service(*s),
+                        service: (*s).into(),
                         view,
                         transitional: false,
                         payload: msg,
@@ -497,7 +486,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
                         Event::Send {
                             group: "g".into(),
                             msg: msg.clone(),
-                            service: service(s),
+                            service: s.into(),
                             view,
                             payload: msg,
                         },

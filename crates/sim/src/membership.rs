@@ -10,11 +10,12 @@
 //! all daemons, every group in one view of its connected members, without flapping, and
 //! everything sent in the final views be delivered everywhere.
 
-use crate::{service, Network, SimResult, Stats, SERVICES};
+use crate::{Network, SimResult, Stats, SERVICES};
 use conclave_gcs::{
     ClientCommand, ClientEvent, Daemon, DaemonConfig, Dest, GroupViewId, Phase, RingEvent, Transmit,
 };
-use conclave_history::{Event, Record, ViewId};
+use conclave_history::wire::{client_event, Naming};
+use conclave_history::{Event, Record, Service, ViewId};
 use conclave_wire::gcs::{Body, DaemonId, RingId};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -229,7 +230,7 @@ impl World {
                 payload,
                 ..
             } => Some((
-                service(*s),
+                Service::from(*s),
                 format!("r:{}", String::from_utf8_lossy(payload)),
             )),
             _ => None,
@@ -286,35 +287,12 @@ impl World {
             };
             let inc = self.clients[ci].inc;
             let text = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
+            let naming = Naming {
+                view: &group_view,
+                msg: &|_: &str, group: &str, p: &[u8]| format!("{}@{group}", text(p)),
+                payload: &text,
+            };
             let ev = match ev {
-                ClientEvent::Joined { group, vs } => Event::Join { group, vs },
-                ClientEvent::Left { group } => Event::Leave { group },
-                ClientEvent::Sent {
-                    group,
-                    service: s,
-                    payload,
-                    view,
-                } => Event::Send {
-                    msg: format!("{}@{group}", text(&payload)),
-                    service: service(s),
-                    view: group_view(view),
-                    payload: text(&payload),
-                    group,
-                },
-                ClientEvent::FlushAcked { group } => Event::FlushAck { group },
-                ClientEvent::View {
-                    group,
-                    view,
-                    members,
-                    transitional,
-                    ..
-                } => Event::View {
-                    group,
-                    view: group_view(view),
-                    members,
-                    transitional,
-                },
-                ClientEvent::TransitionalSignal { group } => Event::TransSignal { group },
                 ClientEvent::FlushRequest { group, view } => {
                     acks.push((client.clone(), group, view));
                     continue;
@@ -323,23 +301,13 @@ impl World {
                     self.client_crash(ci);
                     continue;
                 }
-                ClientEvent::Message {
-                    group,
-                    sender,
-                    service: s,
-                    payload,
-                    view,
-                    transitional,
-                } => {
-                    self.delivered += 1;
-                    Event::Deliver {
-                        msg: format!("{}@{group}", text(&payload)),
-                        group,
-                        sender,
-                        service: service(s),
-                        view: group_view(view),
-                        transitional,
-                        payload: text(&payload),
+                ev => {
+                    if matches!(ev, ClientEvent::Message { .. }) {
+                        self.delivered += 1;
+                    }
+                    match client_event(&client, ev, &naming) {
+                        Some(ev) => ev,
+                        None => continue,
                     }
                 }
             };

@@ -1,0 +1,82 @@
+//! A client's events, as a daemon reports them (`conclave_wire::client::ClientEvent`), turned
+//! into history events. The simulator and the daemons' recorder both use it; they differ only in
+//! how they name messages, views and payloads, which they pass in.
+
+use crate::{Event, Service, ViewId};
+use conclave_wire::client::{ClientEvent, GroupViewId};
+use conclave_wire::gcs::ServiceType;
+
+impl From<ServiceType> for Service {
+    fn from(s: ServiceType) -> Service {
+        match s {
+            ServiceType::Unreliable => Service::Unreliable,
+            ServiceType::Reliable => Service::Reliable,
+            ServiceType::Fifo => Service::Fifo,
+            ServiceType::Causal => Service::Causal,
+            ServiceType::Agreed => Service::Agreed,
+            ServiceType::Safe => Service::Safe,
+        }
+    }
+}
+
+/// How a recorder names what it records.
+pub struct Naming<'a> {
+    /// A group view's id.
+    pub view: &'a dyn Fn(GroupViewId) -> ViewId,
+    /// A message's id, from its sender, group and payload.
+    pub msg: &'a dyn Fn(&str, &str, &[u8]) -> String,
+    /// A payload as text.
+    pub payload: &'a dyn Fn(&[u8]) -> String,
+}
+
+/// The history event for an event of `client`; `None` for a flush request and a closed
+/// session, which each recorder handles its own way.
+pub fn client_event(client: &str, ev: ClientEvent, n: &Naming) -> Option<Event> {
+    Some(match ev {
+        ClientEvent::Joined { group, vs } => Event::Join { group, vs },
+        ClientEvent::Left { group } => Event::Leave { group },
+        ClientEvent::Sent {
+            group,
+            service,
+            payload,
+            view,
+        } => Event::Send {
+            msg: (n.msg)(client, &group, &payload),
+            service: service.into(),
+            view: (n.view)(view),
+            payload: (n.payload)(&payload),
+            group,
+        },
+        ClientEvent::FlushAcked { group } => Event::FlushAck { group },
+        ClientEvent::View {
+            group,
+            view,
+            members,
+            transitional,
+            ..
+        } => Event::View {
+            group,
+            view: (n.view)(view),
+            members,
+            transitional,
+        },
+        ClientEvent::TransitionalSignal { group } => Event::TransSignal { group },
+        ClientEvent::Message {
+            group,
+            sender,
+            service,
+            payload,
+            view,
+            transitional,
+        } => Event::Deliver {
+            msg: (n.msg)(&sender, &group, &payload),
+            sender,
+            service: service.into(),
+            view: (n.view)(view),
+            transitional,
+            payload: (n.payload)(&payload),
+            group,
+        },
+        ClientEvent::FlushRequest { .. } | ClientEvent::Closed { .. } => return None,
+    })
+}
