@@ -64,6 +64,9 @@ pub struct Status {
     /// Client groups and connections are accepted.
     pub ready: bool,
     pub clients: usize,
+    /// Client groups with members or changes on their way.
+    #[serde(default)]
+    pub groups: usize,
     pub connections: usize,
     pub faults: bool,
     /// The ring's progress: highest sequence number seen, all received up to, delivered up to,

@@ -85,6 +85,8 @@ pub struct Limits {
     pub max_groups_per_client: usize,
     /// Commands of one client waiting for a view change.
     pub max_held_per_client: usize,
+    /// Joins and leaves of one client on their way into a view.
+    pub max_changes_per_client: usize,
     /// Events queued for one client; a client that lets more pile up (it does not read) is
     /// disconnected.
     pub max_unread_per_client: usize,
@@ -109,6 +111,7 @@ impl Default for Limits {
             max_clients: d.max_clients,
             max_groups_per_client: d.max_groups_per_client,
             max_held_per_client: d.max_held_per_client,
+            max_changes_per_client: d.max_changes_per_client,
             max_unread_per_client: 10_000,
             max_queued: o.max_queued,
             max_per_visit: 60,
@@ -267,6 +270,7 @@ impl Config {
             l.max_clients,
             l.max_groups_per_client,
             l.max_held_per_client,
+            l.max_changes_per_client,
             l.max_unread_per_client,
             l.max_queued,
         ]
@@ -362,6 +366,7 @@ impl Config {
         c.max_clients = l.max_clients;
         c.max_groups_per_client = l.max_groups_per_client;
         c.max_held_per_client = l.max_held_per_client;
+        c.max_changes_per_client = l.max_changes_per_client;
         c.flush_timeout_ms = t.flush;
         c
     }

@@ -44,6 +44,7 @@ metrics! {
     connections: "gauge", "Client connections open.";
     clients: "gauge", "Clients connected under a name.";
     unread_bytes: "gauge", "Bytes queued for clients and not yet written to them.";
+    groups: "gauge", "Client groups this daemon keeps state for.";
     closed_slow_clients: "counter", "Clients disconnected for not reading their events.";
 }
 

@@ -58,7 +58,7 @@ impl Recorder {
 
     fn group_view(&self, v: GroupViewId) -> ViewId {
         ViewId(
-            (v.ring.seq << 20) | v.index as u64,
+            conclave_history::wire::group_view_number(v),
             format!("{}.{}", self.daemon(v.ring.rep), v.ring.inc),
         )
     }

@@ -262,6 +262,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         last_stamp: 0,
         last_ring: None,
         stopping: false,
+        gauges_at: Instant::now(),
         cfg,
     };
     tracing::info!(daemon = name, incarnation = inc, "started");
@@ -427,6 +428,8 @@ struct Core {
     last_stamp: u32,
     last_ring: Option<RingId>,
     stopping: bool,
+    /// When the gauges that are sums over sessions and groups were last refreshed.
+    gauges_at: Instant,
 }
 
 impl Core {
@@ -773,6 +776,7 @@ impl Core {
             members: ring.ring_members().into_iter().map(name).collect(),
             ready: self.daemon.ready(),
             clients: self.by_name.len(),
+            groups: self.daemon.group_count(),
             connections: self.sessions.len(),
             faults: self.faults.active(),
             progress: ring.progress(),
@@ -780,7 +784,20 @@ impl Core {
     }
 
     /// The core's outputs after an input: client events (recorded, then queued), then packets.
+    /// Gauges that are sums over every session or group: refreshed at most ten times a second.
+    fn refresh_gauges(&mut self) {
+        if self.gauges_at.elapsed() < Duration::from_millis(100) {
+            return;
+        }
+        self.gauges_at = Instant::now();
+        let unread: usize = self.sessions.values().map(|s| s.unread.load(Relaxed)).sum();
+        self.metrics.unread_bytes.store(unread as u64, Relaxed);
+        let groups = self.daemon.group_count() as u64;
+        self.metrics.groups.store(groups, Relaxed);
+    }
+
     async fn drain(&mut self) {
+        self.refresh_gauges();
         while let Some(ev) = self.daemon.poll_ring_event() {
             let Some(r) = self.recorder.as_mut() else {
                 break;

@@ -22,14 +22,17 @@
 //! old ring's transitional part are left to the state exchange.
 //!
 //! View ids are the ring and a per-ring counter of the group's views; members are in name order.
+//! A group with no members and nothing queued is forgotten; created again on the same ring, it
+//! counts on from past every forgotten group's views, so no view id is used twice.
 //!
 //! A message may go to several groups: it is sent in the client's view of each, and carries each
 //! group's view number.
 //!
-//! Departures, for now: every service type is delivered in the ring's total order (unreliable,
-//! reliable, FIFO and causal messages are not delivered ahead of it), and safe messages once
-//! stable; flush requests go to VS members before changes within a configuration, not before a
-//! configuration change (which nobody can delay: the transitional part stands in for it).
+//! Departures: every service type is delivered in the ring's total order (unreliable, reliable,
+//! FIFO and causal messages are not delivered ahead of it, docs/gcs.md says why), and safe
+//! messages once stable; flush requests go to VS members before changes within a
+//! configuration, not before a configuration change (which nobody can delay: the transitional
+//! part stands in for it).
 
 use crate::membership::{Membership, MembershipConfig, RingEvent};
 use crate::ordering::Transmit;
@@ -52,6 +55,11 @@ pub struct DaemonConfig {
     pub max_groups_per_client: usize,
     /// Most commands of one client waiting for a view change to end.
     pub max_held_per_client: usize,
+    /// Most joins and leaves of one client on their way into a view. A client that joins and
+    /// leaves in a loop while a flush waits would otherwise grow its group's queue of changes
+    /// for as long as the flush lasts; past this, its commands wait in its own queue (bounded by
+    /// `max_held_per_client`).
+    pub max_changes_per_client: usize,
     /// Keep a copy of the ring layer's events for [`Daemon::poll_ring_event`] (to record the
     /// daemons' own history).
     pub record_ring: bool,
@@ -67,6 +75,7 @@ impl Default for DaemonConfig {
             max_clients: 1_000,
             max_groups_per_client: 16,
             max_held_per_client: 1_000,
+            max_changes_per_client: 32,
             record_ring: false,
             flush_timeout_ms: 2_000,
         }
@@ -133,8 +142,8 @@ struct Group {
     view: Option<GroupViewId>,
     /// The current view's members, in name order.
     members: Vec<Member>,
-    /// Views of this group installed on the current ring.
-    count: u32,
+    /// The number of this group's next view on the current ring.
+    count: u64,
     pending: VecDeque<Change>,
     flush: Option<Flush>,
 }
@@ -151,6 +160,8 @@ struct Client {
     /// to a group that is changing view).
     held: BTreeMap<String, VecDeque<ClientCommand>>,
     held_count: usize,
+    /// Joins and leaves sent on the ring and not yet applied (or dropped) by the groups.
+    changes: usize,
 }
 
 /// One daemon: the ring ([`Membership`]) and the client groups on it.
@@ -167,6 +178,10 @@ pub struct Daemon {
     /// or none for a client gone from every group).
     sync_backlog: Option<Vec<(Option<String>, Change)>>,
     groups: BTreeMap<String, Group>,
+    /// A group is forgotten once it has no members and nothing queued; one created again on
+    /// the same ring numbers its views from here, past every view a forgotten group had, so a
+    /// view id is never used twice.
+    first_count: u64,
     clients: BTreeMap<String, Client>,
     events: VecDeque<(String, ClientEvent)>,
     ring_log: VecDeque<RingEvent>,
@@ -198,6 +213,7 @@ impl Daemon {
             syncing: None,
             sync_backlog: None,
             groups: BTreeMap::new(),
+            first_count: 0,
             clients: BTreeMap::new(),
             events: VecDeque::new(),
             ring_log: VecDeque::new(),
@@ -208,6 +224,12 @@ impl Daemon {
     /// The daemon ring layer (for its state: ring, members, operational).
     pub fn membership(&self) -> &Membership {
         &self.ring
+    }
+
+    /// Groups this daemon keeps state for (a group with no members and nothing queued is
+    /// forgotten).
+    pub fn group_count(&self) -> usize {
+        self.groups.len()
     }
 
     /// Whether client commands are being accepted: the ring is operational and the group
@@ -234,6 +256,7 @@ impl Daemon {
                 views: BTreeMap::new(),
                 held: BTreeMap::new(),
                 held_count: 0,
+                changes: 0,
             },
         );
         Ok(())
@@ -545,6 +568,11 @@ impl Daemon {
                     g.flush = None;
                     g.pending.clear();
                 }
+                // Every change a client sent went on the ring that ended: applied, or left to
+                // the state exchange.
+                for c in self.clients.values_mut() {
+                    c.changes = 0;
+                }
                 let mut members = Vec::new();
                 for (name, cl) in &self.clients {
                     for (g, vs) in &cl.groups {
@@ -672,7 +700,7 @@ impl Daemon {
             Body::Flushed { .. } if self.syncing.is_some() => {}
             Body::Flushed { group, view } => {
                 if let Some(g) = self.groups.get_mut(&group) {
-                    let index = g.view.map(|v| v.index as u64);
+                    let index = g.view.map(|v| v.index);
                     if let Some(f) = g.flush.as_mut() {
                         if index == Some(view) && f.need.contains(&sender) {
                             f.got.insert(sender);
@@ -719,11 +747,16 @@ impl Daemon {
         // Only groups that exist (a join creates one); a bounded number per client is enforced
         // where clients join.
         if !self.groups.contains_key(group) && !matches!(change, Change::Join(_)) {
+            self.consumed(&change);
             return;
         }
+        let count = self.first_count;
         self.groups
             .entry(group.to_owned())
-            .or_default()
+            .or_insert_with(|| Group {
+                count,
+                ..Group::default()
+            })
             .pending
             .push_back(change);
         if self.syncing.is_none() {
@@ -743,9 +776,14 @@ impl Daemon {
             };
             if g.flush.is_none() {
                 let Some(change) = g.pending.pop_front() else {
+                    if g.members.is_empty() {
+                        self.first_count = self.first_count.max(g.count);
+                        self.groups.remove(group);
+                    }
                     return;
                 };
                 if !changes_anything(&g.members, &change) {
+                    self.consumed(&change);
                     continue;
                 }
                 let need: BTreeSet<DaemonId> = g.members.iter().map(|m| m.daemon).collect();
@@ -783,7 +821,7 @@ impl Daemon {
                 }
             }
             let g = self.groups.get_mut(group).expect("present");
-            let index = g.view.map_or(0, |v| v.index as u64);
+            let index = g.view.map_or(0, |v| v.index);
             let f = g.flush.as_mut().expect("flushing");
             if f.need.contains(&me) && !f.marker_sent && f.awaiting.is_empty() {
                 f.marker_sent = true;
@@ -817,8 +855,23 @@ impl Daemon {
         id
     }
 
+    /// A join or leave has been applied to a view, or dropped: its client may send another.
+    fn consumed(&mut self, change: &Change) {
+        let client = match change {
+            Change::Join(m) if m.daemon == self.me => &m.name,
+            Change::Leave(n, d) if *d == self.me => n,
+            _ => return,
+        };
+        if let Some(c) = self.clients.get_mut(client) {
+            c.changes = c.changes.saturating_sub(1);
+        }
+    }
+
     /// Installs the view that `changes` make of the current one (the reason is the first's).
     fn install_changes(&mut self, group: &str, changes: Vec<Change>) {
+        for c in &changes {
+            self.consumed(c);
+        }
         let g = self.groups.get_mut(group).expect("present");
         let old: Vec<String> = g.members.iter().map(|m| m.name.clone()).collect();
         let mut joiners = Vec::new();
@@ -868,12 +921,13 @@ impl Daemon {
             return;
         };
         let backlog = self.sync_backlog.take().unwrap_or_default();
+        self.first_count = 0;
         for g in self.groups.values_mut() {
             g.flush = None;
             g.pending.clear();
         }
         let (_, _, came_with) = self.config.clone().expect("a configuration");
-        type Prev = Option<(RingId, u32)>;
+        type Prev = Option<(RingId, u64)>;
         let mut next: BTreeMap<String, Vec<(Member, Prev)>> = BTreeMap::new();
         for (daemon, entries) in states {
             for e in entries {
@@ -951,16 +1005,17 @@ impl Daemon {
                 let Some(head) = q.front().cloned() else {
                     break;
                 };
-                // A message to several groups may wait for another group's view; a flush
-                // acknowledgement behind it does not wait (that group's flush may be what the
-                // other group waits for), and the message then goes in the next view.
+                // A message to several groups may wait for another group's view, and a join or
+                // leave for the client's earlier ones to be applied; a flush acknowledgement
+                // behind them does not wait (that group's flush may be what they wait for), and
+                // they then go in the next view.
                 let ack_behind = match &head {
-                    ClientCommand::Multicast { groups, .. } if groups.len() > 1 => q
+                    ClientCommand::Multicast { groups, .. } if groups.len() == 1 => None,
+                    _ => q
                         .iter()
                         .enumerate()
                         .find(|(_, c)| matches!(c, ClientCommand::FlushAck { .. }))
                         .map(|(i, c)| (i, c.clone())),
-                    _ => None,
                 };
                 let at = if self.try_accept(&name, head) {
                     0
@@ -989,6 +1044,14 @@ impl Daemon {
 
     /// Accepts one command if it can go now.
     fn try_accept(&mut self, client: &str, cmd: ClientCommand) -> bool {
+        if matches!(cmd, ClientCommand::Join { .. } | ClientCommand::Leave { .. }) {
+            let Some(c) = self.clients.get_mut(client) else {
+                return false;
+            };
+            if c.changes >= self.cfg.max_changes_per_client {
+                return false;
+            }
+        }
         match cmd {
             ClientCommand::Join { group, vs } => {
                 let body = Body::GroupJoin {
@@ -1001,6 +1064,7 @@ impl Daemon {
                 }
                 if let Some(c) = self.clients.get_mut(client) {
                     c.groups.insert(group.clone(), vs);
+                    c.changes += 1;
                 }
                 self.emit(client, ClientEvent::Joined { group, vs });
                 true
@@ -1016,6 +1080,7 @@ impl Daemon {
                 if let Some(c) = self.clients.get_mut(client) {
                     c.groups.remove(&group);
                     c.views.remove(&group);
+                    c.changes += 1;
                 }
                 if let Some(f) = self.groups.get_mut(&group).and_then(|g| g.flush.as_mut()) {
                     f.awaiting.remove(client);

@@ -318,6 +318,12 @@ impl Ordering {
     /// Adds a message of this ring that another member retransmitted during recovery; nothing
     /// is delivered (the ring has ended: [`Ordering::finish`] delivers).
     pub fn insert_recovered(&mut self, seq: u64, sender: DaemonId, body: Body) {
+        // Only this ring's members sent on it; anything else is hostile, and would let the
+        // unsequenced store grow with every sender id.
+        if !self.members.contains(&sender) {
+            self.refused += 1;
+            return;
+        }
         if seq & UNSEQUENCED != 0 {
             // No member accepts more than its queue holds while a ring is installed.
             let k = seq & !UNSEQUENCED;

@@ -138,3 +138,28 @@ fn impossible_tokens_and_far_messages_are_refused() {
     assert_eq!(n.buffered(), 0);
     assert!(n.poll_transmit().is_none());
 }
+
+#[test]
+fn recovered_messages_from_outsiders_or_past_the_limits_are_refused() {
+    use conclave_gcs::ordering::UNSEQUENCED;
+    let mut n = Ordering::new(OrderingConfig::default(), 2, ring(), vec![1, 2, 3]);
+    let max_queued = OrderingConfig::default().max_queued as u64;
+    // Not a member of the ring: neither sequenced nor unsequenced messages are kept, whatever
+    // sender id a hostile peer makes up.
+    for sender in [0, 4, 9, u32::MAX] {
+        n.insert_recovered(1, sender, msg(ServiceType::Agreed, 0));
+        n.insert_recovered(UNSEQUENCED, sender, msg(ServiceType::Agreed, 0));
+    }
+    assert_eq!(n.refused(), 8);
+    // A member, but past what a ring could have sent or a member could have queued.
+    n.insert_recovered(u64::MAX >> 2, 1, msg(ServiceType::Agreed, 0));
+    n.insert_recovered(UNSEQUENCED | (2 * max_queued), 1, msg(ServiceType::Agreed, 0));
+    assert_eq!(n.refused(), 10);
+    assert_eq!(n.buffered(), 0);
+    // What a member legitimately retransmits is kept and delivered when the ring finishes.
+    n.insert_recovered(1, 1, msg(ServiceType::Agreed, 1));
+    n.insert_recovered(UNSEQUENCED, 3, msg(ServiceType::Agreed, 2));
+    assert_eq!(n.refused(), 10);
+    let finished = n.finish(0);
+    assert_eq!(finished.len(), 2, "{finished:?}");
+}

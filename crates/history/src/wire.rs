@@ -19,6 +19,13 @@ impl From<ServiceType> for Service {
     }
 }
 
+/// A group view's number in the history: the ring's sequence number, then the view's number on
+/// that ring, so that one process's views of a group are numbered in the order it installs them.
+/// (Exact up to 2^32 views of one group on one ring and rings numbered below 2^32.)
+pub fn group_view_number(v: GroupViewId) -> u64 {
+    (v.ring.seq << 32) | v.index.min(u32::MAX as u64)
+}
+
 /// How a recorder names what it records.
 pub struct Naming<'a> {
     /// A group view's id.

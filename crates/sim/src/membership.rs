@@ -180,7 +180,7 @@ fn ring_view(ring: RingId) -> ViewId {
 /// A group view in the history: the ring's number, then the group's count on that ring.
 fn group_view(v: GroupViewId) -> ViewId {
     ViewId(
-        (v.ring.seq << 20) | v.index as u64,
+        conclave_history::wire::group_view_number(v),
         format!("{}.{}", name(v.ring.rep), v.ring.inc),
     )
 }

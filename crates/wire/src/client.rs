@@ -14,7 +14,7 @@ use crate::gcs::{
 };
 
 /// The client protocol version this build speaks.
-pub const CLIENT_VERSION: u8 = 1;
+pub const CLIENT_VERSION: u8 = 2;
 /// Most members a view lists.
 pub const MAX_VIEW_MEMBERS: usize = 16_384;
 /// Longest refusal text, in bytes.
@@ -26,7 +26,7 @@ pub const MAX_FRAME_BYTES: usize = MAX_PAYLOAD_BYTES + 2 * MAX_VIEW_MEMBERS * (M
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct GroupViewId {
     pub ring: RingId,
-    pub index: u32,
+    pub index: u64,
 }
 
 /// Why a group view changed.
@@ -145,13 +145,13 @@ pub enum Reply {
 
 fn write_view(w: &mut Writer, v: &GroupViewId) {
     write_ring(w, &v.ring);
-    w.u32(v.index);
+    w.u64(v.index);
 }
 
 fn read_view(r: &mut Reader<'_>) -> Result<GroupViewId, DecodeError> {
     Ok(GroupViewId {
         ring: read_ring(r)?,
-        index: r.u32("view index")?,
+        index: r.u64("view index")?,
     })
 }
 
@@ -528,7 +528,7 @@ mod tests {
         (0u8..6).prop_map(|v| ServiceType::from_u8(v).unwrap())
     }
     fn view() -> impl Strategy<Value = GroupViewId> {
-        (any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
+        (any::<u64>(), any::<u32>(), any::<u32>(), any::<u64>()).prop_map(
             |(seq, rep, inc, index)| GroupViewId {
                 ring: RingId { seq, rep, inc },
                 index,

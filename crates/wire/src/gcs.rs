@@ -6,7 +6,7 @@
 use crate::codec::{DecodeError, Reader, Writer};
 
 /// The packet format version this build speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Most daemons in one ring (and in a join's sets).
 pub const MAX_RING_MEMBERS: usize = 256;
 /// Most sequence numbers a token asks to have retransmitted.
@@ -90,7 +90,7 @@ pub enum Body {
         client: String,
         /// Each group, with the number (on this ring) of the group's view the message was sent
         /// in.
-        groups: Vec<(String, u32)>,
+        groups: Vec<(String, u64)>,
         service: ServiceType,
         payload: Vec<u8>,
     },
@@ -133,7 +133,7 @@ pub struct StateEntry {
     /// The client asked for virtual synchrony.
     pub vs: bool,
     /// The group view the client last installed (its ring and number on that ring), if any.
-    pub view: Option<(RingId, u32)>,
+    pub view: Option<(RingId, u64)>,
 }
 
 /// A message on the ring.
@@ -237,7 +237,7 @@ impl Body {
                 w.count(groups.len(), MAX_GROUPS_PER_MESSAGE);
                 for (g, view) in groups {
                     w.name(g, MAX_NAME_BYTES);
-                    w.u32(*view);
+                    w.u64(*view);
                 }
                 w.u8(*service as u8);
                 w.bytes(payload, MAX_PAYLOAD_BYTES);
@@ -275,7 +275,7 @@ impl Body {
                         Some((ring, index)) => {
                             w.u8(1);
                             write_ring(w, ring);
-                            w.u32(*index);
+                            w.u64(*index);
                         }
                     }
                 }
@@ -293,7 +293,7 @@ impl Body {
                 }
                 let mut groups = Vec::with_capacity(n.min(r.remaining() / 2));
                 for _ in 0..n {
-                    groups.push((r.name("group", MAX_NAME_BYTES)?, r.u32("view")?));
+                    groups.push((r.name("group", MAX_NAME_BYTES)?, r.u64("view")?));
                 }
                 let service = ServiceType::from_u8(r.u8("service type")?)?;
                 let payload = r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec();
@@ -330,7 +330,7 @@ impl Body {
                     let vs = read_bool(r, "vs")?;
                     let view = match r.u8("state view")? {
                         0 => None,
-                        1 => Some((read_ring(r)?, r.u32("view index")?)),
+                        1 => Some((read_ring(r)?, r.u64("view index")?)),
                         tag => {
                             return Err(DecodeError::BadTag {
                                 what: "state view",
@@ -553,7 +553,7 @@ mod tests {
         prop_oneof![
             (
                 name(),
-                prop::collection::vec((name(), any::<u32>()), 1..4),
+                prop::collection::vec((name(), any::<u64>()), 1..4),
                 service(),
                 prop::collection::vec(any::<u8>(), 0..64)
             )
@@ -577,7 +577,7 @@ mod tests {
                     name(),
                     name(),
                     any::<bool>(),
-                    prop::option::of((ring(), any::<u32>()))
+                    prop::option::of((ring(), any::<u64>()))
                 ),
                 0..5
             )

@@ -1,0 +1,261 @@
+//! The client-group daemon over a perfect network of two daemons, driven by hand: the limits on
+//! what one client can make the daemons keep.
+
+use conclave_gcs::{ClientCommand, ClientEvent, Daemon, DaemonConfig, Dest, GroupViewId};
+use conclave_wire::gcs::ServiceType;
+
+struct Net {
+    nodes: Vec<Daemon>,
+    now: u64,
+    events: Vec<(usize, String, ClientEvent)>,
+}
+
+impl Net {
+    fn new(n: usize, cfg: DaemonConfig) -> Net {
+        let nodes = (1..=n as u32)
+            .map(|id| Daemon::new(cfg.clone(), id, 0, 0))
+            .collect();
+        let mut net = Net {
+            nodes,
+            now: 0,
+            events: Vec::new(),
+        };
+        net.run_until(|net| net.nodes.iter().all(|d| d.ready()));
+        net
+    }
+
+    /// Delivers every packet at once, until `done` holds.
+    fn run_until(&mut self, done: impl Fn(&Net) -> bool) {
+        for _ in 0..100_000 {
+            if done(self) {
+                return;
+            }
+            let mut moved = false;
+            for i in 0..self.nodes.len() {
+                while let Some(t) = self.nodes[i].poll_transmit() {
+                    moved = true;
+                    let bytes = t.packet.encode();
+                    let to: Vec<usize> = match t.to {
+                        Dest::One(d) => vec![d as usize - 1],
+                        Dest::AllOthers => (0..self.nodes.len()).filter(|j| *j != i).collect(),
+                    };
+                    for j in to {
+                        self.nodes[j]
+                            .handle_packet(self.now, i as u32 + 1, &bytes)
+                            .expect("a well-formed packet");
+                    }
+                }
+                while let Some((c, ev)) = self.nodes[i].poll_event() {
+                    self.events.push((i, c, ev));
+                }
+            }
+            // A hop takes 10 us; with nothing in flight, time jumps to the next timeout.
+            let next = self.nodes.iter().filter_map(|d| d.poll_timeout()).min();
+            self.now = if moved {
+                self.now + 10
+            } else {
+                next.unwrap_or(self.now).max(self.now + 1)
+            };
+            for d in &mut self.nodes {
+                if d.poll_timeout().is_some_and(|t| t <= self.now) {
+                    d.handle_timeout(self.now);
+                }
+            }
+        }
+        let tail: Vec<_> = self.events.iter().rev().take(12).collect();
+        panic!("the network never got there; last events: {tail:#?}");
+    }
+
+    fn client(&mut self, d: usize, name: &str, cmd: ClientCommand) {
+        self.nodes[d]
+            .handle_client(self.now, name, cmd)
+            .expect("accepted");
+    }
+
+    fn views_of(&self, name: &str, group: &str) -> Vec<(GroupViewId, Vec<String>)> {
+        self.events
+            .iter()
+            .filter_map(|(_, c, ev)| match ev {
+                ClientEvent::View {
+                    group: g,
+                    view,
+                    members,
+                    ..
+                } if c == name && g == group => Some((*view, members.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn count(&self, name: &str, what: fn(&ClientEvent) -> bool) -> usize {
+        self.events
+            .iter()
+            .filter(|(_, c, ev)| c == name && what(ev))
+            .count()
+    }
+}
+
+fn join(group: &str, vs: bool) -> ClientCommand {
+    ClientCommand::Join {
+        group: group.into(),
+        vs,
+    }
+}
+
+fn leave(group: &str) -> ClientCommand {
+    ClientCommand::Leave {
+        group: group.into(),
+    }
+}
+
+#[test]
+fn a_client_joining_and_leaving_in_a_loop_cannot_grow_the_queue_of_changes() {
+    let cfg = DaemonConfig {
+        max_changes_per_client: 2,
+        ..DaemonConfig::default()
+    };
+    let mut net = Net::new(2, cfg);
+    // A VS member on d2 that does not acknowledge flushes yet: every change waits.
+    net.nodes[1].connect("slow").unwrap();
+    net.client(1, "slow", join("g", true));
+    net.run_until(|n| n.views_of("slow", "g").len() == 1);
+    net.nodes[0].connect("loop").unwrap();
+    for _ in 0..20 {
+        net.client(0, "loop", join("g", false));
+        net.client(0, "loop", leave("g"));
+    }
+    let flush_asked = |n: &Net| {
+        n.count("slow", |e| matches!(e, ClientEvent::FlushRequest { .. })) == 1
+    };
+    net.run_until(flush_asked);
+    // Let everything in flight arrive; the flush still waits for "slow".
+    let settle = net.now + 50_000;
+    net.run_until(|n| n.now >= settle);
+    let accepted = |e: &ClientEvent| matches!(e, ClientEvent::Joined { .. } | ClientEvent::Left { .. });
+    assert_eq!(
+        net.count("loop", accepted),
+        2,
+        "past the limit, the client's joins and leaves wait in its own queue"
+    );
+    // The acknowledgement lets the changes in; the client's queue drains a batch per flush.
+    let mut acked = 0;
+    while net.count("loop", accepted) < 40 {
+        let requests: Vec<GroupViewId> = net
+            .events
+            .iter()
+            .filter_map(|(_, c, e)| match e {
+                ClientEvent::FlushRequest { view, .. } if c == "slow" => Some(*view),
+                _ => None,
+            })
+            .collect();
+        for view in requests.into_iter().skip(acked) {
+            net.client(
+                1,
+                "slow",
+                ClientCommand::FlushAck {
+                    group: "g".into(),
+                    view,
+                },
+            );
+            acked += 1;
+        }
+        let before = net.count("loop", accepted);
+        let seen = net.events.len();
+        net.run_until(|n| n.events.len() > seen || n.count("loop", accepted) > before);
+    }
+    let last = net.views_of("slow", "g").last().cloned().unwrap();
+    let settle = net.now + 50_000;
+    let mut all_acked = acked;
+    loop {
+        let requests: Vec<GroupViewId> = net
+            .events
+            .iter()
+            .filter_map(|(_, c, e)| match e {
+                ClientEvent::FlushRequest { view, .. } if c == "slow" => Some(*view),
+                _ => None,
+            })
+            .collect();
+        for view in requests.into_iter().skip(all_acked) {
+            net.client(
+                1,
+                "slow",
+                ClientCommand::FlushAck {
+                    group: "g".into(),
+                    view,
+                },
+            );
+            all_acked += 1;
+        }
+        let seen = net.events.len();
+        let deadline = net.now + 50_000;
+        net.run_until(|n| n.events.len() > seen || n.now >= deadline);
+        if net.now >= settle && net.events.len() == seen {
+            break;
+        }
+    }
+    let (view, members) = net.views_of("slow", "g").last().cloned().unwrap();
+    assert!(view.index >= last.0.index);
+    assert_eq!(members, vec!["slow".to_string()], "the loop ended with a leave");
+    // No VS member was closed for a late acknowledgement.
+    assert_eq!(net.count("slow", |e| matches!(e, ClientEvent::Closed { .. })), 0);
+}
+
+#[test]
+fn empty_groups_are_forgotten_and_view_ids_are_never_reused() {
+    let mut net = Net::new(2, DaemonConfig::default());
+    net.nodes[0].connect("a").unwrap();
+    net.nodes[1].connect("b").unwrap();
+    for round in 0..3 {
+        for i in 0..20 {
+            let g = format!("g{i}");
+            net.client(0, "a", join(&g, false));
+            net.client(1, "b", join(&g, round == 1));
+            net.run_until(|n| {
+                n.views_of("a", &g).last().is_some_and(|v| v.1.len() == 2)
+                    && n.views_of("b", &g).last().is_some_and(|v| v.1.len() == 2)
+            });
+            net.client(0, "a", leave(&g));
+            net.client(1, "b", leave(&g));
+        }
+        let left = |n: &Net| {
+            n.count("a", |e| matches!(e, ClientEvent::Left { .. })) == 20 * (round + 1)
+                && n.count("b", |e| matches!(e, ClientEvent::Left { .. })) == 20 * (round + 1)
+                && n.nodes.iter().all(|d| d.group_count() == 0)
+        };
+        net.run_until(left);
+        for d in &net.nodes {
+            assert_eq!(d.group_count(), 0, "nobody is in any group");
+        }
+    }
+    // One ring throughout; every view of a group, seen by anyone, has its own id, and a member's
+    // ids of one group increase.
+    for g in (0..20).map(|i| format!("g{i}")) {
+        let mut all: Vec<(GroupViewId, Vec<String>)> = Vec::new();
+        for c in ["a", "b"] {
+            let views = net.views_of(c, &g);
+            assert!(views.windows(2).all(|w| w[0].0.index < w[1].0.index));
+            all.extend(views);
+        }
+        for (id, members) in &all {
+            for (id2, members2) in &all {
+                if id == id2 {
+                    assert_eq!(members, members2, "view {id:?} of {g} with two member lists");
+                }
+            }
+        }
+    }
+    // The message path still works on a group created again.
+    let before = net.views_of("a", "g0").len();
+    net.client(0, "a", join("g0", false));
+    net.run_until(|n| n.views_of("a", "g0").len() > before);
+    net.client(
+        0,
+        "a",
+        ClientCommand::Multicast {
+            service: ServiceType::Agreed,
+            groups: vec!["g0".into()],
+            payload: b"hi".to_vec(),
+        },
+    );
+    net.run_until(|n| n.count("a", |e| matches!(e, ClientEvent::Message { .. })) == 1);
+}
