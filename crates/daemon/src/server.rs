@@ -460,7 +460,17 @@ impl Core {
                     }
                 }
                 m = rx.recv() => match m {
-                    Some(m) => self.message(m),
+                    Some(m) => {
+                        self.message(m);
+                        // Every request already waiting is handled before the core's outputs
+                        // are drained: one pass over them (and one write per client) for many.
+                        for _ in 0..256 {
+                            match rx.try_recv() {
+                                Ok(m) => self.message(m),
+                                Err(_) => break,
+                            }
+                        }
+                    }
                     None => break,
                 },
                 _ = tokio::time::sleep_until(wake) => self.timers(),

@@ -1001,8 +1001,11 @@ impl Daemon {
             .flat_map(|(n, c)| c.held.keys().map(move |g| (n.clone(), g.clone())))
             .collect();
         for (name, group) in queues {
-            while let Some(q) = self.clients.get(&name).and_then(|c| c.held.get(&group)) {
-                let Some(head) = q.front().cloned() else {
+            loop {
+                let Some(q) = self.held_mut(&name, &group) else {
+                    break;
+                };
+                let Some(head) = q.pop_front() else {
                     break;
                 };
                 // A message to several groups may wait for another group's view, and a join or
@@ -1013,28 +1016,33 @@ impl Daemon {
                     ClientCommand::Multicast { groups, .. } if groups.len() == 1 => None,
                     _ => q
                         .iter()
-                        .enumerate()
-                        .find(|(_, c)| matches!(c, ClientCommand::FlushAck { .. }))
-                        .map(|(i, c)| (i, c.clone())),
+                        .position(|c| matches!(c, ClientCommand::FlushAck { .. })),
                 };
-                let at = if self.try_accept(&name, head) {
-                    0
-                } else if let Some((i, ack)) = ack_behind {
-                    if !self.try_accept(&name, ack) {
-                        break;
+                let head = match self.try_accept(&name, head) {
+                    Ok(()) => {
+                        self.accepted(&name, &group);
+                        any = true;
+                        continue;
                     }
-                    i
-                } else {
+                    Err(head) => head,
+                };
+                let Some(q) = self.held_mut(&name, &group) else {
                     break;
                 };
-                any = true;
-                if let Some(c) = self.clients.get_mut(&name) {
-                    if let Some(q) = c.held.get_mut(&group) {
-                        q.remove(at);
-                        c.held_count -= 1;
-                        if q.is_empty() {
-                            c.held.remove(&group);
+                q.push_front(head);
+                let Some(ack) = ack_behind.and_then(|i| q.remove(i + 1)) else {
+                    break;
+                };
+                match self.try_accept(&name, ack) {
+                    Ok(()) => {
+                        self.accepted(&name, &group);
+                        any = true;
+                    }
+                    Err(ack) => {
+                        if let Some(q) = self.held_mut(&name, &group) {
+                            q.insert(ack_behind.unwrap_or(0) + 1, ack);
                         }
+                        break;
                     }
                 }
             }
@@ -1042,41 +1050,53 @@ impl Daemon {
         any
     }
 
-    /// Accepts one command if it can go now.
-    fn try_accept(&mut self, client: &str, cmd: ClientCommand) -> bool {
+    fn held_mut(&mut self, client: &str, group: &str) -> Option<&mut VecDeque<ClientCommand>> {
+        self.clients.get_mut(client)?.held.get_mut(group)
+    }
+
+    /// A command taken from the client's queue for `group` was accepted.
+    fn accepted(&mut self, client: &str, group: &str) {
+        if let Some(c) = self.clients.get_mut(client) {
+            c.held_count -= 1;
+            if c.held.get(group).is_some_and(|q| q.is_empty()) {
+                c.held.remove(group);
+            }
+        }
+    }
+
+    /// Accepts one command if it can go now; gives it back if not.
+    fn try_accept(&mut self, client: &str, cmd: ClientCommand) -> Result<(), ClientCommand> {
         if matches!(cmd, ClientCommand::Join { .. } | ClientCommand::Leave { .. }) {
             let Some(c) = self.clients.get_mut(client) else {
-                return false;
+                return Err(cmd);
             };
             if c.changes >= self.cfg.max_changes_per_client {
-                return false;
+                return Err(cmd);
             }
+        }
+        // Everything but an acknowledgement goes on the ring.
+        if !matches!(cmd, ClientCommand::FlushAck { .. }) && !self.ring.can_submit() {
+            return Err(cmd);
         }
         match cmd {
             ClientCommand::Join { group, vs } => {
-                let body = Body::GroupJoin {
+                self.submit(Body::GroupJoin {
                     client: client.to_owned(),
                     group: group.clone(),
                     vs,
-                };
-                if self.ring.submit(body).is_err() {
-                    return false;
-                }
+                });
                 if let Some(c) = self.clients.get_mut(client) {
                     c.groups.insert(group.clone(), vs);
                     c.changes += 1;
                 }
                 self.emit(client, ClientEvent::Joined { group, vs });
-                true
+                Ok(())
             }
             ClientCommand::Leave { group } => {
-                let body = Body::GroupLeave {
+                self.submit(Body::GroupLeave {
                     client: client.to_owned(),
                     group: group.clone(),
-                };
-                if self.ring.submit(body).is_err() {
-                    return false;
-                }
+                });
                 if let Some(c) = self.clients.get_mut(client) {
                     c.groups.remove(&group);
                     c.views.remove(&group);
@@ -1092,7 +1112,7 @@ impl Daemon {
                     },
                 );
                 self.advance(&group);
-                true
+                Ok(())
             }
             ClientCommand::Multicast {
                 service,
@@ -1102,10 +1122,14 @@ impl Daemon {
                 // Sent in the client's current view of every group, or not yet.
                 let mut views = Vec::with_capacity(groups.len());
                 for group in &groups {
-                    let Some(g) = self.groups.get(group) else {
-                        return false;
+                    let view = self.groups.get(group).and_then(|g| g.view.map(|v| (g, v)));
+                    let Some((g, view)) = view else {
+                        return Err(ClientCommand::Multicast {
+                            service,
+                            groups,
+                            payload,
+                        });
                     };
-                    let Some(view) = g.view else { return false };
                     let in_view = self
                         .clients
                         .get(client)
@@ -1115,35 +1139,33 @@ impl Daemon {
                         .as_ref()
                         .is_some_and(|f| f.marker_sent || f.acked.contains(client));
                     if !in_view || held_back {
-                        return false;
+                        return Err(ClientCommand::Multicast {
+                            service,
+                            groups,
+                            payload,
+                        });
                     }
                     views.push(view);
                 }
-                let body = Body::Client {
-                    client: client.to_owned(),
-                    groups: groups
-                        .iter()
-                        .zip(&views)
-                        .map(|(g, v)| (g.clone(), v.index))
-                        .collect(),
-                    service,
-                    payload: payload.clone(),
-                };
-                if self.ring.submit(body).is_err() {
-                    return false;
-                }
-                for (group, view) in groups.into_iter().zip(views) {
+                let sent: Vec<(String, GroupViewId)> = groups.into_iter().zip(views).collect();
+                for (group, view) in &sent {
                     self.emit(
                         client,
                         ClientEvent::Sent {
-                            group,
+                            group: group.clone(),
                             service,
                             payload: payload.clone(),
-                            view,
+                            view: *view,
                         },
                     );
                 }
-                true
+                self.submit(Body::Client {
+                    client: client.to_owned(),
+                    groups: sent.into_iter().map(|(g, v)| (g, v.index)).collect(),
+                    service,
+                    payload,
+                });
+                Ok(())
             }
             ClientCommand::FlushAck { group, view } => {
                 // Only an acknowledgement of the flush under way counts; one of a flush that a
@@ -1165,9 +1187,15 @@ impl Daemon {
                     );
                     self.advance(&group);
                 }
-                true
+                Ok(())
             }
         }
+    }
+
+    /// Submits a message after [`Membership::can_submit`] said it would be taken.
+    fn submit(&mut self, body: Body) {
+        let r = self.ring.submit(body);
+        debug_assert!(r.is_ok(), "checked before");
     }
 }
 

@@ -260,6 +260,14 @@ impl Membership {
         }
     }
 
+    /// Whether [`Membership::submit`] would take a message now.
+    pub fn can_submit(&self) -> bool {
+        match (&self.state, &self.regular) {
+            (State::Operational { .. }, Some(o)) => o.can_submit(),
+            _ => self.waiting.len() < self.cfg.ordering.max_queued,
+        }
+    }
+
     /// Queues a message to be sent to every daemon of the configuration in which it goes out
     /// (reported by [`RingEvent::Sent`]).
     pub fn submit(&mut self, body: Body) -> Result<(), OrderingError> {

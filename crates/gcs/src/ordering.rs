@@ -403,6 +403,11 @@ impl Ordering {
         out
     }
 
+    /// Whether [`Ordering::submit`] would take a message now.
+    pub fn can_submit(&self) -> bool {
+        self.queue.len() < self.cfg.max_queued
+    }
+
     /// Queues a message for the next token visit.
     pub fn submit(&mut self, body: Body) -> Result<(), OrderingError> {
         if self.queue.len() >= self.cfg.max_queued {
