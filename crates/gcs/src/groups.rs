@@ -44,6 +44,7 @@ use conclave_wire::gcs::{
 };
 use conclave_wire::DecodeError;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 /// Limits and timeouts of a daemon.
 #[derive(Clone, Debug)]
@@ -602,7 +603,7 @@ impl Daemon {
         }
     }
 
-    fn on_deliver(&mut self, ring: RingId, sender: DaemonId, body: Body, transitional: bool) {
+    fn on_deliver(&mut self, ring: RingId, sender: DaemonId, body: Arc<Body>, transitional: bool) {
         let current = self.config.as_ref().map(|c| c.0);
         if self
             .config
@@ -612,35 +613,39 @@ impl Daemon {
             // Wire input is hostile: a daemon outside the configuration speaks for nobody.
             return;
         }
-        match body {
-            Body::Client {
-                client,
-                groups,
-                service,
-                payload,
-            } => {
-                for (group, sent_in) in &groups {
-                    let Some(view) = self.groups.get(group).and_then(|g| g.view) else {
-                        continue;
-                    };
-                    if view.ring != ring || view.index != *sent_in {
-                        // Sent in a view this daemon never installed: its ring broke before the
-                        // flush that installs it ended here (the message reaches this daemon
-                        // from the old ring's transitional part, past a hole). Nobody here may
-                        // deliver it in another view.
-                        continue;
-                    }
-                    let sender_in = self.groups[group]
-                        .members
-                        .iter()
-                        .any(|m| m.name == client && m.daemon == sender);
-                    if !sender_in {
-                        // Not sent in this view: a hostile or stale message.
-                        continue;
-                    }
-                    self.deliver(group, &client, service, &payload, view, transitional);
+        // Client messages, the bulk, are read where they lie: the ring layer still holds them.
+        if let Body::Client {
+            client,
+            groups,
+            service,
+            payload,
+        } = &*body
+        {
+            for (group, sent_in) in groups {
+                let Some(view) = self.groups.get(group).and_then(|g| g.view) else {
+                    continue;
+                };
+                if view.ring != ring || view.index != *sent_in {
+                    // Sent in a view this daemon never installed: its ring broke before the
+                    // flush that installs it ended here (the message reaches this daemon
+                    // from the old ring's transitional part, past a hole). Nobody here may
+                    // deliver it in another view.
+                    continue;
                 }
+                let sender_in = self.groups[group]
+                    .members
+                    .iter()
+                    .any(|m| m.name == *client && m.daemon == sender);
+                if !sender_in {
+                    // Not sent in this view: a hostile or stale message.
+                    continue;
+                }
+                self.deliver(group, client, *service, payload, view, transitional);
             }
+            return;
+        }
+        match Arc::unwrap_or_clone(body) {
+            Body::Client { .. } => {}
             Body::GroupState { members } => {
                 if Some(ring) != current || transitional {
                     return;
@@ -1066,7 +1071,10 @@ impl Daemon {
 
     /// Accepts one command if it can go now; gives it back if not.
     fn try_accept(&mut self, client: &str, cmd: ClientCommand) -> Result<(), ClientCommand> {
-        if matches!(cmd, ClientCommand::Join { .. } | ClientCommand::Leave { .. }) {
+        if matches!(
+            cmd,
+            ClientCommand::Join { .. } | ClientCommand::Leave { .. }
+        ) {
             let Some(c) = self.clients.get_mut(client) else {
                 return Err(cmd);
             };

@@ -54,6 +54,7 @@ use conclave_wire::gcs::{
     Body, Commit, CommitEntry, DaemonId, Join, Packet, RingId, MAX_RING_MEMBERS,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 /// Timeouts in milliseconds.
 #[derive(Clone, Debug)]
@@ -121,14 +122,18 @@ pub enum RingEvent {
     /// A message this daemon submitted went out on `ring` (it is sent in that configuration);
     /// `seq` is 0 for one that `ring` never ordered (it broke first), which is delivered in its
     /// transitional configuration.
-    Sent { ring: RingId, seq: u64, body: Body },
+    Sent {
+        ring: RingId,
+        seq: u64,
+        body: Arc<Body>,
+    },
     /// A message of `ring`, in its regular configuration or (`transitional`) in the
     /// transitional configuration that follows it.
     Deliver {
         ring: RingId,
         seq: u64,
         sender: DaemonId,
-        body: Body,
+        body: Arc<Body>,
         transitional: bool,
     },
     /// What follows until the next configuration is delivered in `ring`'s transitional
@@ -487,7 +492,7 @@ impl Membership {
             }
             None => Vec::new(),
         };
-        recovery.push((None, Body::RecoveryDone));
+        recovery.push((None, Arc::new(Body::RecoveryDone)));
         self.max_ring_seq = self.max_ring_seq.max(commit.ring.seq);
         self.state = State::Recovery {
             ordering: Box::new(Ordering::recovering(
@@ -673,10 +678,10 @@ impl Membership {
                     done_at,
                     early,
                     ..
-                } => match (d.origin, d.body) {
-                    (Some((old, seq, sender)), body) => {
+                } => match (d.origin, &*d.body) {
+                    (Some((old, seq, sender)), _) => {
                         if let Some(o) = self.regular.as_mut().filter(|o| o.ring() == old) {
-                            o.insert_recovered(seq, sender, body);
+                            o.insert_recovered(seq, sender, d.body);
                         }
                     }
                     (None, Body::RecoveryDone) if from_member => {
@@ -689,16 +694,16 @@ impl Membership {
                     // Honest members send new messages only once they have ended recovery,
                     // which this one does within two token visits of them: at most two
                     // rotations of every member's sends. More is hostile and dropped.
-                    (None, body)
+                    (None, _)
                         if early.len()
                             < 2 * MAX_RING_MEMBERS * self.cfg.ordering.max_per_visit as usize =>
                     {
-                        early.push(Delivered { body, ..d })
+                        early.push(d)
                     }
                     (None, _) => {}
                 },
                 _ => {
-                    if d.origin.is_none() && d.body != Body::RecoveryDone {
+                    if d.origin.is_none() && *d.body != Body::RecoveryDone {
                         self.events.push_back(RingEvent::regular(ring, d));
                     }
                 }

@@ -27,6 +27,7 @@
 
 use conclave_wire::gcs::{Body, DaemonId, Data, Packet, RingId, ServiceType, Token, MAX_RTR};
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 /// Tunables, in milliseconds and messages.
 #[derive(Clone, Debug)]
@@ -100,7 +101,7 @@ pub struct Delivered {
     /// For a message of an old ring retransmitted during recovery: that ring, its sequence
     /// number there and its original sender.
     pub origin: Option<Origin>,
-    pub body: Body,
+    pub body: Arc<Body>,
 }
 
 /// A message of this ring delivered when the ring ends ([`Ordering::finish`]): in the regular
@@ -109,7 +110,7 @@ pub struct Delivered {
 pub struct Finished {
     pub seq: u64,
     pub sender: DaemonId,
-    pub body: Body,
+    pub body: Arc<Body>,
     pub transitional: bool,
 }
 
@@ -128,7 +129,7 @@ fn body_bytes(b: &Body) -> usize {
 }
 
 fn service_of(d: &Data) -> ServiceType {
-    match &d.body {
+    match &*d.body {
         // Retransmissions of an old ring are delivered by the membership layer, in the old
         // ring's order; here they only need to arrive in order.
         Body::Client { service, .. } if d.origin.is_none() => *service,
@@ -159,16 +160,16 @@ pub struct Ordering {
     queue: VecDeque<Body>,
     /// Messages accepted while this ring was the installed one but never ordered on it, by
     /// sender and number: this member's own, and others' received during recovery.
-    unsequenced: BTreeMap<(DaemonId, u64), Body>,
+    unsequenced: BTreeMap<(DaemonId, u64), Arc<Body>>,
     next_unsequenced: u64,
     /// Recovery retransmissions of an old ring, sent before anything of `queue`.
-    recovery: VecDeque<(Option<Origin>, Body)>,
+    recovery: VecDeque<(Option<Origin>, Arc<Body>)>,
     /// While recovering, the messages of `queue` wait: they belong to the configuration this
     /// ring becomes once recovery ends.
     hold_queue: bool,
     out: VecDeque<Transmit>,
     delivered_out: VecDeque<Delivered>,
-    sent_out: VecDeque<(u64, Body)>,
+    sent_out: VecDeque<(u64, Arc<Body>)>,
     /// The token's `seq` when this member last held it.
     prev_visit_seq: u64,
     /// What this member added to the token's `fcc` and `backlog` on its last visit.
@@ -260,7 +261,7 @@ impl Ordering {
         me: DaemonId,
         ring: RingId,
         members: Vec<DaemonId>,
-        recovery: Vec<(Option<Origin>, Body)>,
+        recovery: Vec<(Option<Origin>, Arc<Body>)>,
     ) -> Ordering {
         let mut o = Ordering::new(cfg, me, ring, members);
         o.recovery = recovery.into();
@@ -285,7 +286,7 @@ impl Ordering {
 
     /// What recovery retransmits of this ring: the messages held with sequence numbers above
     /// `low`, then every unsequenced message held.
-    pub fn for_recovery(&self, low: u64) -> Vec<(Option<Origin>, Body)> {
+    pub fn for_recovery(&self, low: u64) -> Vec<(Option<Origin>, Arc<Body>)> {
         let sequenced = self
             .buffer
             .range(low.saturating_add(1)..)
@@ -300,13 +301,14 @@ impl Ordering {
     /// The ring has ended: messages accepted while it was installed and not sent on it become
     /// unsequenced messages of it, delivered in its transitional configuration. Returns them
     /// (they are sent now, in this ring's configuration).
-    pub fn close_unsent(&mut self, unsent: impl IntoIterator<Item = Body>) -> Vec<Body> {
+    pub fn close_unsent(&mut self, unsent: impl IntoIterator<Item = Body>) -> Vec<Arc<Body>> {
         let mut out = Vec::new();
         for b in self.queue.drain(..).chain(unsent) {
             if self.next_unsequenced >= 2 * self.cfg.max_queued as u64 {
                 // Past what a member may have waiting (see `insert_recovered`): never sent.
                 break;
             }
+            let b = Arc::new(b);
             self.unsequenced
                 .insert((self.me, self.next_unsequenced), b.clone());
             self.next_unsequenced += 1;
@@ -317,7 +319,7 @@ impl Ordering {
 
     /// Adds a message of this ring that another member retransmitted during recovery; nothing
     /// is delivered (the ring has ended: [`Ordering::finish`] delivers).
-    pub fn insert_recovered(&mut self, seq: u64, sender: DaemonId, body: Body) {
+    pub fn insert_recovered(&mut self, seq: u64, sender: DaemonId, body: Arc<Body>) {
         // Only this ring's members sent on it; anything else is hostile, and would let the
         // unsequenced store grow with every sender id.
         if !self.members.contains(&sender) {
@@ -630,14 +632,14 @@ impl Ordering {
             } else if self.hold_queue {
                 break;
             } else if let Some(b) = self.queue.pop_front() {
-                (None, b)
+                (None, Arc::new(b))
             } else {
                 break;
             };
             t.seq += 1;
             sent += 1;
             bytes = bytes.saturating_add(body_bytes(&body));
-            if origin.is_none() && body != Body::RecoveryDone {
+            if origin.is_none() && *body != Body::RecoveryDone {
                 self.sent_out.push_back((t.seq, body.clone()));
             }
             let d = Data {
@@ -736,7 +738,7 @@ impl Ordering {
     }
 
     /// Messages of the queue as they are first sent: their sequence number and body.
-    pub fn poll_sent(&mut self) -> Option<(u64, Body)> {
+    pub fn poll_sent(&mut self) -> Option<(u64, Arc<Body>)> {
         self.sent_out.pop_front()
     }
 }

@@ -124,14 +124,14 @@ fn a_client_joining_and_leaving_in_a_loop_cannot_grow_the_queue_of_changes() {
         net.client(0, "loop", join("g", false));
         net.client(0, "loop", leave("g"));
     }
-    let flush_asked = |n: &Net| {
-        n.count("slow", |e| matches!(e, ClientEvent::FlushRequest { .. })) == 1
-    };
+    let flush_asked =
+        |n: &Net| n.count("slow", |e| matches!(e, ClientEvent::FlushRequest { .. })) == 1;
     net.run_until(flush_asked);
     // Let everything in flight arrive; the flush still waits for "slow".
     let settle = net.now + 50_000;
     net.run_until(|n| n.now >= settle);
-    let accepted = |e: &ClientEvent| matches!(e, ClientEvent::Joined { .. } | ClientEvent::Left { .. });
+    let accepted =
+        |e: &ClientEvent| matches!(e, ClientEvent::Joined { .. } | ClientEvent::Left { .. });
     assert_eq!(
         net.count("loop", accepted),
         2,
@@ -195,9 +195,16 @@ fn a_client_joining_and_leaving_in_a_loop_cannot_grow_the_queue_of_changes() {
     }
     let (view, members) = net.views_of("slow", "g").last().cloned().unwrap();
     assert!(view.index >= last.0.index);
-    assert_eq!(members, vec!["slow".to_string()], "the loop ended with a leave");
+    assert_eq!(
+        members,
+        vec!["slow".to_string()],
+        "the loop ended with a leave"
+    );
     // No VS member was closed for a late acknowledgement.
-    assert_eq!(net.count("slow", |e| matches!(e, ClientEvent::Closed { .. })), 0);
+    assert_eq!(
+        net.count("slow", |e| matches!(e, ClientEvent::Closed { .. })),
+        0
+    );
 }
 
 #[test]
@@ -239,7 +246,10 @@ fn empty_groups_are_forgotten_and_view_ids_are_never_reused() {
         for (id, members) in &all {
             for (id2, members2) in &all {
                 if id == id2 {
-                    assert_eq!(members, members2, "view {id:?} of {g} with two member lists");
+                    assert_eq!(
+                        members, members2,
+                        "view {id:?} of {g} with two member lists"
+                    );
                 }
             }
         }

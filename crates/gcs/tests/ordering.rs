@@ -60,7 +60,7 @@ fn every_member_delivers_the_same_sequence() {
         .iter_mut()
         .map(|n| {
             std::iter::from_fn(|| n.poll_delivery())
-                .map(|d| (d.seq, d.body))
+                .map(|d| (d.seq, std::sync::Arc::unwrap_or_clone(d.body)))
                 .collect()
         })
         .collect();
@@ -131,7 +131,7 @@ fn impossible_tokens_and_far_messages_are_refused() {
             seq: u64::MAX,
             sender: 1,
             origin: None,
-            body: msg(ServiceType::Agreed, 0),
+            body: msg(ServiceType::Agreed, 0).into(),
         }),
     );
     assert_eq!(n.refused(), 3);
@@ -147,18 +147,22 @@ fn recovered_messages_from_outsiders_or_past_the_limits_are_refused() {
     // Not a member of the ring: neither sequenced nor unsequenced messages are kept, whatever
     // sender id a hostile peer makes up.
     for sender in [0, 4, 9, u32::MAX] {
-        n.insert_recovered(1, sender, msg(ServiceType::Agreed, 0));
-        n.insert_recovered(UNSEQUENCED, sender, msg(ServiceType::Agreed, 0));
+        n.insert_recovered(1, sender, msg(ServiceType::Agreed, 0).into());
+        n.insert_recovered(UNSEQUENCED, sender, msg(ServiceType::Agreed, 0).into());
     }
     assert_eq!(n.refused(), 8);
     // A member, but past what a ring could have sent or a member could have queued.
-    n.insert_recovered(u64::MAX >> 2, 1, msg(ServiceType::Agreed, 0));
-    n.insert_recovered(UNSEQUENCED | (2 * max_queued), 1, msg(ServiceType::Agreed, 0));
+    n.insert_recovered(u64::MAX >> 2, 1, msg(ServiceType::Agreed, 0).into());
+    n.insert_recovered(
+        UNSEQUENCED | (2 * max_queued),
+        1,
+        msg(ServiceType::Agreed, 0).into(),
+    );
     assert_eq!(n.refused(), 10);
     assert_eq!(n.buffered(), 0);
     // What a member legitimately retransmits is kept and delivered when the ring finishes.
-    n.insert_recovered(1, 1, msg(ServiceType::Agreed, 1));
-    n.insert_recovered(UNSEQUENCED, 3, msg(ServiceType::Agreed, 2));
+    n.insert_recovered(1, 1, msg(ServiceType::Agreed, 1).into());
+    n.insert_recovered(UNSEQUENCED, 3, msg(ServiceType::Agreed, 2).into());
     assert_eq!(n.refused(), 10);
     let finished = n.finish(0);
     assert_eq!(finished.len(), 2, "{finished:?}");

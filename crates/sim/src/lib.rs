@@ -305,7 +305,7 @@ impl Sim {
                 service: s,
                 payload,
                 ..
-            } = &d.body
+            } = &*d.body
             {
                 let msg = String::from_utf8_lossy(payload).into_owned();
                 let view = self.view.clone();

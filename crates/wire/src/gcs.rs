@@ -4,6 +4,7 @@
 //! sequence number and its representative.
 
 use crate::codec::{DecodeError, Reader, Writer};
+use std::sync::Arc;
 
 /// The packet format version this build speaks.
 pub const VERSION: u8 = 2;
@@ -145,7 +146,8 @@ pub struct Data {
     /// Set when a member retransmits, during recovery, a message of its old ring: that ring,
     /// the message's sequence number there and its original sender (TOCS §4.3).
     pub origin: Option<(RingId, u64, DaemonId)>,
-    pub body: Body,
+    /// Shared: a member keeps every message until all have it, and hands it on when delivering.
+    pub body: Arc<Body>,
 }
 
 /// A join message of the gather phase (TOCS §4.1).
@@ -480,7 +482,7 @@ impl Packet {
                         })
                     }
                 };
-                let body = Body::read(&mut r)?;
+                let body = Arc::new(Body::read(&mut r)?);
                 Packet::Data(Data {
                     ring,
                     seq,
@@ -630,7 +632,7 @@ mod tests {
                     seq,
                     sender,
                     origin,
-                    body
+                    body: Arc::new(body),
                 })),
             (
                 any::<u32>(),
@@ -715,7 +717,7 @@ mod tests {
             seq: 1,
             sender: 1,
             origin: None,
-            body: Body::ClientGone { client: "c".into() },
+            body: Arc::new(Body::ClientGone { client: "c".into() }),
         });
         let mut bytes = p.encode();
         // Rewrite the body as a client message with zero groups.
