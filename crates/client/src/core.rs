@@ -156,7 +156,7 @@ mod tests {
         let msg = |groups: &[&str], n: usize| ClientCommand::Multicast {
             service: ServiceType::Agreed,
             groups: groups.iter().map(|g| g.to_string()).collect(),
-            payload: vec![0; n],
+            payload: vec![0; n].into(),
         };
         assert!(s.command(msg(&["g"], 1)).is_err());
         s.command(ClientCommand::Join {

@@ -311,7 +311,7 @@ impl Sender {
         let cmd = ClientCommand::Multicast {
             service,
             groups: groups.iter().map(|g| g.to_string()).collect(),
-            payload: payload.to_vec(),
+            payload: conclave_wire::client::Bytes::copy_from_slice(payload),
         };
         self.send(cmd, false).await?;
         // Given back one by one as the daemon acknowledges the message in each group.

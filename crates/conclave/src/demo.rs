@@ -128,7 +128,7 @@ impl Story {
                     payload,
                     service,
                     ..
-                } => got[*c].push((sender.clone(), payload.clone(), *service)),
+                } => got[*c].push((sender.clone(), payload.to_vec(), *service)),
                 _ => {}
             }
         }

@@ -949,7 +949,7 @@ impl Core {
             } => ClientEvent::Sent {
                 group,
                 service,
-                payload: Vec::new(),
+                payload: Default::default(),
                 view,
             },
             ClientEvent::Closed { .. } => {

@@ -42,6 +42,7 @@ use conclave_wire::gcs::{
     Body, DaemonId, Packet, RingId, ServiceType, StateEntry, MAX_GROUPS_PER_MESSAGE,
     MAX_NAME_BYTES, MAX_PAYLOAD_BYTES, MAX_STATE_ENTRIES,
 };
+use conclave_wire::client::Bytes;
 use conclave_wire::DecodeError;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -724,22 +725,22 @@ impl Daemon {
         group: &str,
         sender: &str,
         service: ServiceType,
-        payload: &[u8],
+        payload: &Bytes,
         view: GroupViewId,
         transitional: bool,
     ) {
         for c in self.local_members(group) {
-            self.emit(
-                &c,
+            self.events.push_back((
+                c,
                 ClientEvent::Message {
                     group: group.to_owned(),
                     sender: sender.to_owned(),
                     service,
-                    payload: payload.to_vec(),
+                    payload: payload.clone(),
                     view,
                     transitional,
                 },
-            );
+            ));
         }
     }
 

@@ -264,7 +264,7 @@ fn empty_groups_are_forgotten_and_view_ids_are_never_reused() {
         ClientCommand::Multicast {
             service: ServiceType::Agreed,
             groups: vec!["g0".into()],
-            payload: b"hi".to_vec(),
+            payload: b"hi".to_vec().into(),
         },
     );
     net.run_until(|n| n.count("a", |e| matches!(e, ClientEvent::Message { .. })) == 1);

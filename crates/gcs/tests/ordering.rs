@@ -16,7 +16,7 @@ fn msg(service: ServiceType, tag: u8) -> Body {
         client: "c".into(),
         groups: vec![("g".into(), 0)],
         service,
-        payload: vec![tag],
+        payload: vec![tag].into(),
     }
 }
 

@@ -476,7 +476,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
                     client: name(node as DaemonId + 1),
                     groups: vec![("g".into(), 0)],
                     service: s,
-                    payload: msg.clone().into_bytes(),
+                    payload: msg.clone().into_bytes().into(),
                 };
                 if sim.nodes[node].submit(body).is_ok() {
                     sim.submitted.insert(msg.clone(), t);

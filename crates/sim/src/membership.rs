@@ -405,7 +405,7 @@ impl World {
             let cmd = ClientCommand::Multicast {
                 service: s,
                 groups,
-                payload: msg.into_bytes(),
+                payload: msg.into_bytes().into(),
             };
             // A full queue refuses; the message was never sent.
             let _ = self.nodes[d].handle_client(now, &name, cmd);

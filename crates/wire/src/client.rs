@@ -8,6 +8,7 @@
 //! the length.
 
 use crate::codec::{DecodeError, Reader, Writer};
+pub use bytes::Bytes;
 use crate::gcs::{
     read_bool, read_ring, write_ring, RingId, ServiceType, MAX_GROUPS_PER_MESSAGE, MAX_NAME_BYTES,
     MAX_PAYLOAD_BYTES,
@@ -54,7 +55,7 @@ pub enum ClientCommand {
     Multicast {
         service: ServiceType,
         groups: Vec<String>,
-        payload: Vec<u8>,
+        payload: Bytes,
     },
     /// A VS client has sent all it will send in `view` of `group` (the view named by the flush
     /// request it answers).
@@ -80,7 +81,7 @@ pub enum ClientEvent {
     Sent {
         group: String,
         service: ServiceType,
-        payload: Vec<u8>,
+        payload: Bytes,
         view: GroupViewId,
     },
     FlushAcked {
@@ -111,7 +112,7 @@ pub enum ClientEvent {
         group: String,
         sender: String,
         service: ServiceType,
-        payload: Vec<u8>,
+        payload: Bytes,
         view: GroupViewId,
         transitional: bool,
     },
@@ -273,7 +274,7 @@ impl Request {
                 Request::Command(ClientCommand::Multicast {
                     service,
                     groups,
-                    payload: r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec(),
+                    payload: Bytes::copy_from_slice(r.bytes("payload", MAX_PAYLOAD_BYTES)?),
                 })
             }
             5 => Request::Command(ClientCommand::FlushAck {
@@ -417,7 +418,7 @@ impl Reply {
                 group: group(&mut r)?,
                 service: service(&mut r)?,
                 view: read_view(&mut r)?,
-                payload: r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec(),
+                payload: Bytes::copy_from_slice(r.bytes("payload", MAX_PAYLOAD_BYTES)?),
             }),
             6 => ev(ClientEvent::FlushAcked {
                 group: group(&mut r)?,
@@ -456,7 +457,7 @@ impl Reply {
                 service: service(&mut r)?,
                 view: read_view(&mut r)?,
                 transitional: read_bool(&mut r, "transitional")?,
-                payload: r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec(),
+                payload: Bytes::copy_from_slice(r.bytes("payload", MAX_PAYLOAD_BYTES)?),
             }),
             tag => return Err(DecodeError::BadTag { what: "reply", tag }),
         };
@@ -535,8 +536,8 @@ mod tests {
             },
         )
     }
-    fn payload() -> impl Strategy<Value = Vec<u8>> {
-        prop::collection::vec(any::<u8>(), 0..64)
+    fn payload() -> impl Strategy<Value = Bytes> {
+        prop::collection::vec(any::<u8>(), 0..64).prop_map(Bytes::from)
     }
     fn command() -> impl Strategy<Value = ClientCommand> {
         prop_oneof![

@@ -4,6 +4,7 @@
 //! sequence number and its representative.
 
 use crate::codec::{DecodeError, Reader, Writer};
+use bytes::Bytes;
 use std::sync::Arc;
 
 /// The packet format version this build speaks.
@@ -93,7 +94,7 @@ pub enum Body {
         /// in.
         groups: Vec<(String, u64)>,
         service: ServiceType,
-        payload: Vec<u8>,
+        payload: Bytes,
     },
     /// A client joins a group (`vs`: it wants flushes before view changes).
     GroupJoin {
@@ -298,7 +299,7 @@ impl Body {
                     groups.push((r.name("group", MAX_NAME_BYTES)?, r.u64("view")?));
                 }
                 let service = ServiceType::from_u8(r.u8("service type")?)?;
-                let payload = r.bytes("payload", MAX_PAYLOAD_BYTES)?.to_vec();
+                let payload = Bytes::copy_from_slice(r.bytes("payload", MAX_PAYLOAD_BYTES)?);
                 Body::Client {
                     client,
                     groups,
@@ -563,7 +564,7 @@ mod tests {
                     client,
                     groups,
                     service,
-                    payload
+                    payload: payload.into(),
                 }),
             (name(), name(), any::<bool>()).prop_map(|(client, group, vs)| Body::GroupJoin {
                 client,
