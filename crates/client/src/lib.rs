@@ -40,9 +40,13 @@ use tokio::sync::{mpsc, Semaphore};
 
 /// Messages on their way to the daemon and not yet accepted, at most.
 pub const DEFAULT_WINDOW: usize = 256;
-/// Events received and not yet taken by `receive`, at most; past it the library stops reading,
-/// and a daemon whose client does not read disconnects it.
+/// Events received and not yet taken by `receive`, at most (and one batch more); past it the
+/// library stops reading, and a daemon whose client does not read disconnects it.
 pub const EVENT_QUEUE: usize = 65_536;
+/// Events the reading task decodes before handing them over together.
+pub const EVENT_BATCH: usize = 256;
+
+type Item = Result<ClientEvent, ClientError>;
 
 /// Where a daemon takes clients: `host:port` or `tcp:host:port`, or `unix:/path`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,7 +102,11 @@ pub struct Sender {
 
 /// The receiving half of a client.
 pub struct Receiver {
-    rx: mpsc::Receiver<Result<ClientEvent, ClientError>>,
+    rx: mpsc::Receiver<Vec<Item>>,
+    /// Room for events in the channel: the reading task takes it, `receive` gives it back.
+    room: Arc<Semaphore>,
+    /// The rest of the last batch handed over.
+    ready: std::collections::VecDeque<Item>,
     reader: tokio::task::JoinHandle<()>,
 }
 
@@ -169,7 +177,8 @@ impl Client {
         };
         let window = Arc::new(Semaphore::new(window));
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        let reader = tokio::spawn(read_replies(r, dec, tx, window.clone()));
+        let room = Arc::new(Semaphore::new(EVENT_QUEUE));
+        let reader = tokio::spawn(read_replies(r, dec, tx, room.clone(), window.clone()));
         Ok(Client {
             sender: Sender {
                 name: full,
@@ -177,7 +186,12 @@ impl Client {
                 state: SessionState::default(),
                 window,
             },
-            receiver: Receiver { rx, reader },
+            receiver: Receiver {
+                rx,
+                room,
+                ready: Default::default(),
+                reader,
+            },
         })
     }
 
@@ -332,19 +346,41 @@ impl Sender {
 
 impl Receiver {
     pub async fn receive(&mut self) -> Result<ClientEvent, ClientError> {
-        self.rx
-            .recv()
-            .await
-            .unwrap_or(Err(ClientError::Disconnected))
+        loop {
+            if let Some(item) = self.ready.pop_front() {
+                return item;
+            }
+            match self.rx.recv().await {
+                Some(batch) => {
+                    self.room.add_permits(batch.len());
+                    self.ready.extend(batch);
+                }
+                None => return Err(ClientError::Disconnected),
+            }
+        }
     }
 }
 
 async fn read_replies(
     mut r: Box<dyn AsyncRead + Unpin + Send>,
     mut dec: ReplyDecoder,
-    tx: mpsc::Sender<Result<ClientEvent, ClientError>>,
+    tx: mpsc::Sender<Vec<Item>>,
+    room: Arc<Semaphore>,
     window: Arc<Semaphore>,
 ) {
+    let hand_over = |batch: Vec<Item>| {
+        let (tx, room) = (&tx, &room);
+        async move {
+            match room.acquire_many(batch.len() as u32).await {
+                Ok(p) => p.forget(),
+                Err(_) => return false,
+            }
+            tx.send(batch).await.is_ok()
+        }
+    };
+    // What one read brought is decoded, then handed over at once: one wake-up of the receiving
+    // task for many events.
+    let mut batch = Vec::new();
     let end = loop {
         match dec.next_reply() {
             Err(e) => break ClientError::Protocol(e),
@@ -362,12 +398,17 @@ async fn read_replies(
                     Reply::Refused { reason } => Err(ClientError::Refused(reason)),
                     Reply::Connected { .. } => continue,
                 };
-                if tx.send(item).await.is_err() {
+                batch.push(item);
+                if batch.len() >= EVENT_BATCH && !hand_over(std::mem::take(&mut batch)).await {
                     return;
                 }
                 continue;
             }
-            Ok(None) => {}
+            Ok(None) => {
+                if !batch.is_empty() && !hand_over(std::mem::take(&mut batch)).await {
+                    return;
+                }
+            }
         }
         match r.read_buf(dec.buffer()).await {
             Ok(0) | Err(_) => break ClientError::Disconnected,
@@ -375,7 +416,8 @@ async fn read_replies(
         }
     };
     window.close();
-    let _ = tx.send(Err(end)).await;
+    batch.push(Err(end));
+    let _ = tx.send(batch).await;
 }
 
 #[cfg(test)]

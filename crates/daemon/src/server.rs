@@ -13,7 +13,7 @@ use crate::faults::{Faults, LinkFaults};
 use crate::frag::{pack, Reassembly};
 use crate::metrics::Metrics;
 use crate::record::Recorder;
-use crate::session::{self, approx_size, Out};
+use crate::session::{self, Out, Unread};
 use anyhow::Context;
 use conclave_gcs::Dest;
 use conclave_gcs::{ClientEvent, Daemon, Phase, RingEvent};
@@ -26,7 +26,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -64,7 +64,7 @@ pub(crate) enum ToCore {
     Open {
         id: u64,
         tx: mpsc::Sender<Out>,
-        unread: Arc<AtomicUsize>,
+        unread: Arc<Unread>,
     },
     Request {
         id: u64,
@@ -254,6 +254,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         delayed: BinaryHeap::new(),
         delayed_seq: 0,
         sessions: HashMap::new(),
+        dirty: Vec::new(),
         by_name: HashMap::new(),
         metrics: metrics.clone(),
         recorder,
@@ -400,7 +401,10 @@ struct Session {
     name: Option<String>,
     inc: u32,
     tx: mpsc::Sender<Out>,
-    unread: Arc<AtomicUsize>,
+    unread: Arc<Unread>,
+    /// Replies framed since the core last handed this session's output to its writer.
+    pending: Vec<u8>,
+    pending_replies: usize,
 }
 
 struct Core {
@@ -420,6 +424,8 @@ struct Core {
     delayed: BinaryHeap<Reverse<Delayed>>,
     delayed_seq: u64,
     sessions: HashMap<u64, Session>,
+    /// Sessions with replies framed and not yet handed to their writers.
+    dirty: Vec<u64>,
     by_name: HashMap<String, u64>,
     metrics: Arc<Metrics>,
     recorder: Option<Recorder>,
@@ -564,6 +570,8 @@ impl Core {
                         inc: 0,
                         tx,
                         unread,
+                        pending: Vec::new(),
+                        pending_replies: 0,
                     },
                 );
             }
@@ -640,20 +648,59 @@ impl Core {
         self.reply(id, Reply::Refused { reason });
     }
 
-    /// Queues a reply; a client whose queue is full (it does not read) is disconnected.
+    /// Queues a reply, framed at once; the session's replies go to its writer together, once
+    /// the core's outputs of this pass are drained ([`Core::flush_replies`]). A client whose
+    /// unwritten replies pass the limits (it does not read) is disconnected.
     fn reply(&mut self, id: u64, r: Reply) {
-        let Some(s) = self.sessions.get(&id) else {
+        let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };
-        let size = approx_size(&r);
-        let over = s.unread.load(Relaxed) + size > MAX_UNREAD_BYTES;
-        if over || s.tx.try_send(Out::Reply(r)).is_err() {
-            self.metrics.closed_slow_clients.fetch_add(1, Relaxed);
-            tracing::info!(session = id, "a client that does not read is disconnected");
-            self.close(id, None);
+        if s.pending.is_empty() {
+            self.dirty.push(id);
+        }
+        r.frame_into(&mut s.pending);
+        s.pending_replies += 1;
+        let bytes = s.unread.bytes.load(Relaxed) + s.pending.len();
+        let replies = s.unread.replies.load(Relaxed) + s.pending_replies;
+        if bytes > MAX_UNREAD_BYTES || replies > self.cfg.limits.max_unread_per_client {
+            s.pending.clear();
+            s.pending_replies = 0;
+            self.slow(id);
+        }
+    }
+
+    fn slow(&mut self, id: u64) {
+        self.metrics.closed_slow_clients.fetch_add(1, Relaxed);
+        tracing::info!(session = id, "a client that does not read is disconnected");
+        self.close(id, None);
+    }
+
+    /// Hands every session's framed replies to its writer.
+    fn flush_replies(&mut self) {
+        for id in std::mem::take(&mut self.dirty) {
+            self.flush_session(id);
+        }
+    }
+
+    fn flush_session(&mut self, id: u64) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        if s.pending.is_empty() {
             return;
         }
-        s.unread.fetch_add(size, Relaxed);
+        // The next pass likely frames as much: room for it saves growing the buffer step by step.
+        let room = s.pending.len().min(64 * 1024);
+        let frames = std::mem::replace(&mut s.pending, Vec::with_capacity(room));
+        let (bytes, n) = (frames.len(), std::mem::take(&mut s.pending_replies));
+        // Counted before the writer can see them, which uncounts them once written.
+        s.unread.bytes.fetch_add(bytes, Relaxed);
+        s.unread.replies.fetch_add(n, Relaxed);
+        if s.tx.try_send(Out::Frames(frames, n)).is_err() {
+            s.unread.bytes.fetch_sub(bytes, Relaxed);
+            s.unread.replies.fetch_sub(n, Relaxed);
+            self.slow(id);
+        }
     }
 
     /// Ends a session: its client leaves every group, and the connection closes once what is
@@ -667,6 +714,7 @@ impl Core {
                 }),
             );
         }
+        self.flush_session(id);
         let Some(s) = self.sessions.remove(&id) else {
             return;
         };
@@ -800,7 +848,11 @@ impl Core {
             return;
         }
         self.gauges_at = Instant::now();
-        let unread: usize = self.sessions.values().map(|s| s.unread.load(Relaxed)).sum();
+        let unread: usize = self
+            .sessions
+            .values()
+            .map(|s| s.unread.bytes.load(Relaxed))
+            .sum();
         self.metrics.unread_bytes.store(unread as u64, Relaxed);
         let groups = self.daemon.group_count() as u64;
         self.metrics.groups.store(groups, Relaxed);
@@ -853,6 +905,7 @@ impl Core {
         while let Some((client, ev)) = self.daemon.poll_event() {
             self.client_event(client, ev);
         }
+        self.flush_replies();
         if let Some(r) = self.recorder.as_mut() {
             r.flush();
         }

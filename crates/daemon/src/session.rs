@@ -10,7 +10,7 @@
 //! handshake time is closed.
 
 use crate::server::ToCore;
-use conclave_wire::client::{next_frame, Reply, Request};
+use conclave_wire::client::{next_frame, Request};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,30 +22,18 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the core queues for a connection.
 pub enum Out {
-    Reply(Reply),
+    /// Replies the core has framed (in one pass over its outputs), and how many.
+    Frames(Vec<u8>, usize),
     /// Write what is queued before this, then close.
     Close,
 }
 
-/// The bytes a reply takes on the wire, roughly (for the bound on a client's unread bytes).
-pub fn approx_size(r: &Reply) -> usize {
-    use conclave_wire::client::ClientEvent as E;
-    64 + match r {
-        Reply::Event(E::Message { payload, .. }) | Reply::Event(E::Sent { payload, .. }) => {
-            payload.len()
-        }
-        Reply::Event(E::View {
-            members,
-            transitional,
-            ..
-        }) => members
-            .iter()
-            .chain(transitional)
-            .map(|m| m.len() + 2)
-            .sum(),
-        Reply::Refused { reason } => reason.len(),
-        _ => 0,
-    }
+/// What the core has queued for a connection and the writer has not yet written: the core
+/// bounds both, and disconnects a client that lets them grow (it does not read).
+#[derive(Default, Debug)]
+pub struct Unread {
+    pub bytes: AtomicUsize,
+    pub replies: AtomicUsize,
 }
 
 /// Runs one connection until either side ends it.
@@ -59,7 +47,7 @@ pub(crate) async fn run<S>(
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(queue.max(1));
-    let unread = Arc::new(AtomicUsize::new(0));
+    let unread = Arc::new(Unread::default());
     if core
         .send(ToCore::Open {
             id,
@@ -147,21 +135,22 @@ async fn read<R: AsyncRead + Unpin>(
     }
 }
 
-async fn write<W: AsyncWrite + Unpin>(
-    mut w: W,
-    mut rx: mpsc::Receiver<Out>,
-    unread: Arc<AtomicUsize>,
-) {
-    let mut out = Vec::with_capacity(64 * 1024);
+async fn write<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<Out>, unread: Arc<Unread>) {
+    let mut out = Vec::new();
     while let Some(first) = rx.recv().await {
         // Everything already queued goes out in one write.
         let mut next = Some(first);
         let mut close = false;
+        let mut replies = 0;
         while let Some(o) = next.take() {
             match o {
-                Out::Reply(r) => {
-                    unread.fetch_sub(approx_size(&r).min(unread.load(Relaxed)), Relaxed);
-                    r.frame_into(&mut out);
+                Out::Frames(frames, n) => {
+                    if out.is_empty() {
+                        out = frames;
+                    } else {
+                        out.extend_from_slice(&frames);
+                    }
+                    replies += n;
                 }
                 Out::Close => {
                     close = true;
@@ -176,6 +165,8 @@ async fn write<W: AsyncWrite + Unpin>(
             Ok(Ok(())) => {}
             _ => return,
         }
+        unread.bytes.fetch_sub(out.len(), Relaxed);
+        unread.replies.fetch_sub(replies, Relaxed);
         out.clear();
         if close {
             let _ = w.flush().await;
