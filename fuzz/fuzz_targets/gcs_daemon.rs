@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
                     2 => ClientCommand::Multicast {
                         service: ServiceType::Agreed,
                         groups: vec![group.into()],
-                        payload: vec![head],
+                        payload: vec![head].into(),
                     },
                     _ => ClientCommand::FlushAck {
                         group: group.into(),
