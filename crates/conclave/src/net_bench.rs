@@ -467,8 +467,12 @@ async fn latency_once(
     let n = net.daemons.len();
     let ms = members(net, n, &format!("l{round}-")).await?;
     let epoch = Instant::now();
-    let samples = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
     let total = (rate as f64 * seconds) as u64;
+    // Room for every sample from the start: growing the vector under the lock would hold up the
+    // other receiving tasks while it is copied.
+    let samples = Arc::new(std::sync::Mutex::new(Vec::<u64>::with_capacity(
+        total as usize * n,
+    )));
     let per_sender = total / n as u64;
     let mut tasks = Vec::new();
     let mut done = Vec::new();
