@@ -36,13 +36,13 @@
 
 use crate::membership::{Membership, MembershipConfig, RingEvent};
 use crate::ordering::Transmit;
+use conclave_wire::client::Bytes;
 use conclave_wire::client::MAX_VIEW_MEMBERS;
 pub use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, Reason};
 use conclave_wire::gcs::{
     Body, DaemonId, Packet, RingId, ServiceType, StateEntry, MAX_GROUPS_PER_MESSAGE,
     MAX_NAME_BYTES, MAX_PAYLOAD_BYTES, MAX_STATE_ENTRIES,
 };
-use conclave_wire::client::Bytes;
 use conclave_wire::DecodeError;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -1007,10 +1007,7 @@ impl Daemon {
             .flat_map(|(n, c)| c.held.keys().map(move |g| (n.clone(), g.clone())))
             .collect();
         for (name, group) in queues {
-            loop {
-                let Some(q) = self.held_mut(&name, &group) else {
-                    break;
-                };
+            while let Some(q) = self.held_mut(&name, &group) {
                 let Some(head) = q.pop_front() else {
                     break;
                 };

@@ -87,6 +87,23 @@ impl Net {
             .collect()
     }
 
+    /// Acknowledges every flush request `client` (on daemon `d`) got after the first `acked`.
+    fn ack_flushes(&mut self, d: usize, client: &str, group: &str, acked: &mut usize) {
+        let requests: Vec<GroupViewId> = self
+            .events
+            .iter()
+            .filter_map(|(_, c, e)| match e {
+                ClientEvent::FlushRequest { view, .. } if c == client => Some(*view),
+                _ => None,
+            })
+            .collect();
+        for view in requests.into_iter().skip(*acked) {
+            let group = group.into();
+            self.client(d, client, ClientCommand::FlushAck { group, view });
+            *acked += 1;
+        }
+    }
+
     fn count(&self, name: &str, what: fn(&ClientEvent) -> bool) -> usize {
         self.events
             .iter()
@@ -140,52 +157,15 @@ fn a_client_joining_and_leaving_in_a_loop_cannot_grow_the_queue_of_changes() {
     // The acknowledgement lets the changes in; the client's queue drains a batch per flush.
     let mut acked = 0;
     while net.count("loop", accepted) < 40 {
-        let requests: Vec<GroupViewId> = net
-            .events
-            .iter()
-            .filter_map(|(_, c, e)| match e {
-                ClientEvent::FlushRequest { view, .. } if c == "slow" => Some(*view),
-                _ => None,
-            })
-            .collect();
-        for view in requests.into_iter().skip(acked) {
-            net.client(
-                1,
-                "slow",
-                ClientCommand::FlushAck {
-                    group: "g".into(),
-                    view,
-                },
-            );
-            acked += 1;
-        }
+        net.ack_flushes(1, "slow", "g", &mut acked);
         let before = net.count("loop", accepted);
         let seen = net.events.len();
         net.run_until(|n| n.events.len() > seen || n.count("loop", accepted) > before);
     }
     let last = net.views_of("slow", "g").last().cloned().unwrap();
     let settle = net.now + 50_000;
-    let mut all_acked = acked;
     loop {
-        let requests: Vec<GroupViewId> = net
-            .events
-            .iter()
-            .filter_map(|(_, c, e)| match e {
-                ClientEvent::FlushRequest { view, .. } if c == "slow" => Some(*view),
-                _ => None,
-            })
-            .collect();
-        for view in requests.into_iter().skip(all_acked) {
-            net.client(
-                1,
-                "slow",
-                ClientCommand::FlushAck {
-                    group: "g".into(),
-                    view,
-                },
-            );
-            all_acked += 1;
-        }
+        net.ack_flushes(1, "slow", "g", &mut acked);
         let seen = net.events.len();
         let deadline = net.now + 50_000;
         net.run_until(|n| n.events.len() > seen || n.now >= deadline);

@@ -8,11 +8,11 @@
 //! the length.
 
 use crate::codec::{DecodeError, Reader, Writer};
-pub use bytes::Bytes;
 use crate::gcs::{
     read_bool, read_ring, write_ring, RingId, ServiceType, MAX_GROUPS_PER_MESSAGE, MAX_NAME_BYTES,
     MAX_PAYLOAD_BYTES,
 };
+pub use bytes::Bytes;
 
 /// The client protocol version this build speaks.
 pub const CLIENT_VERSION: u8 = 2;

@@ -351,7 +351,7 @@ fn read_path(r: &mut Reader<'_>) -> Result<NodePath, DecodeError> {
     }
     let bytes = r.take(n.div_ceil(8), "path")?;
     // One encoding per path: the unused low bits of the last byte must be zero.
-    if n % 8 != 0 && bytes[n / 8] & (0xff >> (n % 8)) != 0 {
+    if !n.is_multiple_of(8) && bytes[n / 8] & (0xff >> (n % 8)) != 0 {
         return Err(DecodeError::Padding { what: "path" });
     }
     Ok((0..n)
