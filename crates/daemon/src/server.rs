@@ -37,6 +37,9 @@ use tokio::time::Instant;
 
 /// Most bytes queued for one client before it is disconnected for not reading.
 pub const MAX_UNREAD_BYTES: usize = 64 << 20;
+/// A session's framed replies go to its writer when the core's pass ends, or once they fill
+/// this many bytes.
+const FLUSH_BYTES: usize = 256 << 10;
 /// Longest pause `conclave admin pause` may ask for.
 pub const MAX_PAUSE_MS: u64 = 60_000;
 /// Requests waiting for the core, from all connections together.
@@ -575,7 +578,13 @@ impl Core {
                     },
                 );
             }
-            ToCore::Request { id, req } => self.request(id, req),
+            ToCore::Request { id, req } => {
+                self.request(id, req);
+                // Its events are framed now: a client's replies keep the order of its requests
+                // (a refusal of the next one comes after them), and a disconnection in the same
+                // pass does not lose them.
+                self.client_events();
+            }
             ToCore::Garbage { id, reason } => {
                 self.reply(id, Reply::Refused { reason });
                 self.close(id, None);
@@ -666,6 +675,10 @@ impl Core {
             s.pending.clear();
             s.pending_replies = 0;
             self.slow(id);
+        } else if s.pending.len() >= FLUSH_BYTES {
+            // A long pass (a recovery's deliveries, many datagrams at once) lets the writer work
+            // meanwhile, and counts against the limits only what it could not write.
+            self.flush_session(id);
         }
     }
 
@@ -902,10 +915,14 @@ impl Core {
             self.metrics.views.fetch_add(1, Relaxed);
             tracing::info!(daemon = %self.name, ring = ?ring, members = ?self.daemon.membership().ring_members(), "new configuration");
         }
-        while let Some((client, ev)) = self.daemon.poll_event() {
-            self.client_event(client, ev);
+        // A slow client closed while its replies are handed over leaves events for the others.
+        loop {
+            self.client_events();
+            self.flush_replies();
+            if !self.daemon.has_events() {
+                break;
+            }
         }
-        self.flush_replies();
         if let Some(r) = self.recorder.as_mut() {
             r.flush();
         }
@@ -971,6 +988,12 @@ impl Core {
                     }
                 }
             }
+        }
+    }
+
+    fn client_events(&mut self) {
+        while let Some((client, ev)) = self.daemon.poll_event() {
+            self.client_event(client, ev);
         }
     }
 

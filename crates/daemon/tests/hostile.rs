@@ -257,3 +257,44 @@ async fn a_lost_daemon_is_a_typed_error_at_the_client() {
         .await
         .is_err());
 }
+
+/// Requests written all at once are answered in their order, and a disconnection among them
+/// loses none of the earlier ones' events.
+#[tokio::test]
+async fn replies_keep_the_order_of_requests_sent_together() {
+    let (d, addr, _) = one_daemon(|_| {}).await;
+    let mut s = TcpStream::connect(tcp(&addr)).await.unwrap();
+    let cmd = |c| Request::Command(c);
+    use conclave_wire::client::ClientCommand as C;
+    let join = || C::Join {
+        group: "g".into(),
+        vs: false,
+    };
+    let mut bytes = Vec::new();
+    for r in [
+        Request::Connect {
+            name: "eager".into(),
+        },
+        cmd(join()),
+        cmd(join()),
+        cmd(C::Leave { group: "g".into() }),
+        Request::Disconnect,
+    ] {
+        bytes.extend(frame(&r.encode()));
+    }
+    s.write_all(&bytes).await.unwrap();
+    let kinds: Vec<String> = replies_until_closed(&mut s)
+        .await
+        .into_iter()
+        .map(|r| match r {
+            Reply::Connected { .. } => "connected".to_string(),
+            Reply::Refused { .. } => "refused".to_string(),
+            Reply::Event(ClientEvent::Joined { .. }) => "joined".to_string(),
+            Reply::Event(ClientEvent::Left { .. }) => "left".to_string(),
+            Reply::Event(e) => format!("{e:?}"),
+        })
+        .collect();
+    assert_eq!(kinds, ["connected", "joined", "refused", "left"]);
+    still_serves(&addr, "fine").await;
+    d.shutdown().await.unwrap();
+}

@@ -430,6 +430,11 @@ impl Daemon {
         self.ring_log.pop_front()
     }
 
+    /// Whether [`Daemon::poll_event`] has an event.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// The next event for one of this daemon's clients.
     pub fn poll_event(&mut self) -> Option<(String, ClientEvent)> {
         self.events.pop_front()
