@@ -38,8 +38,10 @@ use tokio::time::Instant;
 /// Most bytes queued for one client before it is disconnected for not reading.
 pub const MAX_UNREAD_BYTES: usize = 64 << 20;
 /// A session's framed replies go to its writer when the core's pass ends, or once they fill
-/// this many bytes.
-const FLUSH_BYTES: usize = 256 << 10;
+/// this many bytes (or half the replies a client may leave unread). Handing them over every
+/// 256 KiB was seen to cost the ring under heavy load (a daemon falsely suspected, 8 KiB messages
+/// from five senders): the writers' wake-ups compete with the daemon cores.
+const FLUSH_BYTES: usize = 4 << 20;
 /// Longest pause `conclave admin pause` may ask for.
 pub const MAX_PAUSE_MS: u64 = 60_000;
 /// Requests waiting for the core, from all connections together.
@@ -675,9 +677,11 @@ impl Core {
             s.pending.clear();
             s.pending_replies = 0;
             self.slow(id);
-        } else if s.pending.len() >= FLUSH_BYTES {
-            // A long pass (a recovery's deliveries, many datagrams at once) lets the writer work
-            // meanwhile, and counts against the limits only what it could not write.
+        } else if s.pending.len() >= FLUSH_BYTES
+            || s.pending_replies >= self.cfg.limits.max_unread_per_client / 2
+        {
+            // A long pass (a recovery's deliveries) lets the writer work meanwhile, and counts
+            // against the limits only what it could not write.
             self.flush_session(id);
         }
     }
