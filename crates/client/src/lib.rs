@@ -361,6 +361,13 @@ impl Receiver {
     }
 }
 
+/// Takes a full batch, leaving room for as many: growing each batch from empty cost a good
+/// part of the reader's time under load.
+fn next_batch(batch: &mut Vec<Item>) -> Vec<Item> {
+    let room = batch.len();
+    std::mem::replace(batch, Vec::with_capacity(room))
+}
+
 async fn read_replies(
     mut r: Box<dyn AsyncRead + Unpin + Send>,
     mut dec: ReplyDecoder,
@@ -399,13 +406,13 @@ async fn read_replies(
                     Reply::Connected { .. } => continue,
                 };
                 batch.push(item);
-                if batch.len() >= EVENT_BATCH && !hand_over(std::mem::take(&mut batch)).await {
+                if batch.len() >= EVENT_BATCH && !hand_over(next_batch(&mut batch)).await {
                     return;
                 }
                 continue;
             }
             Ok(None) => {
-                if !batch.is_empty() && !hand_over(std::mem::take(&mut batch)).await {
+                if !batch.is_empty() && !hand_over(next_batch(&mut batch)).await {
                     return;
                 }
             }

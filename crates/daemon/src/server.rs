@@ -708,7 +708,7 @@ impl Core {
         }
         // The next pass likely frames as much: room for it saves growing the buffer step by step.
         let room = s.pending.len().min(64 * 1024);
-        let frames = std::mem::replace(&mut s.pending, Vec::with_capacity(room));
+        let frames = std::mem::replace(&mut s.pending, s.unread.buffer(room));
         let (bytes, n) = (frames.len(), std::mem::take(&mut s.pending_replies));
         // Counted before the writer can see them, which uncounts them once written.
         s.unread.bytes.fetch_add(bytes, Relaxed);

@@ -12,7 +12,7 @@
 use crate::server::ToCore;
 use conclave_wire::client::{next_frame, Request};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -34,6 +34,33 @@ pub enum Out {
 pub struct Unread {
     pub bytes: AtomicUsize,
     pub replies: AtomicUsize,
+    /// Buffers the writer is done with, for the core to frame into again: a fresh buffer per
+    /// pass cost growing it step by step and the kernel zeroing its new pages.
+    spare: Mutex<Vec<Vec<u8>>>,
+}
+
+/// Buffers kept for reuse per connection, and the largest kept.
+const SPARE_BUFFERS: usize = 2;
+const SPARE_MAX_BYTES: usize = 8 << 20;
+
+impl Unread {
+    /// An empty buffer to frame into, reused if the writer gave one back.
+    pub fn buffer(&self, room: usize) -> Vec<u8> {
+        let spare = self.spare.lock().ok().and_then(|mut s| s.pop());
+        spare.unwrap_or_else(|| Vec::with_capacity(room))
+    }
+
+    fn give_back(&self, mut buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > SPARE_MAX_BYTES {
+            return;
+        }
+        buf.clear();
+        if let Ok(mut spare) = self.spare.lock() {
+            if spare.len() < SPARE_BUFFERS {
+                spare.push(buf);
+            }
+        }
+    }
 }
 
 /// Runs one connection until either side ends it.
@@ -146,9 +173,10 @@ async fn write<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<Out>, unr
             match o {
                 Out::Frames(frames, n) => {
                     if out.is_empty() {
-                        out = frames;
+                        unread.give_back(std::mem::replace(&mut out, frames));
                     } else {
                         out.extend_from_slice(&frames);
+                        unread.give_back(frames);
                     }
                     replies += n;
                 }

@@ -162,6 +162,9 @@ struct Client {
     /// to a group that is changing view).
     held: BTreeMap<String, VecDeque<ClientCommand>>,
     held_count: usize,
+    /// Flush acknowledgements among them: the only commands that can go while the ring
+    /// takes no more messages.
+    held_acks: usize,
     /// Joins and leaves sent on the ring and not yet applied (or dropped) by the groups.
     changes: usize,
 }
@@ -258,6 +261,7 @@ impl Daemon {
                 views: BTreeMap::new(),
                 held: BTreeMap::new(),
                 held_count: 0,
+                held_acks: 0,
                 changes: 0,
             },
         );
@@ -357,6 +361,23 @@ impl Daemon {
                 }
             }
         }
+        // With nothing of the client's waiting, a command that can go now skips the queue (the
+        // common case, and the queue's bookkeeping was a fair part of a message's cost).
+        let cmd = if c.held_count == 0 && self.ready() {
+            self.now = now;
+            match self.try_accept(client, cmd) {
+                Ok(()) => {
+                    self.after(now);
+                    return Ok(());
+                }
+                Err(cmd) => cmd,
+            }
+        } else {
+            cmd
+        };
+        let Some(c) = self.clients.get_mut(client) else {
+            return Err(DaemonError::UnknownClient(client.to_owned()));
+        };
         let group = match &cmd {
             ClientCommand::Join { group, .. }
             | ClientCommand::Leave { group }
@@ -364,6 +385,9 @@ impl Daemon {
             // A message to several groups waits in the queue of the first.
             ClientCommand::Multicast { groups, .. } => groups[0].clone(),
         };
+        if matches!(cmd, ClientCommand::FlushAck { .. }) {
+            c.held_acks += 1;
+        }
         c.held.entry(group).or_default().push_back(cmd);
         c.held_count += 1;
         self.after(now);
@@ -734,9 +758,16 @@ impl Daemon {
         view: GroupViewId,
         transitional: bool,
     ) {
-        for c in self.local_members(group) {
+        let Some(view_now) = self.groups.get(group).and_then(|g| g.view) else {
+            return;
+        };
+        // Not through `local_members`: this runs for every message at every member.
+        for (c, client) in &self.clients {
+            if client.views.get(group) != Some(&view_now) {
+                continue;
+            }
             self.events.push_back((
-                c,
+                c.clone(),
                 ClientEvent::Message {
                     group: group.to_owned(),
                     sender: sender.to_owned(),
@@ -1006,9 +1037,13 @@ impl Daemon {
             return false;
         }
         let mut any = false;
+        // Called after every packet and command: while the ring takes no more messages, only a
+        // queue holding an acknowledgement is worth a look.
+        let submit = self.ring.can_submit();
         let queues: Vec<(String, String)> = self
             .clients
             .iter()
+            .filter(|(_, c)| submit || c.held_acks > 0)
             .flat_map(|(n, c)| c.held.keys().map(move |g| (n.clone(), g.clone())))
             .collect();
         for (name, group) in queues {
@@ -1020,6 +1055,7 @@ impl Daemon {
                 // leave for the client's earlier ones to be applied; a flush acknowledgement
                 // behind them does not wait (that group's flush may be what they wait for), and
                 // they then go in the next view.
+                let ack = matches!(head, ClientCommand::FlushAck { .. });
                 let ack_behind = match &head {
                     ClientCommand::Multicast { groups, .. } if groups.len() == 1 => None,
                     _ => q
@@ -1028,7 +1064,7 @@ impl Daemon {
                 };
                 let head = match self.try_accept(&name, head) {
                     Ok(()) => {
-                        self.accepted(&name, &group);
+                        self.accepted(&name, &group, ack);
                         any = true;
                         continue;
                     }
@@ -1043,7 +1079,7 @@ impl Daemon {
                 };
                 match self.try_accept(&name, ack) {
                     Ok(()) => {
-                        self.accepted(&name, &group);
+                        self.accepted(&name, &group, true);
                         any = true;
                     }
                     Err(ack) => {
@@ -1063,9 +1099,10 @@ impl Daemon {
     }
 
     /// A command taken from the client's queue for `group` was accepted.
-    fn accepted(&mut self, client: &str, group: &str) {
+    fn accepted(&mut self, client: &str, group: &str, ack: bool) {
         if let Some(c) = self.clients.get_mut(client) {
             c.held_count -= 1;
+            c.held_acks -= usize::from(ack);
             if c.held.get(group).is_some_and(|q| q.is_empty()) {
                 c.held.remove(group);
             }
