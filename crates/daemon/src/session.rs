@@ -39,9 +39,10 @@ pub struct Unread {
     spare: Mutex<Vec<Vec<u8>>>,
 }
 
-/// Buffers kept for reuse per connection, and the largest kept.
+/// Buffers kept for reuse per connection, and the largest kept: a pass under heavy load frames
+/// a few hundred KiB for a client, and an idle connection should not hold a burst's worth.
 const SPARE_BUFFERS: usize = 2;
-const SPARE_MAX_BYTES: usize = 8 << 20;
+const SPARE_MAX_BYTES: usize = 1 << 20;
 
 impl Unread {
     /// An empty buffer to frame into, reused if the writer gave one back.
