@@ -1,5 +1,6 @@
 //! The client-group daemon over a perfect network of two daemons, driven by hand: the limits on
-//! what one client can make the daemons keep.
+//! what one client can make the daemons keep, and a flush acknowledgement that must not wait for
+//! a full ring.
 
 use conclave_gcs::{ClientCommand, ClientEvent, Daemon, DaemonConfig, Dest, GroupViewId};
 use conclave_wire::gcs::ServiceType;
@@ -248,4 +249,121 @@ fn empty_groups_are_forgotten_and_view_ids_are_never_reused() {
         },
     );
     net.run_until(|n| n.count("a", |e| matches!(e, ClientEvent::Message { .. })) == 1);
+}
+
+fn multicast(groups: &[&str]) -> ClientCommand {
+    ClientCommand::Multicast {
+        service: ServiceType::Agreed,
+        groups: groups.iter().map(|g| g.to_string()).collect(),
+        payload: b"m".to_vec().into(),
+    }
+}
+
+impl Net {
+    /// The flush requests `client` got for `group`, in order.
+    fn flush_requests(&self, client: &str, group: &str) -> Vec<GroupViewId> {
+        self.events
+            .iter()
+            .filter_map(|(_, c, e)| match e {
+                ClientEvent::FlushRequest { group: g, view } if c == client && g == group => {
+                    Some(*view)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Runs until `client` has a view of `group` with `n` members, acknowledging every flush
+    /// `client` is asked for on the way.
+    fn settle_view(&mut self, d: usize, client: &str, group: &str, n: usize) {
+        let mut acked = self.flush_requests(client, group).len();
+        loop {
+            let seen = self.events.len();
+            self.run_until(|net| {
+                net.events.len() > seen
+                    || net
+                        .views_of(client, group)
+                        .last()
+                        .is_some_and(|v| v.1.len() == n)
+            });
+            let requests = self.flush_requests(client, group);
+            for view in requests.into_iter().skip(acked) {
+                let group = group.into();
+                self.client(d, client, ClientCommand::FlushAck { group, view });
+                acked += 1;
+            }
+            if self
+                .views_of(client, group)
+                .last()
+                .is_some_and(|v| v.1.len() == n)
+            {
+                return;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_flush_acknowledgement_goes_while_the_ring_takes_no_more_messages() {
+    let mut cfg = DaemonConfig::default();
+    cfg.membership.ordering.max_queued = 4;
+    let mut net = Net::new(2, cfg);
+    // "c" (VS) is in g and h; "v" (VS) is in h and will not acknowledge the next flush of h.
+    net.nodes[0].connect("c").unwrap();
+    net.client(0, "c", join("g", true));
+    net.settle_view(0, "c", "g", 1);
+    net.client(0, "c", join("h", true));
+    net.settle_view(0, "c", "h", 1);
+    net.nodes[1].connect("x").unwrap();
+    net.client(1, "x", join("g", false));
+    net.settle_view(0, "c", "g", 2);
+    net.nodes[1].connect("v").unwrap();
+    net.client(1, "v", join("h", true));
+    net.settle_view(0, "c", "h", 2);
+    net.nodes[0].connect("f").unwrap();
+    net.client(0, "f", join("k", false));
+    net.run_until(|n| n.views_of("f", "k").len() == 1);
+
+    // A flush of h that "c" acknowledges and "v" holds up: c's messages to h now wait.
+    net.nodes[1].connect("y").unwrap();
+    net.client(1, "y", join("h", false));
+    let h_flushes = net.flush_requests("c", "h").len();
+    net.run_until(|n| n.flush_requests("c", "h").len() > h_flushes);
+    let view = *net.flush_requests("c", "h").last().unwrap();
+    net.client(0, "c", ClientCommand::FlushAck { group: "h".into(), view });
+    // A flush of g, not yet acknowledged.
+    net.nodes[1].connect("z").unwrap();
+    net.client(1, "z", join("g", false));
+    let g_flushes = net.flush_requests("c", "g").len();
+    net.run_until(|n| n.flush_requests("c", "g").len() > g_flushes);
+    let g_view = *net.flush_requests("c", "g").last().unwrap();
+
+    // With the network still, fill the ring's queue of messages to send.
+    for _ in 0..6 {
+        net.client(0, "f", multicast(&["k"]));
+    }
+    // A message to g and h waits (h is flushing), and c's acknowledgement of g queues behind it.
+    net.client(0, "c", multicast(&["g", "h"]));
+    net.client(
+        0,
+        "c",
+        ClientCommand::FlushAck {
+            group: "g".into(),
+            view: g_view,
+        },
+    );
+    let mut sent = 0;
+    let mut acked = false;
+    while let Some((client, ev)) = net.nodes[0].poll_event() {
+        match ev {
+            ClientEvent::Sent { .. } if client == "f" => sent += 1,
+            ClientEvent::FlushAcked { group } if client == "c" && group == "g" => acked = true,
+            _ => {}
+        }
+    }
+    assert_eq!(sent, 4, "the ring took as many messages as it queues, no more");
+    assert!(
+        acked,
+        "the acknowledgement went at once, past the message waiting for h and the full ring"
+    );
 }
