@@ -252,10 +252,14 @@ fn empty_groups_are_forgotten_and_view_ids_are_never_reused() {
 }
 
 fn multicast(groups: &[&str]) -> ClientCommand {
+    multicast_of(groups, b"m")
+}
+
+fn multicast_of(groups: &[&str], payload: &[u8]) -> ClientCommand {
     ClientCommand::Multicast {
         service: ServiceType::Agreed,
         groups: groups.iter().map(|g| g.to_string()).collect(),
-        payload: b"m".to_vec().into(),
+        payload: payload.to_vec().into(),
     }
 }
 
@@ -303,10 +307,12 @@ impl Net {
     }
 }
 
-#[test]
-fn a_flush_acknowledgement_goes_while_the_ring_takes_no_more_messages() {
+/// Two daemons where "c" (VS, on d1) is in g and h, "x" is in g, "f" is alone in k, and a
+/// flush of h waits for "v" while c has acknowledged it (c's messages to h wait); a flush of g
+/// has been asked of c and is not acknowledged yet. Gives the network and that view of g.
+fn a_flush_of_h_held_up(max_queued: usize) -> (Net, GroupViewId) {
     let mut cfg = DaemonConfig::default();
-    cfg.membership.ordering.max_queued = 4;
+    cfg.membership.ordering.max_queued = max_queued;
     let mut net = Net::new(2, cfg);
     // "c" (VS) is in g and h; "v" (VS) is in h and will not acknowledge the next flush of h.
     net.nodes[0].connect("c").unwrap();
@@ -330,7 +336,14 @@ fn a_flush_acknowledgement_goes_while_the_ring_takes_no_more_messages() {
     let h_flushes = net.flush_requests("c", "h").len();
     net.run_until(|n| n.flush_requests("c", "h").len() > h_flushes);
     let view = *net.flush_requests("c", "h").last().unwrap();
-    net.client(0, "c", ClientCommand::FlushAck { group: "h".into(), view });
+    net.client(
+        0,
+        "c",
+        ClientCommand::FlushAck {
+            group: "h".into(),
+            view,
+        },
+    );
     // A flush of g, not yet acknowledged.
     net.nodes[1].connect("z").unwrap();
     net.client(1, "z", join("g", false));
@@ -338,6 +351,12 @@ fn a_flush_acknowledgement_goes_while_the_ring_takes_no_more_messages() {
     net.run_until(|n| n.flush_requests("c", "g").len() > g_flushes);
     let g_view = *net.flush_requests("c", "g").last().unwrap();
 
+    (net, g_view)
+}
+
+#[test]
+fn a_flush_acknowledgement_goes_while_the_ring_takes_no_more_messages() {
+    let (mut net, g_view) = a_flush_of_h_held_up(4);
     // With the network still, fill the ring's queue of messages to send.
     for _ in 0..6 {
         net.client(0, "f", multicast(&["k"]));
@@ -361,9 +380,60 @@ fn a_flush_acknowledgement_goes_while_the_ring_takes_no_more_messages() {
             _ => {}
         }
     }
-    assert_eq!(sent, 4, "the ring took as many messages as it queues, no more");
+    assert_eq!(
+        sent, 4,
+        "the ring took as many messages as it queues, no more"
+    );
     assert!(
         acked,
         "the acknowledgement went at once, past the message waiting for h and the full ring"
     );
+}
+
+#[test]
+fn a_message_does_not_overtake_an_earlier_one_that_waits() {
+    let (mut net, g_view) = a_flush_of_h_held_up(10_000);
+    // The first waits for h's flush; the second, to g alone, could go at once but must not.
+    net.client(0, "c", multicast_of(&["g", "h"], b"first"));
+    net.client(0, "c", multicast_of(&["g"], b"second"));
+    let mut sent = 0;
+    while let Some((client, ev)) = net.nodes[0].poll_event() {
+        net.events.push((0, client.clone(), ev.clone()));
+        if client == "c" && matches!(ev, ClientEvent::Sent { .. }) {
+            sent += 1;
+        }
+    }
+    assert_eq!(sent, 0, "nothing of c's goes while its first message waits");
+    // The flushes end; both messages reach x, in the order c sent them.
+    net.client(
+        0,
+        "c",
+        ClientCommand::FlushAck {
+            group: "g".into(),
+            view: g_view,
+        },
+    );
+    let v_view = *net.flush_requests("v", "h").last().unwrap();
+    net.client(
+        1,
+        "v",
+        ClientCommand::FlushAck {
+            group: "h".into(),
+            view: v_view,
+        },
+    );
+    let from_c = |n: &Net| -> Vec<Vec<u8>> {
+        n.events
+            .iter()
+            .filter_map(|(_, to, e)| match e {
+                ClientEvent::Message {
+                    sender, payload, ..
+                } if to == "x" && sender == "c" => Some(payload.to_vec()),
+                _ => None,
+            })
+            .collect()
+    };
+    net.settle_view(0, "c", "g", 3);
+    net.run_until(|n| from_c(n).len() == 2);
+    assert_eq!(from_c(&net), vec![b"first".to_vec(), b"second".to_vec()]);
 }
