@@ -16,7 +16,7 @@ use crate::record::Recorder;
 use crate::session::{self, Out, Unread};
 use anyhow::Context;
 use conclave_gcs::Dest;
-use conclave_gcs::{ClientEvent, Daemon, Phase, RingEvent};
+use conclave_gcs::{ClientEvent, Daemon, Delivery, LocalEvent, Phase, RingEvent};
 use conclave_history::Event;
 use conclave_wire::client::{Reply, Request};
 use conclave_wire::gcs::{DaemonId, Packet, RingId};
@@ -663,13 +663,18 @@ impl Core {
     /// the core's outputs of this pass are drained ([`Core::flush_replies`]). A client whose
     /// unwritten replies pass the limits (it does not read) is disconnected.
     fn reply(&mut self, id: u64, r: Reply) {
+        self.frame(id, |out| r.frame_into(out));
+    }
+
+    /// [`Core::reply`], for a reply `frame_into` appends in its frame.
+    fn frame(&mut self, id: u64, frame_into: impl FnOnce(&mut Vec<u8>)) {
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };
         if s.pending.is_empty() {
             self.dirty.push(id);
         }
-        r.frame_into(&mut s.pending);
+        frame_into(&mut s.pending);
         s.pending_replies += 1;
         let bytes = s.unread.bytes.load(Relaxed) + s.pending.len();
         let replies = s.unread.replies.load(Relaxed) + s.pending_replies;
@@ -996,9 +1001,24 @@ impl Core {
     }
 
     fn client_events(&mut self) {
-        while let Some((client, ev)) = self.daemon.poll_event() {
-            self.client_event(client, ev);
+        while let Some(ev) = self.daemon.pop_event() {
+            match ev {
+                // The bulk: framed from the ring's message, with nothing copied but the frame.
+                LocalEvent::Message(d) if self.recorder.is_none() => self.deliver(&d),
+                ev => {
+                    let (client, ev) = ev.into_event();
+                    self.client_event(client, ev);
+                }
+            }
         }
+    }
+
+    fn deliver(&mut self, d: &Delivery) {
+        let Some(&id) = self.by_name.get(d.client()) else {
+            return;
+        };
+        self.metrics.messages_delivered.fetch_add(1, Relaxed);
+        self.frame(id, |out| d.message().frame_into(out));
     }
 
     fn client_event(&mut self, client: String, ev: ClientEvent) {

@@ -37,8 +37,8 @@
 use crate::membership::{Membership, MembershipConfig, RingEvent};
 use crate::ordering::Transmit;
 use conclave_wire::client::Bytes;
-use conclave_wire::client::MAX_VIEW_MEMBERS;
 pub use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, Reason};
+use conclave_wire::client::{MessageRef, MAX_VIEW_MEMBERS};
 use conclave_wire::gcs::{
     Body, DaemonId, Packet, RingId, ServiceType, StateEntry, MAX_GROUPS_PER_MESSAGE,
     MAX_NAME_BYTES, MAX_PAYLOAD_BYTES, MAX_STATE_ENTRIES,
@@ -151,6 +151,8 @@ struct Group {
 }
 
 struct Client {
+    /// Its name, shared by every delivery queued for it.
+    name: Arc<str>,
     /// Groups joined, as accepted (with the VS flag).
     groups: BTreeMap<String, bool>,
     /// Groups as they will be once every waiting command is accepted.
@@ -188,7 +190,7 @@ pub struct Daemon {
     /// view id is never used twice.
     first_count: u64,
     clients: BTreeMap<String, Client>,
-    events: VecDeque<(String, ClientEvent)>,
+    events: VecDeque<LocalEvent>,
     ring_log: VecDeque<RingEvent>,
     /// The time of the input being handled.
     now: u64,
@@ -256,6 +258,7 @@ impl Daemon {
         self.clients.insert(
             client.to_owned(),
             Client {
+                name: Arc::from(client),
                 groups: BTreeMap::new(),
                 intent: BTreeMap::new(),
                 views: BTreeMap::new(),
@@ -461,6 +464,13 @@ impl Daemon {
 
     /// The next event for one of this daemon's clients.
     pub fn poll_event(&mut self) -> Option<(String, ClientEvent)> {
+        self.events.pop_front().map(LocalEvent::into_event)
+    }
+
+    /// The next event for one of this daemon's clients, with a delivery left in the ring's
+    /// message (for a caller that only reads it, as the daemon process framing it for its
+    /// client does).
+    pub fn pop_event(&mut self) -> Option<LocalEvent> {
         self.events.pop_front()
     }
 
@@ -482,7 +492,8 @@ impl Daemon {
     }
 
     fn emit(&mut self, client: &str, ev: ClientEvent) {
-        self.events.push_back((client.to_owned(), ev));
+        self.events
+            .push_back(LocalEvent::Event(client.to_owned(), ev));
     }
 
     /// Local clients that have installed the current view of `group`.
@@ -644,14 +655,8 @@ impl Daemon {
             return;
         }
         // Client messages, the bulk, are read where they lie: the ring layer still holds them.
-        if let Body::Client {
-            client,
-            groups,
-            service,
-            payload,
-        } = &*body
-        {
-            for (group, sent_in) in groups {
+        if let Body::Client { client, groups, .. } = &*body {
+            for (index, (group, sent_in)) in groups.iter().enumerate() {
                 let Some(view) = self.groups.get(group).and_then(|g| g.view) else {
                     continue;
                 };
@@ -670,7 +675,7 @@ impl Daemon {
                     // Not sent in this view: a hostile or stale message.
                     continue;
                 }
-                self.deliver(group, client, *service, payload, view, transitional);
+                self.deliver(&body, index, view, transitional);
             }
             return;
         }
@@ -748,35 +753,27 @@ impl Daemon {
         }
     }
 
-    /// A client message of `group`'s current view, to the local members holding it.
-    fn deliver(
-        &mut self,
-        group: &str,
-        sender: &str,
-        service: ServiceType,
-        payload: &Bytes,
-        view: GroupViewId,
-        transitional: bool,
-    ) {
-        let Some(view_now) = self.groups.get(group).and_then(|g| g.view) else {
+    /// A client message (`body`), for its `index`th group in that group's current view, to the
+    /// local members holding that view.
+    fn deliver(&mut self, body: &Arc<Body>, index: usize, view: GroupViewId, transitional: bool) {
+        let Body::Client { groups, .. } = &**body else {
+            return;
+        };
+        let Some((group, _)) = groups.get(index) else {
             return;
         };
         // Not through `local_members`: this runs for every message at every member.
-        for (c, client) in &self.clients {
-            if client.views.get(group) != Some(&view_now) {
+        for client in self.clients.values() {
+            if client.views.get(group) != Some(&view) {
                 continue;
             }
-            self.events.push_back((
-                c.clone(),
-                ClientEvent::Message {
-                    group: group.to_owned(),
-                    sender: sender.to_owned(),
-                    service,
-                    payload: payload.clone(),
-                    view,
-                    transitional,
-                },
-            ));
+            self.events.push_back(LocalEvent::Message(Delivery {
+                client: client.name.clone(),
+                body: body.clone(),
+                index,
+                view,
+                transitional,
+            }));
         }
     }
 
@@ -1253,6 +1250,95 @@ fn changes_anything(members: &[Member], change: &Change) -> bool {
         Change::Join(m) => !members.iter().any(|x| x.name == m.name),
         Change::Leave(n, d) | Change::Gone(n, d) => {
             members.iter().any(|x| &x.name == n && x.daemon == *d)
+        }
+    }
+}
+
+/// An event for one of a daemon's clients. A delivery, the bulk of them, stays in the ring's
+/// shared message: queueing it copies no name and no payload.
+#[derive(Clone, Debug)]
+pub enum LocalEvent {
+    Event(String, ClientEvent),
+    Message(Delivery),
+}
+
+impl LocalEvent {
+    /// The client the event is for.
+    pub fn client(&self) -> &str {
+        match self {
+            LocalEvent::Event(c, _) => c,
+            LocalEvent::Message(d) => &d.client,
+        }
+    }
+
+    /// The event as the client receives it.
+    pub fn into_event(self) -> (String, ClientEvent) {
+        match self {
+            LocalEvent::Event(c, ev) => (c, ev),
+            LocalEvent::Message(d) => {
+                let m = d.message();
+                let ev = ClientEvent::Message {
+                    group: m.group.to_owned(),
+                    sender: m.sender.to_owned(),
+                    service: m.service,
+                    payload: d.payload().clone(),
+                    view: m.view,
+                    transitional: m.transitional,
+                };
+                (d.client.to_string(), ev)
+            }
+        }
+    }
+}
+
+/// A client message delivered to one local client: the ring's message and which of its groups.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    client: Arc<str>,
+    /// Always a [`Body::Client`] with a group at `index` (checked in `Daemon::deliver`).
+    body: Arc<Body>,
+    index: usize,
+    view: GroupViewId,
+    transitional: bool,
+}
+
+static NO_PAYLOAD: Bytes = Bytes::new();
+
+impl Delivery {
+    pub fn client(&self) -> &str {
+        &self.client
+    }
+
+    fn payload(&self) -> &Bytes {
+        match &*self.body {
+            Body::Client { payload, .. } => payload,
+            _ => &NO_PAYLOAD,
+        }
+    }
+
+    /// The delivery's fields, to frame for the client ([`MessageRef::frame_into`]).
+    pub fn message(&self) -> MessageRef<'_> {
+        let (group, sender, service) = match &*self.body {
+            Body::Client {
+                client,
+                groups,
+                service,
+                ..
+            } => (
+                groups.get(self.index).map_or("", |g| g.0.as_str()),
+                client.as_str(),
+                *service,
+            ),
+            // Never made (see the field's doc).
+            _ => ("", "", ServiceType::Unreliable),
+        };
+        MessageRef {
+            group,
+            sender,
+            service,
+            view: self.view,
+            transitional: self.transitional,
+            payload: self.payload(),
         }
     }
 }

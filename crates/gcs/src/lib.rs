@@ -8,7 +8,8 @@ pub mod membership;
 pub mod ordering;
 
 pub use groups::{
-    ClientCommand, ClientEvent, Daemon, DaemonConfig, DaemonError, GroupViewId, Reason,
+    ClientCommand, ClientEvent, Daemon, DaemonConfig, DaemonError, Delivery, GroupViewId,
+    LocalEvent, Reason,
 };
 pub use membership::{Configuration, Membership, MembershipConfig, Phase, RingEvent};
 pub use ordering::{Delivered, Dest, Finished, Ordering, OrderingConfig, OrderingError, Transmit};

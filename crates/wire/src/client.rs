@@ -306,9 +306,7 @@ impl Reply {
         let start = out.len();
         out.extend_from_slice(&[0; 4]);
         *out = self.encode_after(std::mem::take(out));
-        let len = out.len() - start - 4;
-        assert!(len <= MAX_FRAME_BYTES, "a frame over the limit");
-        out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
+        finish_frame(out, start);
     }
 
     fn encode_after(&self, buf: Vec<u8>) -> Vec<u8> {
@@ -383,15 +381,15 @@ impl Reply {
                     payload,
                     view,
                     transitional,
-                } => {
-                    w.u8(10);
-                    w.name(group, MAX_NAME_BYTES);
-                    w.name(sender, MAX_NAME_BYTES);
-                    w.u8(*service as u8);
-                    write_view(&mut w, view);
-                    w.u8(*transitional as u8);
-                    w.bytes(payload, MAX_PAYLOAD_BYTES);
+                } => MessageRef {
+                    group,
+                    sender,
+                    service: *service,
+                    view: *view,
+                    transitional: *transitional,
+                    payload,
                 }
+                .write(&mut w),
             },
         }
         w.into_vec()
@@ -466,6 +464,49 @@ impl Reply {
     }
 }
 
+/// Writes the length of the frame that starts at `start` (its 4 bytes reserved) and ends `out`.
+fn finish_frame(out: &mut [u8], start: usize) {
+    let len = out.len() - start - 4;
+    assert!(len <= MAX_FRAME_BYTES, "a frame over the limit");
+    out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
+}
+
+/// A delivery's fields, borrowed: framed exactly as `Reply::Event(ClientEvent::Message { .. })`,
+/// without building the event (a daemon frames one per delivery to each local member, and the
+/// names need not be copied for it).
+#[derive(Clone, Copy, Debug)]
+pub struct MessageRef<'a> {
+    pub group: &'a str,
+    pub sender: &'a str,
+    pub service: ServiceType,
+    pub view: GroupViewId,
+    pub transitional: bool,
+    pub payload: &'a [u8],
+}
+
+impl MessageRef<'_> {
+    /// Appends the reply in its frame to `out`, as [`Reply::frame_into`] does.
+    pub fn frame_into(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0; 4]);
+        let mut w = Writer::from_vec(std::mem::take(out));
+        w.u8(CLIENT_VERSION);
+        self.write(&mut w);
+        *out = w.into_vec();
+        finish_frame(out, start);
+    }
+
+    fn write(&self, w: &mut Writer) {
+        w.u8(10);
+        w.name(self.group, MAX_NAME_BYTES);
+        w.name(self.sender, MAX_NAME_BYTES);
+        w.u8(self.service as u8);
+        write_view(w, &self.view);
+        w.u8(self.transitional as u8);
+        w.bytes(self.payload, MAX_PAYLOAD_BYTES);
+    }
+}
+
 /// A message in its frame: the length, then the message.
 pub fn frame(message: &[u8]) -> Vec<u8> {
     assert!(message.len() <= MAX_FRAME_BYTES, "a frame over the limit");
@@ -514,6 +555,38 @@ mod frame_into_tests {
             want.extend(frame(&r.encode()));
         }
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn a_borrowed_message_frames_as_the_event_does() {
+        let m = MessageRef {
+            group: "g",
+            sender: "a#d1",
+            service: ServiceType::Safe,
+            view: GroupViewId {
+                ring: RingId {
+                    seq: 7,
+                    rep: 2,
+                    inc: 1,
+                },
+                index: 3,
+            },
+            transitional: true,
+            payload: b"payload",
+        };
+        let ev = Reply::Event(ClientEvent::Message {
+            group: m.group.into(),
+            sender: m.sender.into(),
+            service: m.service,
+            payload: m.payload.to_vec().into(),
+            view: m.view,
+            transitional: m.transitional,
+        });
+        let (mut out, mut want) = (b"xy".to_vec(), b"xy".to_vec());
+        m.frame_into(&mut out);
+        ev.frame_into(&mut want);
+        assert_eq!(out, want);
+        assert_eq!(Reply::decode(&out[6..]).unwrap(), ev);
     }
 }
 
