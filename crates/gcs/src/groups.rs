@@ -1263,14 +1263,6 @@ pub enum LocalEvent {
 }
 
 impl LocalEvent {
-    /// The client the event is for.
-    pub fn client(&self) -> &str {
-        match self {
-            LocalEvent::Event(c, _) => c,
-            LocalEvent::Message(d) => &d.client,
-        }
-    }
-
     /// The event as the client receives it.
     pub fn into_event(self) -> (String, ClientEvent) {
         match self {

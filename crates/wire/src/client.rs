@@ -303,15 +303,18 @@ impl Reply {
     /// Appends the reply in its frame to `out` (what [`frame`] of [`Reply::encode`] gives,
     /// without the copies: a daemon writes every delivery this way).
     pub fn frame_into(&self, out: &mut Vec<u8>) {
-        let start = out.len();
-        out.extend_from_slice(&[0; 4]);
-        *out = self.encode_after(std::mem::take(out));
-        finish_frame(out, start);
+        frame_with(out, |w| self.write(w));
     }
 
     fn encode_after(&self, buf: Vec<u8>) -> Vec<u8> {
         let mut w = Writer::from_vec(buf);
         w.u8(CLIENT_VERSION);
+        self.write(&mut w);
+        w.into_vec()
+    }
+
+    /// The message after its version.
+    fn write(&self, w: &mut Writer) {
         match self {
             Reply::Connected { name } => {
                 w.u8(1);
@@ -319,7 +322,7 @@ impl Reply {
             }
             Reply::Refused { reason } => {
                 w.u8(2);
-                write_text(&mut w, reason);
+                write_text(w, reason);
             }
             Reply::Event(ev) => match ev {
                 ClientEvent::Joined { group, vs } => {
@@ -340,7 +343,7 @@ impl Reply {
                     w.u8(5);
                     w.name(group, MAX_NAME_BYTES);
                     w.u8(*service as u8);
-                    write_view(&mut w, view);
+                    write_view(w, view);
                     w.bytes(payload, MAX_PAYLOAD_BYTES);
                 }
                 ClientEvent::FlushAcked { group } => {
@@ -356,9 +359,9 @@ impl Reply {
                 } => {
                     w.u8(7);
                     w.name(group, MAX_NAME_BYTES);
-                    write_view(&mut w, view);
-                    write_names(&mut w, members);
-                    write_names(&mut w, transitional);
+                    write_view(w, view);
+                    write_names(w, members);
+                    write_names(w, transitional);
                     w.u8(*reason as u8);
                 }
                 ClientEvent::TransitionalSignal { group } => {
@@ -368,11 +371,11 @@ impl Reply {
                 ClientEvent::FlushRequest { group, view } => {
                     w.u8(9);
                     w.name(group, MAX_NAME_BYTES);
-                    write_view(&mut w, view);
+                    write_view(w, view);
                 }
                 ClientEvent::Closed { reason } => {
                     w.u8(11);
-                    write_text(&mut w, reason);
+                    write_text(w, reason);
                 }
                 ClientEvent::Message {
                     group,
@@ -389,10 +392,9 @@ impl Reply {
                     transitional: *transitional,
                     payload,
                 }
-                .write(&mut w),
+                .write(w),
             },
         }
-        w.into_vec()
     }
 
     pub fn decode(buf: &[u8]) -> Result<Reply, DecodeError> {
@@ -464,8 +466,14 @@ impl Reply {
     }
 }
 
-/// Writes the length of the frame that starts at `start` (its 4 bytes reserved) and ends `out`.
-fn finish_frame(out: &mut [u8], start: usize) {
+/// Appends to `out` a frame whose message is the version, then what `write` writes.
+fn frame_with(out: &mut Vec<u8>, write: impl FnOnce(&mut Writer)) {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    let mut w = Writer::from_vec(std::mem::take(out));
+    w.u8(CLIENT_VERSION);
+    write(&mut w);
+    *out = w.into_vec();
     let len = out.len() - start - 4;
     assert!(len <= MAX_FRAME_BYTES, "a frame over the limit");
     out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
@@ -487,13 +495,7 @@ pub struct MessageRef<'a> {
 impl MessageRef<'_> {
     /// Appends the reply in its frame to `out`, as [`Reply::frame_into`] does.
     pub fn frame_into(&self, out: &mut Vec<u8>) {
-        let start = out.len();
-        out.extend_from_slice(&[0; 4]);
-        let mut w = Writer::from_vec(std::mem::take(out));
-        w.u8(CLIENT_VERSION);
-        self.write(&mut w);
-        *out = w.into_vec();
-        finish_frame(out, start);
+        frame_with(out, |w| self.write(w));
     }
 
     fn write(&self, w: &mut Writer) {
