@@ -1,7 +1,7 @@
 //! Datagrams between daemons: any sequence of datagrams from a peer is reassembled without panic
 //! and within its bounds, and a packet that comes out is handed to the packet decoder.
 #![no_main]
-use conclave_daemon::frag::{Reassembly, MAX_PACKET_BYTES};
+use conclave_node::frag::{Reassembly, MAX_PACKET_BYTES};
 use conclave_wire::gcs::Packet;
 use libfuzzer_sys::fuzz_target;
 

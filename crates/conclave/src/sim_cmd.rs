@@ -31,12 +31,12 @@ pub struct SimArgs {
     /// Write the history of the last seed run to this file (JSON lines).
     #[arg(long)]
     pub history: Option<PathBuf>,
-    /// Full runs: the daemons hold an idle token this long, microseconds (the real daemons'
-    /// default is 300).
-    #[arg(long, default_value_t = 0)]
-    pub idle_hold_us: u64,
-    /// Full runs: bytes of messages one token visit may send (default: no limit; the real
-    /// daemons use 1 MiB).
+    /// Full runs, instead of the deployed default (300): the daemons hold an idle token this
+    /// long, microseconds (0: never).
+    #[arg(long)]
+    pub idle_hold_us: Option<u64>,
+    /// Full runs, instead of the deployed default (1 MiB): bytes of messages one token visit may
+    /// send.
     #[arg(long)]
     pub max_visit_bytes: Option<usize>,
 }
@@ -90,7 +90,7 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
             m.clients_per_daemon = args.clients;
             m.faults = full_faults;
             m.idle_hold_us = args.idle_hold_us;
-            m.max_visit_bytes = args.max_visit_bytes.unwrap_or(usize::MAX);
+            m.max_visit_bytes = args.max_visit_bytes;
             (conclave_sim::run_membership(&m), m.max_views_after_stable())
         } else {
             (run(&cfg), Config::default().max_views_after_stable)

@@ -1,17 +1,13 @@
-//! The Conclave daemon (`conclave daemon`): the tokio shell around the group communication core
-//! (docs/daemon.md). The core ([`conclave_gcs::Daemon`]) is a pure state machine; this crate
-//! gives it sockets (UDP to the other daemons, TCP and Unix sockets for clients), a clock, a
-//! configuration, an admin endpoint with fault injection, metrics, and a recorder of the history.
+//! The Conclave daemon (`conclave daemon`): the tokio runtime around a pure node
+//! ([`conclave_node::Node`], docs/daemon.md). The node holds the group communication core, the
+//! client sessions, datagram batching, fault injection and the recorder; this crate gives it
+//! sockets (UDP to the other daemons, TCP and Unix sockets for clients), a clock, an admin
+//! endpoint, a metrics endpoint, and a file for the history.
 
-pub mod admin;
-pub mod config;
-pub mod faults;
-pub mod frag;
-pub mod metrics;
 pub mod record;
 pub mod server;
 pub mod session;
 
-pub use admin::{AdminReply, AdminRequest, Status};
-pub use config::{Config, ConfigError};
+pub use conclave_node::{admin, config, faults, frag, metrics};
+pub use conclave_node::{AdminReply, AdminRequest, Config, ConfigError, Status};
 pub use server::{start, Options, Running};

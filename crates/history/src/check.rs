@@ -1,4 +1,4 @@
-//! The checker: verifies a recorded history against the properties of RELIABILITY.md (membership
+//! The checker: verifies a recorded history against the properties of docs/reliability.md (membership
 //! M1-M5, integrity I1-I3, delivery view D1-D2, virtual synchrony V1-V2, order O1-O4, VS extras
 //! X1-X3, liveness L1-L3), after Chockler, Keidar and Vitenberg's survey of group communication
 //! specifications and Moser et al.'s extended virtual synchrony.

@@ -11,16 +11,16 @@
 //! everything sent in the final views be delivered everywhere.
 
 use crate::{Network, SimResult, Stats, SERVICES};
-use conclave_gcs::{
-    ClientCommand, ClientEvent, Daemon, DaemonConfig, Dest, GroupViewId, Phase, RingEvent, Transmit,
-};
-use conclave_history::wire::{client_event, Naming};
-use conclave_history::{Event, Record, Service, ViewId};
-use conclave_wire::gcs::{Body, DaemonId, RingId};
+use conclave_gcs::Phase;
+use conclave_history::{Event, Record};
+use conclave_node::{Config, Node, NodeOptions, SessionId, SessionOutput};
+use conclave_wire::client::{frame, next_frame, ClientCommand, ClientEvent, Reply, Request};
+use conclave_wire::gcs::DaemonId;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::net::SocketAddr;
 
 /// The faults of a full run, by name.
 pub const FAULT_NAMES: [&str; 12] = [
@@ -133,10 +133,11 @@ pub struct MembershipSimConfig {
     pub safety_ms: u64,
     /// How long the fault-free phase may take to converge.
     pub settle_ms: u64,
-    /// The daemons hold an idle token this long (microseconds; 0: never), as real daemons do.
-    pub idle_hold_us: u64,
-    /// Bytes of messages per token visit (the core's default: no limit).
-    pub max_visit_bytes: usize,
+    /// Instead of the deployed default: how long the daemons hold an idle token (microseconds;
+    /// 0: never).
+    pub idle_hold_us: Option<u64>,
+    /// Instead of the deployed default: bytes of messages per token visit.
+    pub max_visit_bytes: Option<usize>,
 }
 
 impl MembershipSimConfig {
@@ -151,8 +152,8 @@ impl MembershipSimConfig {
             groups: 3,
             safety_ms: 2_000,
             settle_ms: 8_000,
-            idle_hold_us: 0,
-            max_visit_bytes: usize::MAX,
+            idle_hold_us: None,
+            max_visit_bytes: None,
         }
     }
 
@@ -169,41 +170,55 @@ fn name(d: DaemonId) -> String {
     format!("d{d}")
 }
 
-fn client_name(d: usize, j: usize) -> String {
-    format!("c{}.{j}", d + 1)
+/// The configuration the simulated daemons run: the deployed defaults, on addresses that only
+/// name them (no socket is opened).
+pub fn sim_config(daemons: usize) -> Config {
+    Config::local(daemons, 4800)
 }
 
-fn ring_view(ring: RingId) -> ViewId {
-    ViewId(ring.seq, format!("{}.{}", name(ring.rep), ring.inc))
-}
-
-/// A group view in the history: the ring's number, then the group's count on that ring.
-fn group_view(v: GroupViewId) -> ViewId {
-    ViewId(
-        conclave_history::wire::group_view_number(v),
-        format!("{}.{}", name(v.ring.rep), v.ring.inc),
-    )
-}
-
-/// One simulated client: which daemon it is on, its incarnation, what it has joined.
+/// One simulated client process: which daemon it talks to, its connection, what it has joined.
+/// It speaks the client protocol in bytes, as a client library does.
 struct SimClient {
     daemon: usize,
+    /// Its private name, and as the daemons qualify it.
+    private: String,
     name: String,
-    inc: u32,
-    connected: bool,
+    session: Option<SessionId>,
+    /// The incarnation its daemon gave this connection, once a record shows it.
+    inc: Option<u32>,
+    /// Bytes of a reply not yet complete.
+    input: Vec<u8>,
+    /// Groups joined (the daemon said `Joined`), with the VS flag.
     groups: BTreeMap<String, bool>,
+    /// Joins and leaves asked for and not yet answered.
+    asked: BTreeSet<String>,
     sent: u64,
+}
+
+impl SimClient {
+    fn connected(&self) -> bool {
+        self.session.is_some()
+    }
 }
 
 struct World {
     multi_group: bool,
-    nodes: Vec<Daemon>,
+    cfg: Config,
+    nodes: Vec<Node>,
     clients: Vec<SimClient>,
+    /// Which client each open connection belongs to.
+    sessions: BTreeMap<SessionId, usize>,
+    next_session: SessionId,
+    by_name: BTreeMap<String, usize>,
     history: Vec<Record>,
     dinc: Vec<u32>,
     delivered: u64,
     views: u64,
     now: u64,
+}
+
+fn request(req: &Request) -> Vec<u8> {
+    frame(&req.encode())
 }
 
 impl World {
@@ -216,135 +231,154 @@ impl World {
         });
     }
 
-    fn client_index(&self, name: &str) -> Option<usize> {
-        self.clients.iter().position(|c| c.name == name)
+    /// A new node for daemon `i`, starting now as its current incarnation.
+    fn node(&self, i: usize) -> Node {
+        let opts = NodeOptions {
+            incarnation: self.dinc[i],
+            seed: i as u64,
+            record: true,
+            record_ring_messages: true,
+            clock_base_us: 0,
+            // Each incarnation's clients count from their own range, so a client's incarnations
+            // grow across restarts of its daemon.
+            client_incarnation_floor: self.dinc[i] * 1_000_000,
+        };
+        Node::new(self.cfg.clone(), &name(i as DaemonId + 1), opts, self.now)
+            .expect("the simulated configuration is valid")
     }
 
-    /// Records what daemon `i` reported, at both levels; VS clients acknowledge flushes at once.
-    fn record(&mut self, i: usize) {
-        let dname = name(i as DaemonId + 1);
-        let dinc = self.dinc[i];
-        let msg_of = |body: &Body| match body {
-            Body::Client {
-                service: s,
-                payload,
-                ..
-            } => Some((
-                Service::from(*s),
-                format!("r:{}", String::from_utf8_lossy(payload)),
-            )),
-            _ => None,
-        };
-        while let Some(ev) = self.nodes[i].poll_ring_event() {
-            let ev = match ev {
-                RingEvent::Sent { ring, body, .. } => match msg_of(&body) {
-                    Some((service, msg)) => Event::Send {
-                        group: String::new(),
-                        msg: msg.clone(),
-                        service,
-                        view: ring_view(ring),
-                        payload: msg,
-                    },
-                    None => continue,
-                },
-                RingEvent::Deliver {
-                    ring,
-                    sender,
-                    body,
-                    transitional,
-                    ..
-                } => match msg_of(&body) {
-                    Some((service, msg)) => Event::Deliver {
-                        group: String::new(),
-                        msg: msg.clone(),
-                        sender: name(sender),
-                        service,
-                        view: ring_view(ring),
-                        transitional,
-                        payload: msg,
-                    },
-                    None => continue,
-                },
-                RingEvent::TransitionalSignal { .. } => Event::TransSignal {
-                    group: String::new(),
-                },
-                RingEvent::Configuration(c) => {
-                    self.views += 1;
-                    Event::View {
-                        group: String::new(),
-                        view: ring_view(c.ring),
-                        members: c.members.iter().map(|m| name(*m)).collect(),
-                        transitional: c.transitional.iter().map(|m| name(*m)).collect(),
+    /// Drains what node `i` has for the history, its clients and the network; clients answer at
+    /// once (VS clients acknowledge flushes), which may give the node more to drain.
+    fn drain(&mut self, i: usize, wire: &mut Wire, rng: &mut ChaCha20Rng, faulty: bool) {
+        loop {
+            while let Some(r) = self.nodes[i].poll_record() {
+                match &r.ev {
+                    Event::View { group, .. } if group.is_empty() => self.views += 1,
+                    Event::Deliver { group, .. } if !group.is_empty() => self.delivered += 1,
+                    _ => {}
+                }
+                if let Some(&ci) = self.by_name.get(&r.p) {
+                    let c = &mut self.clients[ci];
+                    if c.connected() && c.inc.is_none() && r.ev != Event::Crash {
+                        c.inc = Some(r.inc);
                     }
                 }
-            };
-            self.push(&dname, dinc, ev);
+                self.history.push(r);
+            }
+            let mut answers = Vec::new();
+            while let Some((sid, out)) = self.nodes[i].poll_session() {
+                let Some(&ci) = self.sessions.get(&sid) else {
+                    continue;
+                };
+                match out {
+                    SessionOutput::Bytes(bytes, n) => {
+                        self.clients[ci].input.extend_from_slice(&bytes);
+                        self.nodes[i].handle_session_written(sid, bytes.len(), n, [bytes]);
+                        if let Some(a) = self.replies(ci) {
+                            answers.push((sid, a));
+                        }
+                    }
+                    SessionOutput::Close => {
+                        self.sessions.remove(&sid);
+                        self.client_gone(ci);
+                    }
+                }
+            }
+            while let Some((addr, d)) = self.nodes[i].poll_datagram() {
+                wire.send(rng, self.now, faulty, i, addr, d);
+            }
+            if answers.is_empty() {
+                return;
+            }
+            let now = self.now;
+            for (sid, bytes) in answers {
+                self.nodes[i].handle_session_bytes(now, sid, &bytes);
+            }
         }
-        let mut acks = Vec::new();
-        while let Some((client, ev)) = self.nodes[i].poll_event() {
-            let Some(ci) = self.client_index(&client) else {
+    }
+
+    /// Client `ci` reads the replies that arrived; what it sends back, if anything.
+    fn replies(&mut self, ci: usize) -> Option<Vec<u8>> {
+        let c = &mut self.clients[ci];
+        let mut out = Vec::new();
+        let mut used = 0;
+        while let Ok(Some((body, n))) = next_frame(&c.input[used..]) {
+            used += n;
+            // The daemon's bytes are trusted here no more than anywhere: what does not decode
+            // is a failure of the run (the history will lack what it should hold).
+            let Ok(reply) = Reply::decode(body) else {
                 continue;
             };
-            let inc = self.clients[ci].inc;
-            let text = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
-            let naming = Naming {
-                view: &group_view,
-                msg: &|_: &str, group: &str, p: &[u8]| format!("{}@{group}", text(p)),
-                payload: &text,
-            };
-            let ev = match ev {
-                ClientEvent::FlushRequest { group, view } => {
-                    acks.push((client.clone(), group, view));
-                    continue;
+            match reply {
+                Reply::Event(ClientEvent::Joined { group, vs }) => {
+                    c.asked.remove(&group);
+                    c.groups.insert(group, vs);
                 }
-                ClientEvent::Closed { .. } => {
-                    self.client_crash(ci);
-                    continue;
+                Reply::Event(ClientEvent::Left { group }) => {
+                    c.asked.remove(&group);
+                    c.groups.remove(&group);
                 }
-                ev => {
-                    if matches!(ev, ClientEvent::Message { .. }) {
-                        self.delivered += 1;
-                    }
-                    match client_event(&client, ev, &naming) {
-                        Some(ev) => ev,
-                        None => continue,
-                    }
+                Reply::Event(ClientEvent::FlushRequest { group, view }) => {
+                    let ack = ClientCommand::FlushAck { group, view };
+                    out.extend(request(&Request::Command(ack)));
                 }
-            };
-            self.push(&client, inc, ev);
+                // Which request was refused is not said: any join or leave asked may be.
+                Reply::Refused { .. } => c.asked.clear(),
+                _ => {}
+            }
         }
-        let again = !acks.is_empty();
-        for (client, group, view) in acks {
+        c.input.drain(..used);
+        (!out.is_empty()).then_some(out)
+    }
+
+    fn send(&mut self, ci: usize, req: Request) {
+        let c = &self.clients[ci];
+        if let Some(sid) = c.session {
             let now = self.now;
-            // A client that left meanwhile has nothing to acknowledge.
-            let ack = ClientCommand::FlushAck { group, view };
-            let _ = self.nodes[i].handle_client(now, &client, ack);
-        }
-        if again {
-            self.record(i);
+            self.nodes[c.daemon].handle_session_bytes(now, sid, &request(&req));
         }
     }
 
     fn connect(&mut self, ci: usize) {
         let d = self.clients[ci].daemon;
-        let name = self.clients[ci].name.clone();
-        if self.nodes[d].connect(&name).is_ok() {
-            self.clients[ci].connected = true;
-            self.clients[ci].groups.clear();
-        }
-    }
-
-    /// A client crashes or disconnects: its incarnation ends.
-    fn client_crash(&mut self, ci: usize) {
-        let c = &mut self.clients[ci];
-        if !c.connected {
+        let sid = self.next_session;
+        self.next_session += 1;
+        let now = self.now;
+        if self.nodes[d].open_session(now, sid).is_err() {
             return;
         }
-        c.connected = false;
+        self.sessions.insert(sid, ci);
+        let c = &mut self.clients[ci];
+        c.session = Some(sid);
+        c.inc = None;
+        c.input.clear();
         c.groups.clear();
-        let (name, inc) = (c.name.clone(), c.inc);
-        c.inc += 1;
-        self.push(&name, inc, Event::Crash);
+        c.asked.clear();
+        let hello = Request::Connect {
+            name: c.private.clone(),
+        };
+        self.send(ci, hello);
+    }
+
+    /// The client's connection ended (the daemon recorded the end of its incarnation).
+    fn client_gone(&mut self, ci: usize) {
+        let c = &mut self.clients[ci];
+        c.session = None;
+        c.inc = None;
+        c.groups.clear();
+        c.asked.clear();
+    }
+
+    /// The client's daemon crashed: the client's incarnation ends with it.
+    fn client_crash(&mut self, ci: usize) {
+        if let Some(sid) = self.clients[ci].session {
+            self.sessions.remove(&sid);
+        }
+        let (name, inc) = (self.clients[ci].name.clone(), self.clients[ci].inc);
+        self.client_gone(ci);
+        if let Some(inc) = inc {
+            self.push(&name, inc, Event::Crash);
+        }
     }
 
     /// One step of client `ci`'s workload.
@@ -358,7 +392,7 @@ impl World {
     ) {
         let d = self.clients[ci].daemon;
         let now = self.now;
-        if !self.clients[ci].connected {
+        if !self.clients[ci].connected() {
             if !calm {
                 self.connect(ci);
             }
@@ -367,35 +401,39 @@ impl World {
         let roll = rng.next_u32() % 100;
         // Membership requests wait while the daemon's configuration changes (a client would
         // see the transitional signal); messages may be sent at any time.
-        let roll = if self.nodes[d].ready() { roll } else { 100 };
+        let roll = if self.nodes[d].core().ready() {
+            roll
+        } else {
+            100
+        };
         let joined: Vec<String> = self.clients[ci].groups.keys().cloned().collect();
-        let name = self.clients[ci].name.clone();
         let pick = format!("g{}", rng.next_u32() as usize % groups.max(1));
+        let c = &self.clients[ci];
+        let free = !c.groups.contains_key(&pick) && !c.asked.contains(&pick);
         if (joined.is_empty() && roll < 100) || (!calm && roll < 6) {
-            if !self.clients[ci].groups.contains_key(&pick) {
+            if free {
                 let vs = rng.next_u32().is_multiple_of(2);
-                let cmd = ClientCommand::Join {
-                    group: pick.clone(),
-                    vs,
-                };
-                if self.nodes[d].handle_client(now, &name, cmd).is_ok() {
-                    self.clients[ci].groups.insert(pick, vs);
-                }
+                self.clients[ci].asked.insert(pick.clone());
+                let cmd = ClientCommand::Join { group: pick, vs };
+                self.send(ci, Request::Command(cmd));
             }
         } else if !calm && roll < 10 {
             let g = joined[rng.next_u32() as usize % joined.len()].clone();
-            let cmd = ClientCommand::Leave { group: g.clone() };
-            if self.nodes[d].handle_client(now, &name, cmd).is_ok() {
-                self.clients[ci].groups.remove(&g);
+            if !self.clients[ci].asked.contains(&g) {
+                self.clients[ci].asked.insert(g.clone());
+                self.send(ci, Request::Command(ClientCommand::Leave { group: g }));
             }
         } else if !calm && roll < 12 && disconnects {
-            let _ = self.nodes[d].disconnect(now, &name);
-            self.client_crash(ci);
+            if let Some(sid) = self.clients[ci].session {
+                self.sessions.remove(&sid);
+                self.nodes[d].close_session(now, sid);
+                self.client_gone(ci);
+            }
         } else if !joined.is_empty() {
             let k = rng.next_u32() as usize % joined.len();
             let s = SERVICES[(rng.next_u32() % 6) as usize];
             let c = &mut self.clients[ci];
-            let msg = format!("{}/{}/{}", c.name, c.inc, c.sent);
+            let msg = format!("{}/{}/{}", c.name, c.inc.unwrap_or(0), c.sent);
             // Every fifth message of a client in several groups goes to two of them.
             let mut groups = vec![joined[k].clone()];
             if self.multi_group && c.sent % 5 == 4 && joined.len() > 1 {
@@ -408,7 +446,7 @@ impl World {
                 payload: msg.into_bytes().into(),
             };
             // A full queue refuses; the message was never sent.
-            let _ = self.nodes[d].handle_client(now, &name, cmd);
+            self.send(ci, Request::Command(cmd));
         }
     }
 }
@@ -421,6 +459,8 @@ type InFlight = Reverse<(u64, u64, usize, usize, Vec<u8>)>;
 /// from their own.
 struct Wire {
     n: usize,
+    /// The daemons' addresses, by index.
+    peers: Vec<SocketAddr>,
     net: Network,
     faults: FaultSet,
     rng2: ChaCha20Rng,
@@ -454,42 +494,47 @@ impl Wire {
         (self.rng2.next_u32() as f64 / u32::MAX as f64) < p
     }
 
-    fn send(&mut self, rng: &mut ChaCha20Rng, now: u64, faulty: bool, i: usize, t: Transmit) {
+    /// A datagram from daemon `i` to the daemon at `to`, through the faults.
+    fn send(
+        &mut self,
+        rng: &mut ChaCha20Rng,
+        now: u64,
+        faulty: bool,
+        i: usize,
+        to: SocketAddr,
+        bytes: Vec<u8>,
+    ) {
         let unit = |rng: &mut ChaCha20Rng| rng.next_u32() as f64 / u32::MAX as f64;
-        let bytes = t.packet.encode();
-        let targets: Vec<usize> = match t.to {
-            Dest::One(d) => vec![d as usize - 1],
-            Dest::AllOthers => (0..self.n).filter(|j| *j != i).collect(),
+        let Some(j) = self.peers.iter().position(|a| *a == to) else {
+            return;
         };
-        for j in targets {
-            self.packets += 1;
-            let cut = !self.reach(i, j);
-            let mut lost = faulty && unit(rng) < self.net.loss;
-            if faulty && self.faults.has("burst") {
-                if self.burst_left > 0 {
-                    self.burst_left -= 1;
-                    lost = true;
-                } else if lost {
-                    self.burst_left = self.rng2.next_u32() % 8 + 1;
-                }
+        self.packets += 1;
+        let cut = !self.reach(i, j);
+        let mut lost = faulty && unit(rng) < self.net.loss;
+        if faulty && self.faults.has("burst") {
+            if self.burst_left > 0 {
+                self.burst_left -= 1;
+                lost = true;
+            } else if lost {
+                self.burst_left = self.rng2.next_u32() % 8 + 1;
             }
-            if cut || lost {
-                continue;
+        }
+        if cut || lost {
+            return;
+        }
+        let copies = if faulty && unit(rng) < self.net.duplication {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let mut d = self.net.delay_us(rng.next_u64());
+            if faulty && now >= self.spike.0 && now < self.spike.1 && self.chance(0.3) {
+                d += 100_000 + self.rng2.next_u64() % 300_000;
             }
-            let copies = if faulty && unit(rng) < self.net.duplication {
-                2
-            } else {
-                1
-            };
-            for _ in 0..copies {
-                let mut d = self.net.delay_us(rng.next_u64());
-                if faulty && now >= self.spike.0 && now < self.spike.1 && self.chance(0.3) {
-                    d += 100_000 + self.rng2.next_u64() % 300_000;
-                }
-                self.order += 1;
-                self.queue
-                    .push(Reverse((now + d, self.order, i, j, bytes.clone())));
-            }
+            self.order += 1;
+            self.queue
+                .push(Reverse((now + d, self.order, i, j, bytes.clone())));
         }
     }
 
@@ -564,15 +609,17 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     if !faults.has("dup") {
         net.duplication = 0.0;
     }
-    let mut dcfg = DaemonConfig {
-        record_ring: true,
-        ..DaemonConfig::default()
-    };
-    dcfg.membership.ordering.idle_hold_us = cfg.idle_hold_us;
-    dcfg.membership.ordering.max_visit_bytes = cfg.max_visit_bytes;
+    let mut config = sim_config(n);
+    if let Some(us) = cfg.idle_hold_us {
+        config.timeouts.idle_hold_us = us;
+    }
+    if let Some(b) = cfg.max_visit_bytes {
+        config.limits.max_visit_bytes = b;
+    }
     let safety = cfg.safety_ms * 1000;
     let mut wire = Wire {
         n,
+        peers: config.daemon.iter().map(|d| d.peer).collect(),
         net,
         faults,
         queue: BinaryHeap::new(),
@@ -599,27 +646,42 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     let mut timers: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let mut w = World {
         multi_group: cfg.multi_group,
-        nodes: (1..=n as DaemonId)
-            .map(|d| Daemon::new(dcfg.clone(), d, 0, 0))
-            .collect(),
+        cfg: config,
+        nodes: Vec::new(),
         clients: (0..n)
             .flat_map(|d| {
-                (0..cfg.clients_per_daemon).map(move |j| SimClient {
-                    daemon: d,
-                    name: client_name(d, j),
-                    inc: 0,
-                    connected: false,
-                    groups: BTreeMap::new(),
-                    sent: 0,
+                (0..cfg.clients_per_daemon).map(move |j| {
+                    let private = format!("c{}.{j}", d + 1);
+                    SimClient {
+                        daemon: d,
+                        name: format!("{private}#{}", name(d as DaemonId + 1)),
+                        private,
+                        session: None,
+                        inc: None,
+                        input: Vec::new(),
+                        groups: BTreeMap::new(),
+                        asked: BTreeSet::new(),
+                        sent: 0,
+                    }
                 })
             })
             .collect(),
+        sessions: BTreeMap::new(),
+        next_session: 1,
+        by_name: BTreeMap::new(),
         history: Vec::new(),
         dinc: vec![0; n],
         delivered: 0,
         views: 0,
         now: 0,
     };
+    w.by_name = w
+        .clients
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.name.clone(), i))
+        .collect();
+    w.nodes = (0..n).map(|i| w.node(i)).collect();
     for ci in 0..w.clients.len() {
         w.connect(ci);
     }
@@ -658,10 +720,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             if !alive[i] {
                 continue;
             }
-            while let Some(t) = w.nodes[i].poll_transmit() {
-                wire.send(&mut rng, w.now, faulty, i, t);
-            }
-            w.record(i);
+            w.drain(i, &mut wire, &mut rng, faulty);
             if let Some(t) = w.nodes[i].poll_timeout() {
                 // A deadline already past fires now (time never runs backwards).
                 let t = t.max(w.now);
@@ -674,7 +733,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         let now = w.now;
         // Scripted steps waiting for a phase.
         while let Some((Trigger::Phase(p), action)) = cfg.script.get(step) {
-            let seen = (0..n).any(|i| alive[i] && w.nodes[i].membership().phase() == *p);
+            let seen = (0..n).any(|i| alive[i] && w.nodes[i].core().membership().phase() == *p);
             if !seen || !faulty {
                 break;
             }
@@ -687,7 +746,6 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 &mut alive,
                 &mut armed,
                 &mut touched,
-                &dcfg,
             );
         }
         // After a change of the network: has every live daemon a ring of exactly the live
@@ -699,9 +757,10 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                     .map(|j| j as DaemonId + 1)
                     .collect();
                 want.sort_unstable();
-                let mut have = w.nodes[i].membership().ring_members();
+                let core = w.nodes[i].core();
+                let mut have = core.membership().ring_members();
                 have.sort_unstable();
-                w.nodes[i].ready() && have == want
+                core.ready() && have == want
             });
             if settled {
                 settle.push(now - since);
@@ -710,8 +769,8 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         }
         // Convergence: one ring of everyone with its groups settled, after the faults stopped.
         if stable_at.is_some() && converged_at.is_none() {
-            let r0 = w.nodes[0].membership().ring();
-            let one_ring = w.nodes.iter().all(|d| {
+            let r0 = w.nodes[0].core().membership().ring();
+            let one_ring = w.nodes.iter().map(Node::core).all(|d| {
                 d.ready() && d.membership().ring() == r0 && d.membership().ring_members().len() == n
             });
             if one_ring {
@@ -761,7 +820,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             wire.heal();
             for i in 0..n {
                 if !alive[i] {
-                    restart(i, &mut w, &mut alive, &mut armed, &dcfg);
+                    restart(i, &mut w, &mut alive, &mut armed);
                     touched.push(i);
                 }
             }
@@ -770,7 +829,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             processes.extend(
                 w.clients
                     .iter()
-                    .filter(|c| c.connected)
+                    .filter(|c| c.connected())
                     .map(|c| c.name.clone()),
             );
             w.push("", 0, Event::Stable { processes });
@@ -787,7 +846,6 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 &mut alive,
                 &mut armed,
                 &mut touched,
-                &dcfg,
             );
             continue;
         }
@@ -827,7 +885,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 _ if !faults.has("crash") => {}
                 0 if alive[i] => crash(i, &mut w, &mut alive),
                 1 if !alive[i] => {
-                    restart(i, &mut w, &mut alive, &mut armed, &dcfg);
+                    restart(i, &mut w, &mut alive, &mut armed);
                     touched.push(i);
                 }
                 _ => {}
@@ -855,7 +913,8 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 wire.queue.push(Reverse((at, wire.order, from, to, bytes)));
             } else if alive[to] {
                 // The wire is hostile even here: a packet that does not decode is refused.
-                let _ = w.nodes[to].handle_packet(now, from as DaemonId + 1, &bytes);
+                let from = wire.peers[from];
+                w.nodes[to].handle_datagram(now, from, &bytes);
                 touched.push(to);
             }
         } else if next_timer == Some(t) {
@@ -899,10 +958,8 @@ fn scripted(
     alive: &mut [bool],
     armed: &mut [Option<u64>],
     touched: &mut Vec<usize>,
-    dcfg: &DaemonConfig,
 ) {
     let n = wire.n;
-    let now = w.now;
     match action {
         Action::Partition(parts) => {
             wire.comp = (0..n)
@@ -917,28 +974,28 @@ fn scripted(
         Action::Heal => wire.comp = vec![0; n],
         Action::Crash(d) => crash(*d, w, alive),
         Action::CrashRepresentative(d) => {
-            if let Some(rep) = w.nodes.get(*d).and_then(|x| x.membership().ring()) {
+            if let Some(rep) = w.nodes.get(*d).and_then(|x| x.core().membership().ring()) {
                 crash(rep.rep as usize - 1, w, alive);
             }
         }
         Action::Restart(d) => {
             if *d < n && !alive[*d] {
-                restart(*d, w, alive, armed, dcfg);
+                restart(*d, w, alive, armed);
                 touched.push(*d);
             }
         }
         Action::RestartCrashed => {
             for d in 0..n {
                 if !alive[d] {
-                    restart(d, w, alive, armed, dcfg);
+                    restart(d, w, alive, armed);
                     touched.push(d);
                 }
             }
         }
         Action::Join(c, group) | Action::Leave(c, group) => {
             let Some(cl) = w.clients.get(*c) else { return };
-            let (d, name) = (cl.daemon, cl.name.clone());
-            if !alive[d] || !cl.connected {
+            let d = cl.daemon;
+            if !alive[d] || !cl.connected() || cl.asked.contains(group) {
                 return;
             }
             let join = matches!(action, Action::Join(..));
@@ -952,13 +1009,8 @@ fn scripted(
                     group: group.clone(),
                 }
             };
-            if w.nodes[d].handle_client(now, &name, cmd).is_ok() {
-                if join {
-                    w.clients[*c].groups.insert(group.clone(), true);
-                } else {
-                    w.clients[*c].groups.remove(group);
-                }
-            }
+            w.clients[*c].asked.insert(group.clone());
+            w.send(*c, Request::Command(cmd));
             touched.push(d);
         }
     }
@@ -980,18 +1032,12 @@ fn crash(i: usize, w: &mut World, alive: &mut [bool]) {
 }
 
 /// A crashed daemon comes back with no state, as the next incarnation; its clients reconnect.
-fn restart(
-    i: usize,
-    w: &mut World,
-    alive: &mut [bool],
-    armed: &mut [Option<u64>],
-    dcfg: &DaemonConfig,
-) {
+fn restart(i: usize, w: &mut World, alive: &mut [bool], armed: &mut [Option<u64>]) {
     alive[i] = true;
     w.dinc[i] += 1;
     armed[i] = None;
     let inc = w.dinc[i];
-    w.nodes[i] = Daemon::new(dcfg.clone(), i as DaemonId + 1, inc, w.now);
+    w.nodes[i] = w.node(i);
     w.push(
         &name(i as DaemonId + 1),
         inc,

@@ -1,4 +1,4 @@
-//! The named scenarios of RELIABILITY.md (faults §3) for the group communication core: each a
+//! The named scenarios of docs/reliability.md (faults §3) for the group communication core: each a
 //! script of partitions, merges, crashes and client requests, timed or triggered by a phase of
 //! the membership protocol, run over several seeds (loss, duplication, client traffic of every
 //! service type), every history judged by the checker. Each test also checks that every step of

@@ -22,6 +22,11 @@ pub const MAX_VIEW_MEMBERS: usize = 16_384;
 pub const MAX_TEXT_BYTES: usize = 1024;
 /// Largest frame body: a payload and room for every other field, or a view of the most members.
 pub const MAX_FRAME_BYTES: usize = MAX_PAYLOAD_BYTES + 2 * MAX_VIEW_MEMBERS * (MAX_NAME_BYTES + 1);
+/// Largest request body: a multicast of the largest payload to the most groups of the longest
+/// names (version, tag, service, group count, names, payload length, payload). Replies may be
+/// far larger (a view of 16,384 members); a daemon reads requests with this limit.
+pub const MAX_REQUEST_BYTES: usize =
+    3 + 4 + MAX_GROUPS_PER_MESSAGE * (1 + MAX_NAME_BYTES) + 4 + MAX_PAYLOAD_BYTES;
 
 /// A group view: the ring it belongs to and the group's count of views on that ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -521,15 +526,21 @@ pub fn frame(message: &[u8]) -> Vec<u8> {
 /// Splits the first frame off a stream: `Ok(None)` while it is incomplete, the message and the
 /// bytes it took otherwise; a length over the limit is an error (the connection should close).
 pub fn next_frame(stream: &[u8]) -> Result<Option<(&[u8], usize)>, DecodeError> {
+    next_frame_within(stream, MAX_FRAME_BYTES)
+}
+
+/// [`next_frame`] with a smaller limit on the frame's length (a daemon reads requests with
+/// [`MAX_REQUEST_BYTES`]).
+pub fn next_frame_within(stream: &[u8], max: usize) -> Result<Option<(&[u8], usize)>, DecodeError> {
     let Some(len) = stream.get(..4) else {
         return Ok(None);
     };
     let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
-    if len > MAX_FRAME_BYTES {
+    if len > max {
         return Err(DecodeError::TooLong {
             what: "frame",
             len,
-            max: MAX_FRAME_BYTES,
+            max,
         });
     }
     Ok(stream.get(4..4 + len).map(|m| (m, 4 + len)))
@@ -596,6 +607,25 @@ mod frame_into_tests {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_largest_request_is_exactly_the_request_limit() {
+        let largest = Request::Command(ClientCommand::Multicast {
+            service: ServiceType::Safe,
+            groups: (0..MAX_GROUPS_PER_MESSAGE)
+                .map(|i| format!("{i:0>width$}", width = MAX_NAME_BYTES))
+                .collect(),
+            payload: Bytes::from(vec![0; MAX_PAYLOAD_BYTES]),
+        });
+        let framed = frame(&largest.encode());
+        assert_eq!(framed.len(), 4 + MAX_REQUEST_BYTES);
+        assert!(next_frame_within(&framed, MAX_REQUEST_BYTES)
+            .unwrap()
+            .is_some());
+        let mut over = framed.clone();
+        over[..4].copy_from_slice(&(MAX_REQUEST_BYTES as u32 + 1).to_be_bytes());
+        assert!(next_frame_within(&over, MAX_REQUEST_BYTES).is_err());
+    }
 
     fn name() -> impl Strategy<Value = String> {
         "[a-z0-9.#-]{1,16}"

@@ -100,6 +100,12 @@ pub struct Limits {
     pub max_visit_bytes: usize,
     /// A connection that has not said who it is within this long is closed (milliseconds).
     pub handshake_ms: u64,
+    /// A request must arrive whole within this long of its first byte, or its connection is
+    /// closed (milliseconds): a client that stops in the middle of a frame holds its bytes.
+    pub request_ms: u64,
+    /// Bytes of incomplete requests all connections together may make the daemon hold; the
+    /// connection that goes past it is closed.
+    pub max_incomplete_bytes: usize,
 }
 
 impl Default for Limits {
@@ -118,6 +124,8 @@ impl Default for Limits {
             window: 600,
             max_visit_bytes: 1 << 20,
             handshake_ms: 5_000,
+            request_ms: 10_000,
+            max_incomplete_bytes: 64 << 20,
         }
     }
 }
@@ -228,7 +236,8 @@ impl Config {
             return bad(format!("at most {MAX_RING_MEMBERS} daemons"));
         }
         let mut names = BTreeSet::new();
-        let mut addrs = BTreeSet::new();
+        // A UDP and a TCP socket may share a port number: the sets are per protocol.
+        let (mut udp, mut tcp) = (BTreeSet::new(), BTreeSet::new());
         for d in &self.daemon {
             if d.name.is_empty()
                 || d.name.len() > 16
@@ -245,11 +254,11 @@ impl Config {
             if !names.insert(&d.name) {
                 return bad(format!("daemon {:?} is named twice", d.name));
             }
-            for a in [Some(d.peer), d.client, d.admin, d.metrics]
-                .into_iter()
-                .flatten()
-            {
-                if !addrs.insert(a) {
+            if !udp.insert(d.peer) {
+                return bad(format!("peer address {} is used twice", d.peer));
+            }
+            for a in [d.client, d.admin, d.metrics].into_iter().flatten() {
+                if !tcp.insert(a) {
                     return bad(format!("address {a} is used twice"));
                 }
             }
@@ -278,6 +287,9 @@ impl Config {
             || l.max_per_visit == 0
             || l.window == 0
             || l.max_visit_bytes == 0
+            || l.handshake_ms == 0
+            || l.request_ms == 0
+            || l.max_incomplete_bytes == 0
         {
             return bad("limits must be above 0".into());
         }
@@ -458,6 +470,18 @@ partition = [["d1", "d2"], ["d3"]]
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(needle), "{text:?} gave {e:?}");
         }
+    }
+
+    #[test]
+    fn a_udp_and_a_tcp_socket_may_share_a_port_number() {
+        let text =
+            "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:7000\"\nclient = \"127.0.0.1:7000\"\n";
+        Config::parse(text).unwrap();
+        let text = "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:7000\"\nclient = \"127.0.0.1:7001\"\nadmin = \"127.0.0.1:7001\"\n";
+        assert!(Config::parse(text)
+            .unwrap_err()
+            .to_string()
+            .contains("used twice"));
     }
 
     #[test]

@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 
 /// Longest admin request line, in bytes.
 pub const MAX_ADMIN_LINE: usize = 64 * 1024;
+/// Longest pause `conclave admin pause` may ask for.
+pub const MAX_PAUSE_MS: u64 = 60_000;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]

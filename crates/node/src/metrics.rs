@@ -44,8 +44,10 @@ metrics! {
     connections: "gauge", "Client connections open.";
     clients: "gauge", "Clients connected under a name.";
     unread_bytes: "gauge", "Bytes queued for clients and not yet written to them.";
+    incomplete_bytes: "gauge", "Bytes of client requests not yet complete, held for all connections.";
     groups: "gauge", "Client groups this daemon keeps state for.";
     closed_slow_clients: "counter", "Clients disconnected for not reading their events.";
+    closed_limits: "counter", "Connections closed for holding too many bytes of incomplete requests.";
 }
 
 #[cfg(test)]

@@ -1,0 +1,965 @@
+//! A daemon as a pure state machine: the group communication core ([`conclave_gcs::Daemon`]),
+//! its client sessions, the datagrams between daemons, fault injection, limits and the
+//! recorder. Inputs are bytes with the time they arrived; outputs are polled. The daemon's tokio
+//! runtime only moves bytes between sockets and a node; the simulator drives the same nodes with
+//! a simulated network and clock, so what its seeds prove is the daemon that is deployed.
+//!
+//! Inputs (`now_us` is the node's clock, microseconds, never going back):
+//! - [`Node::handle_datagram`]: a datagram from a peer address;
+//! - [`Node::open_session`], [`Node::handle_session_bytes`], [`Node::handle_session_written`],
+//!   [`Node::close_session`]: a client connection opened, sent bytes, had output written, ended;
+//! - [`Node::handle_timeout`]: the time [`Node::poll_timeout`] asked for has come;
+//! - [`Node::handle_admin`]: a request of `conclave admin`.
+//!
+//! Outputs, drained after each batch of inputs in this order (the order matters):
+//! 1. [`Node::poll_record`]: history records, to be on disk before anything below leaves, so
+//!    that every message another daemon delivers has its send recorded even after a crash;
+//! 2. [`Node::poll_session`]: bytes for each connection (a client's replies keep the order of
+//!    its requests), and the closing of connections;
+//! 3. [`Node::poll_datagram`]: datagrams to peers, as few as carry what the core sends (small
+//!    packets to one peer batched, large ones in fragments, [`crate::frag`]);
+//! 4. [`Node::poll_timeout`]: when to call [`Node::handle_timeout`] next.
+//!
+//! The first poll after an input frames the core's client events and packs its packets; inputs
+//! handled together (the datagrams that arrived at once) are drained together, which is what
+//! lets one datagram carry a token and the messages that follow it.
+
+use crate::admin::{AdminReply, AdminRequest, Status, MAX_PAUSE_MS};
+use crate::config::{qualified_name, Config, ConfigError};
+use crate::faults::{Faults, LinkFaults};
+use crate::frag::{pack, Reassembly};
+use crate::metrics::Metrics;
+use crate::record::Recorder;
+use crate::session::{next_request, Session, SessionId, SessionOutput};
+use conclave_gcs::{ClientEvent, Daemon, Delivery, Dest, LocalEvent, Phase};
+use conclave_history::{Event, Record};
+use conclave_wire::client::{ClientCommand, Reply, Request};
+use conclave_wire::gcs::{DaemonId, Packet, RingId};
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+/// Most bytes queued for one client before it is disconnected for not reading.
+pub const MAX_UNREAD_BYTES: usize = 64 << 20;
+/// A session's framed replies are handed out when the node's outputs are drained, or once they
+/// fill this many bytes (or half the replies a client may leave unread). Handing them over every
+/// 256 KiB was seen to cost the ring under heavy load (a daemon falsely suspected, 8 KiB messages
+/// from five senders): the writers' wake-ups compete with the daemon cores.
+const FLUSH_BYTES: usize = 4 << 20;
+/// Gauges that are sums over every session or group are refreshed at most this often.
+const GAUGE_PERIOD_US: u64 = 100_000;
+
+/// How a node starts, beyond its configuration.
+#[derive(Clone, Debug, Default)]
+pub struct NodeOptions {
+    /// This run's incarnation (it must grow from one start of a daemon to the next).
+    pub incarnation: u32,
+    /// Seed of the fault injection's randomness.
+    pub seed: u64,
+    /// Keep a history of the node's clients and views for [`Node::poll_record`].
+    pub record: bool,
+    /// Record the ring's own sends and deliveries of client messages too.
+    pub record_ring_messages: bool,
+    /// Added to the node's clock in records and client incarnations (the daemon: wall-clock
+    /// microseconds since the Unix epoch at its start).
+    pub clock_base_us: u64,
+    /// Client incarnations start above this (the simulator keeps restarts apart with it).
+    pub client_incarnation_floor: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("the configuration names no daemon {0:?}")]
+    UnknownDaemon(String),
+    #[error("{max} connections are already open")]
+    TooManyConnections { max: usize },
+    #[error("connection {0} is already open")]
+    SessionExists(SessionId),
+}
+
+/// A datagram held back by an injected delay: when it goes, a tie-breaker, to whom, what.
+type Delayed = (u64, u64, DaemonId, Vec<u8>);
+
+pub struct Node {
+    me: DaemonId,
+    name: String,
+    inc: u32,
+    cfg: Config,
+    daemon: Daemon,
+    peers: Vec<SocketAddr>,
+    by_addr: HashMap<SocketAddr, DaemonId>,
+    reassembly: HashMap<DaemonId, Reassembly>,
+    frag_id: u32,
+    faults: Faults,
+    rng: ChaCha8Rng,
+    delayed: BinaryHeap<Reverse<Delayed>>,
+    delayed_seq: u64,
+    sessions: HashMap<SessionId, Session>,
+    /// Sessions with replies framed and not yet handed out.
+    dirty: Vec<SessionId>,
+    by_name: HashMap<String, SessionId>,
+    /// Handshake and request deadlines, by time.
+    deadlines: BTreeSet<(u64, SessionId)>,
+    /// Bytes of incomplete requests held for all sessions together.
+    incomplete_bytes: usize,
+    metrics: Arc<Metrics>,
+    recorder: Option<Recorder>,
+    datagrams: VecDeque<(SocketAddr, Vec<u8>)>,
+    session_out: VecDeque<(SessionId, SessionOutput)>,
+    /// Inputs were handled since the outputs were last prepared.
+    unprepared: bool,
+    paused_until: Option<u64>,
+    clock_base_us: u64,
+    last_client_inc: u32,
+    last_ring: Option<RingId>,
+    stopping: bool,
+    gauges_at: Option<u64>,
+    now: u64,
+}
+
+impl Node {
+    /// The node of daemon `name` of the configuration, starting at `now_us`.
+    pub fn new(cfg: Config, name: &str, opts: NodeOptions, now_us: u64) -> Result<Node, NodeError> {
+        cfg.validate()?;
+        let me = cfg
+            .id_of(name)
+            .ok_or_else(|| NodeError::UnknownDaemon(name.to_owned()))?;
+        let recorder = opts.record.then(|| {
+            let names = cfg.daemon.iter().map(|d| d.name.clone()).collect();
+            let mut r = Recorder::new(names, opts.clock_base_us);
+            r.ring_messages = opts.record_ring_messages;
+            r
+        });
+        let mut dcfg = cfg.daemon_config();
+        dcfg.record_ring = recorder.is_some();
+        Ok(Node {
+            me,
+            name: name.to_owned(),
+            inc: opts.incarnation,
+            daemon: Daemon::new(dcfg, me, opts.incarnation, now_us),
+            peers: cfg.daemon.iter().map(|d| d.peer).collect(),
+            by_addr: cfg
+                .daemon
+                .iter()
+                .enumerate()
+                .map(|(i, d)| (d.peer, i as DaemonId + 1))
+                .collect(),
+            reassembly: HashMap::new(),
+            frag_id: 0,
+            faults: cfg.faults(),
+            rng: ChaCha8Rng::seed_from_u64(opts.seed),
+            delayed: BinaryHeap::new(),
+            delayed_seq: 0,
+            sessions: HashMap::new(),
+            dirty: Vec::new(),
+            by_name: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            incomplete_bytes: 0,
+            metrics: Arc::new(Metrics::default()),
+            recorder,
+            datagrams: VecDeque::new(),
+            session_out: VecDeque::new(),
+            unprepared: true,
+            paused_until: None,
+            clock_base_us: opts.clock_base_us,
+            last_client_inc: opts.client_incarnation_floor,
+            last_ring: None,
+            stopping: false,
+            gauges_at: None,
+            now: now_us,
+            cfg,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn id(&self) -> DaemonId {
+        self.me
+    }
+
+    pub fn incarnation(&self) -> u32 {
+        self.inc
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The group communication core (for its state: ring, members, readiness).
+    pub fn core(&self) -> &Daemon {
+        &self.daemon
+    }
+
+    /// The node's counters and gauges (shared: a metrics endpoint reads them).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Whether an admin `shutdown` asked the node to stop (the driver then calls
+    /// [`Node::shutdown`]).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// An admin `pause`: until when the driver should handle nothing.
+    pub fn take_pause(&mut self) -> Option<u64> {
+        self.paused_until.take()
+    }
+
+    fn input(&mut self, now_us: u64) {
+        debug_assert!(now_us >= self.now, "the node's clock went back");
+        self.now = self.now.max(now_us);
+        self.unprepared = true;
+    }
+
+    // ---- datagrams ----
+
+    /// A datagram from `from`. One from an address that is no configured daemon, or that does not
+    /// decode, is dropped and counted.
+    pub fn handle_datagram(&mut self, now_us: u64, from: SocketAddr, datagram: &[u8]) {
+        self.input(now_us);
+        let m = &self.metrics;
+        m.bytes_received.fetch_add(datagram.len() as u64, Relaxed);
+        let Some(&peer) = self.by_addr.get(&from) else {
+            m.bad_datagrams.fetch_add(1, Relaxed);
+            return;
+        };
+        if !self.faults.accept(self.me, peer) {
+            m.fault_drops.fetch_add(1, Relaxed);
+            return;
+        }
+        let (now, me) = (self.now, self.me);
+        let daemon = &mut self.daemon;
+        let r = self
+            .reassembly
+            .entry(peer)
+            .or_default()
+            .push_each(datagram, |packet| {
+                trace_membership(me, peer, packet);
+                match daemon.handle_packet(now, peer, packet) {
+                    Ok(()) => {
+                        m.packets_received.fetch_add(1, Relaxed);
+                    }
+                    Err(e) => {
+                        m.bad_datagrams.fetch_add(1, Relaxed);
+                        tracing::debug!(peer, error = %e, "bad packet");
+                    }
+                }
+            });
+        if let Err(e) = r {
+            m.bad_datagrams.fetch_add(1, Relaxed);
+            tracing::debug!(peer, error = %e, "bad datagram");
+        }
+    }
+
+    // ---- timers ----
+
+    /// When [`Node::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let core = self.daemon.poll_timeout();
+        let delayed = self.delayed.peek().map(|Reverse((t, ..))| *t);
+        let session = self.deadlines.first().map(|(t, _)| *t);
+        [core, delayed, session].into_iter().flatten().min()
+    }
+
+    pub fn handle_timeout(&mut self, now_us: u64) {
+        self.input(now_us);
+        let now = self.now;
+        while self
+            .delayed
+            .peek()
+            .is_some_and(|Reverse((t, ..))| *t <= now)
+        {
+            let Reverse((_, _, to, d)) = self.delayed.pop().expect("peeked");
+            self.send_datagram(to, d);
+        }
+        if self.daemon.poll_timeout().is_some_and(|t| t <= now) {
+            self.daemon.handle_timeout(now);
+        }
+        while let Some(&(t, id)) = self.deadlines.first() {
+            if t > now {
+                break;
+            }
+            self.deadlines.remove(&(t, id));
+            let connected = self.sessions.get(&id).is_some_and(|s| s.client.is_some());
+            let reason = if connected {
+                "a request did not arrive in time"
+            } else {
+                "no connect request in time"
+            };
+            self.refuse(id, reason.to_owned());
+            self.close(id, None);
+        }
+    }
+
+    // ---- sessions ----
+
+    /// A client connection opened; it must connect within the handshake time. Past the
+    /// connection limit it is refused, and the driver closes it.
+    pub fn open_session(&mut self, now_us: u64, id: SessionId) -> Result<(), NodeError> {
+        self.input(now_us);
+        let max = self.cfg.limits.max_connections;
+        if self.sessions.len() >= max {
+            return Err(NodeError::TooManyConnections { max });
+        }
+        if self.sessions.contains_key(&id) {
+            return Err(NodeError::SessionExists(id));
+        }
+        self.sessions.insert(id, Session::new());
+        self.metrics
+            .connections
+            .store(self.sessions.len() as u64, Relaxed);
+        let deadline = self.now + self.cfg.limits.handshake_ms * 1000;
+        self.set_deadline(id, Some(deadline));
+        Ok(())
+    }
+
+    /// Bytes a connection sent. Complete requests are handled at once, each one's replies framed
+    /// before the next is handled; the start of an incomplete one is kept, within a request's
+    /// size and the node's budget for incomplete requests, and must complete within
+    /// `request_ms`.
+    pub fn handle_session_bytes(&mut self, now_us: u64, id: SessionId, bytes: &[u8]) {
+        self.input(now_us);
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        let mut input = std::mem::take(&mut s.input);
+        let had = input.len();
+        self.incomplete_bytes -= had;
+        // With nothing incomplete (the common case), requests are read where they lie.
+        let used = if input.is_empty() {
+            let Some(used) = self.requests(id, bytes) else {
+                return;
+            };
+            input.extend_from_slice(&bytes[used..]);
+            used
+        } else {
+            input.extend_from_slice(bytes);
+            let Some(used) = self.requests(id, &input) else {
+                return;
+            };
+            input.drain(..used);
+            used
+        };
+        let now = self.now;
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        let connected = s.client.is_some();
+        let left = input.len();
+        s.input = input;
+        self.incomplete_bytes += left;
+        if connected {
+            if left == 0 {
+                self.set_deadline(id, None);
+            } else if had == 0 || used > 0 {
+                // A new request began: it has `request_ms` to arrive whole.
+                self.set_deadline(id, Some(now + self.cfg.limits.request_ms * 1000));
+            }
+        }
+        self.metrics
+            .incomplete_bytes
+            .store(self.incomplete_bytes as u64, Relaxed);
+        if left > 0 && self.incomplete_bytes > self.cfg.limits.max_incomplete_bytes {
+            self.metrics.closed_limits.fetch_add(1, Relaxed);
+            self.refuse(id, "the daemon holds too many incomplete requests".into());
+            self.close(id, None);
+        }
+    }
+
+    /// Handles the complete requests at the start of `stream`; the bytes they took, or `None` if
+    /// the session ended.
+    fn requests(&mut self, id: SessionId, stream: &[u8]) -> Option<usize> {
+        let mut used = 0;
+        loop {
+            match next_request(&stream[used..]) {
+                Ok(None) => return Some(used),
+                Ok(Some((req, n))) => {
+                    used += n;
+                    self.request(id, req);
+                    // Its events are framed now: a client's replies keep the order of its
+                    // requests (a refusal of the next one comes after them), and a
+                    // disconnection in the same pass does not lose them.
+                    self.client_events();
+                    if !self.sessions.contains_key(&id) {
+                        return None;
+                    }
+                }
+                Err(e) => {
+                    self.refuse(id, e.to_string());
+                    self.close(id, None);
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The driver wrote `bytes` holding `replies` replies of a connection's output, and may give
+    /// back the buffers they came in, to frame into again.
+    pub fn handle_session_written(
+        &mut self,
+        id: SessionId,
+        bytes: usize,
+        replies: usize,
+        spare: impl IntoIterator<Item = Vec<u8>>,
+    ) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        s.unwritten_bytes = s.unwritten_bytes.saturating_sub(bytes);
+        s.unwritten_replies = s.unwritten_replies.saturating_sub(replies);
+        for b in spare {
+            s.give_back(b);
+        }
+    }
+
+    /// The connection ended (the client closed it, or writing to it failed): its client leaves
+    /// every group.
+    pub fn close_session(&mut self, now_us: u64, id: SessionId) {
+        self.input(now_us);
+        self.close(id, None);
+    }
+
+    /// Every client is told, and its session closed (an admin `shutdown`).
+    pub fn shutdown(&mut self, now_us: u64) {
+        self.input(now_us);
+        let mut ids: Vec<SessionId> = self.sessions.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            self.close(id, Some("the daemon is shutting down"));
+        }
+    }
+
+    fn set_deadline(&mut self, id: SessionId, at: Option<u64>) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        if let Some(old) = s.deadline_us.take() {
+            self.deadlines.remove(&(old, id));
+        }
+        if let Some(at) = at {
+            s.deadline_us = Some(at);
+            self.deadlines.insert((at, id));
+        }
+    }
+
+    fn next_client_inc(&mut self) -> u32 {
+        let stamp = crate::stamp(self.clock_base_us + self.now);
+        self.last_client_inc = stamp.max(self.last_client_inc + 1);
+        self.last_client_inc
+    }
+
+    fn request(&mut self, id: SessionId, req: Request) {
+        let Some(s) = self.sessions.get(&id) else {
+            return;
+        };
+        let now = self.now;
+        match (req, s.client.as_ref().map(|c| c.0.clone())) {
+            (Request::Connect { name }, None) => {
+                let q = match qualified_name(&name, &self.name) {
+                    Ok(q) => q,
+                    Err(reason) => {
+                        self.refuse(id, reason);
+                        self.close(id, None);
+                        return;
+                    }
+                };
+                if let Err(e) = self.daemon.connect(&q) {
+                    self.refuse(id, e.to_string());
+                    self.close(id, None);
+                    return;
+                }
+                let inc = self.next_client_inc();
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    s.client = Some((q.clone(), inc));
+                }
+                self.set_deadline(id, None);
+                self.by_name.insert(q.clone(), id);
+                self.metrics.clients.fetch_add(1, Relaxed);
+                self.reply(id, Reply::Connected { name: q });
+            }
+            (Request::Connect { .. }, Some(_)) => {
+                self.refuse(id, "already connected".into());
+            }
+            (_, None) => {
+                self.refuse(id, "the first request must be a connect".into());
+                self.close(id, None);
+            }
+            (Request::Command(cmd), Some(name)) => {
+                let is_msg = matches!(cmd, ClientCommand::Multicast { .. });
+                match self.daemon.handle_client(now, &name, cmd) {
+                    Ok(()) => {
+                        if is_msg {
+                            self.metrics.messages_accepted.fetch_add(1, Relaxed);
+                        }
+                    }
+                    Err(e) => self.refuse(id, e.to_string()),
+                }
+            }
+            (Request::Disconnect, Some(_)) => self.close(id, None),
+        }
+    }
+
+    fn refuse(&mut self, id: SessionId, reason: String) {
+        self.metrics.refusals.fetch_add(1, Relaxed);
+        self.reply(id, Reply::Refused { reason });
+    }
+
+    /// Queues a reply, framed at once; the session's replies are handed out together when the
+    /// outputs are drained. A client whose unwritten replies pass the limits (it does not read)
+    /// is disconnected.
+    fn reply(&mut self, id: SessionId, r: Reply) {
+        self.frame(id, |out| r.frame_into(out));
+    }
+
+    /// [`Node::reply`], for a reply `frame_into` appends in its frame.
+    fn frame(&mut self, id: SessionId, frame_into: impl FnOnce(&mut Vec<u8>)) {
+        let max_replies = self.cfg.limits.max_unread_per_client;
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        if s.pending.is_empty() {
+            self.dirty.push(id);
+        }
+        frame_into(&mut s.pending);
+        s.pending_replies += 1;
+        let bytes = s.unwritten_bytes + s.pending.len();
+        let replies = s.unwritten_replies + s.pending_replies;
+        if bytes > MAX_UNREAD_BYTES || replies > max_replies {
+            s.pending.clear();
+            s.pending_replies = 0;
+            self.slow(id);
+        } else if s.pending.len() >= FLUSH_BYTES || s.pending_replies >= max_replies / 2 {
+            // A long pass (a recovery's deliveries) lets the writer work meanwhile, and counts
+            // against the limits only what it could not write.
+            self.flush_session(id);
+        }
+    }
+
+    fn slow(&mut self, id: SessionId) {
+        self.metrics.closed_slow_clients.fetch_add(1, Relaxed);
+        tracing::info!(session = id, "a client that does not read is disconnected");
+        self.close(id, None);
+    }
+
+    /// Hands every session's framed replies out.
+    fn flush_replies(&mut self) {
+        for id in std::mem::take(&mut self.dirty) {
+            self.flush_session(id);
+        }
+    }
+
+    fn flush_session(&mut self, id: SessionId) {
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        if s.pending.is_empty() {
+            return;
+        }
+        // The next pass likely frames as much: room for it saves growing the buffer step by step.
+        let room = s.pending.len().min(64 * 1024);
+        let fresh = s.buffer(room);
+        let frames = std::mem::replace(&mut s.pending, fresh);
+        let n = std::mem::take(&mut s.pending_replies);
+        s.unwritten_bytes += frames.len();
+        s.unwritten_replies += n;
+        self.session_out
+            .push_back((id, SessionOutput::Bytes(frames, n)));
+    }
+
+    /// Ends a session: its client leaves every group, and the connection closes once what is
+    /// queued for it is written.
+    fn close(&mut self, id: SessionId, reason: Option<&str>) {
+        if let Some(reason) = reason {
+            self.reply(
+                id,
+                Reply::Event(ClientEvent::Closed {
+                    reason: reason.to_owned(),
+                }),
+            );
+        }
+        self.flush_session(id);
+        self.set_deadline(id, None);
+        let Some(s) = self.sessions.remove(&id) else {
+            return;
+        };
+        self.incomplete_bytes -= s.input.len();
+        self.metrics
+            .incomplete_bytes
+            .store(self.incomplete_bytes as u64, Relaxed);
+        self.metrics
+            .connections
+            .store(self.sessions.len() as u64, Relaxed);
+        self.session_out.push_back((id, SessionOutput::Close));
+        if let Some((name, inc)) = s.client {
+            self.by_name.remove(&name);
+            self.metrics.clients.fetch_sub(1, Relaxed);
+            // Already gone from the core if the core closed it.
+            let _ = self.daemon.disconnect(self.now, &name);
+            if let Some(r) = self.recorder.as_mut() {
+                r.push(self.now, &name, inc, Event::Crash);
+            }
+        }
+    }
+
+    // ---- admin ----
+
+    pub fn handle_admin(&mut self, now_us: u64, req: AdminRequest) -> AdminReply {
+        self.input(now_us);
+        let r = self.admin(req);
+        match r {
+            Err(e) => AdminReply::error(e),
+            Ok(()) => {
+                let mut reply = AdminReply::ok();
+                reply.status = Some(self.status());
+                reply
+            }
+        }
+    }
+
+    fn admin(&mut self, req: AdminRequest) -> Result<(), String> {
+        let peer_id = |cfg: &Config, p: &Option<String>| -> Result<Option<DaemonId>, String> {
+            match p {
+                None => Ok(None),
+                Some(n) => cfg
+                    .id_of(n)
+                    .map(Some)
+                    .ok_or_else(|| format!("no daemon {n:?}")),
+            }
+        };
+        let set_link =
+            |f: &mut Faults, peer: Option<DaemonId>, edit: &dyn Fn(&mut LinkFaults)| match peer {
+                None => edit(&mut f.all),
+                Some(p) => {
+                    let all = f.all.clone();
+                    edit(f.links.entry(p).or_insert(all));
+                }
+            };
+        match req {
+            AdminRequest::Status => {}
+            AdminRequest::Partition { sets } => {
+                self.faults.partition = Some(self.cfg.partition_sets(&sets)?);
+            }
+            AdminRequest::Heal => self.faults.partition = None,
+            AdminRequest::Drop { rate, peer } => {
+                let p = peer_id(&self.cfg, &peer)?;
+                LinkFaults {
+                    drop: rate,
+                    ..Default::default()
+                }
+                .validate()?;
+                set_link(&mut self.faults, p, &|l| l.drop = rate);
+            }
+            AdminRequest::Dup { rate, peer } => {
+                let p = peer_id(&self.cfg, &peer)?;
+                LinkFaults {
+                    dup: rate,
+                    ..Default::default()
+                }
+                .validate()?;
+                set_link(&mut self.faults, p, &|l| l.dup = rate);
+            }
+            AdminRequest::Delay {
+                ms,
+                jitter_ms,
+                peer,
+            } => {
+                let p = peer_id(&self.cfg, &peer)?;
+                LinkFaults {
+                    delay_ms: ms,
+                    jitter_ms,
+                    ..Default::default()
+                }
+                .validate()?;
+                set_link(&mut self.faults, p, &|l| {
+                    l.delay_ms = ms;
+                    l.jitter_ms = jitter_ms;
+                });
+            }
+            AdminRequest::Pause { ms } => {
+                if ms > MAX_PAUSE_MS {
+                    return Err(format!("a pause is at most {MAX_PAUSE_MS} ms"));
+                }
+                self.paused_until = Some(self.now + ms * 1000);
+            }
+            AdminRequest::Clear => self.faults = Faults::default(),
+            AdminRequest::Shutdown => self.stopping = true,
+        }
+        Ok(())
+    }
+
+    pub fn status(&self) -> Status {
+        let ring = self.daemon.membership();
+        let name = |id: DaemonId| {
+            self.cfg
+                .entry(id)
+                .map(|e| e.name.clone())
+                .unwrap_or_else(|| format!("#{id}"))
+        };
+        Status {
+            daemon: self.name.clone(),
+            incarnation: self.inc,
+            phase: match ring.phase() {
+                Phase::Operational => "operational",
+                Phase::Gather => "gather",
+                Phase::Commit => "commit",
+                Phase::Recovery => "recovery",
+            }
+            .into(),
+            ring: ring.ring().map(|r| format!("{}@{}", r.seq, name(r.rep))),
+            members: ring.ring_members().into_iter().map(name).collect(),
+            ready: self.daemon.ready(),
+            clients: self.by_name.len(),
+            groups: self.daemon.group_count(),
+            connections: self.sessions.len(),
+            faults: self.faults.active(),
+            progress: ring.progress(),
+        }
+    }
+
+    // ---- outputs ----
+
+    /// The next history record (with [`NodeOptions::record`]).
+    pub fn poll_record(&mut self) -> Option<Record> {
+        self.prepare();
+        self.recorder.as_mut()?.pop()
+    }
+
+    /// The next output for a connection.
+    pub fn poll_session(&mut self) -> Option<(SessionId, SessionOutput)> {
+        self.prepare();
+        self.session_out.pop_front()
+    }
+
+    /// The next datagram to send, and where.
+    pub fn poll_datagram(&mut self) -> Option<(SocketAddr, Vec<u8>)> {
+        self.prepare();
+        self.datagrams.pop_front()
+    }
+
+    /// Gauges that are sums over every session or group, at most every [`GAUGE_PERIOD_US`].
+    fn refresh_gauges(&mut self) {
+        if self
+            .gauges_at
+            .is_some_and(|t| self.now < t + GAUGE_PERIOD_US)
+        {
+            return;
+        }
+        self.gauges_at = Some(self.now);
+        let unread: usize = self.sessions.values().map(|s| s.unwritten_bytes).sum();
+        self.metrics.unread_bytes.store(unread as u64, Relaxed);
+        let groups = self.daemon.group_count() as u64;
+        self.metrics.groups.store(groups, Relaxed);
+    }
+
+    /// The core's outputs after the inputs since the last call: ring events recorded, client
+    /// events framed into their sessions, packets packed into datagrams (through the faults).
+    fn prepare(&mut self) {
+        if !self.unprepared {
+            return;
+        }
+        self.unprepared = false;
+        self.refresh_gauges();
+        while let Some(ev) = self.daemon.poll_ring_event() {
+            let Some(r) = self.recorder.as_mut() else {
+                break;
+            };
+            if let Some(e) = r.ring_event(&ev) {
+                r.push(self.now, &self.name, self.inc, e);
+            }
+        }
+        let ring = self.daemon.membership().ring();
+        if ring.is_some() && ring != self.last_ring {
+            self.last_ring = ring;
+            self.metrics.views.fetch_add(1, Relaxed);
+            tracing::info!(daemon = %self.name, ring = ?ring, members = ?self.daemon.membership().ring_members(), "new configuration");
+        }
+        // A slow client closed while its replies are handed over leaves events for the others.
+        loop {
+            self.client_events();
+            self.flush_replies();
+            if !self.daemon.has_events() {
+                break;
+            }
+        }
+        self.transmit();
+    }
+
+    /// Everything the core has to send, by destination, in order; then as few datagrams as will
+    /// carry it.
+    fn transmit(&mut self) {
+        let n = self.peers.len();
+        let mut encoded: Vec<Vec<u8>> = Vec::new();
+        let mut per_peer: Vec<Vec<usize>> = vec![Vec::new(); n + 1];
+        while let Some(t) = self.daemon.poll_transmit() {
+            if let Packet::Token(tok) = &t.packet {
+                if !tok.rtr.is_empty() {
+                    self.metrics
+                        .retransmit_requests
+                        .fetch_add(tok.rtr.len() as u64, Relaxed);
+                }
+            }
+            let at = encoded.len();
+            encoded.push(t.packet.encode());
+            self.metrics.packets_sent.fetch_add(1, Relaxed);
+            match t.to {
+                Dest::One(d) if (d as usize) <= n && d > 0 => per_peer[d as usize].push(at),
+                Dest::One(_) => {}
+                Dest::AllOthers => {
+                    for (d, list) in per_peer.iter_mut().enumerate().skip(1) {
+                        if d as DaemonId != self.me {
+                            list.push(at);
+                        }
+                    }
+                }
+            }
+        }
+        if encoded.is_empty() {
+            return;
+        }
+        for (peer, packets) in per_peer.into_iter().enumerate().skip(1) {
+            if packets.is_empty() {
+                continue;
+            }
+            let peer = peer as DaemonId;
+            let packets: Vec<&[u8]> = packets.iter().map(|&i| encoded[i].as_slice()).collect();
+            let datagrams = match pack(&packets, &mut self.frag_id) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a packet too large to send");
+                    continue;
+                }
+            };
+            for d in datagrams {
+                let copies = self.faults.send(self.me, peer, &mut self.rng);
+                if copies.is_empty() {
+                    self.metrics.fault_drops.fetch_add(1, Relaxed);
+                }
+                let last = copies.len().saturating_sub(1);
+                let mut d = Some(d);
+                for (k, delay_ms) in copies.into_iter().enumerate() {
+                    let copy = if k == last {
+                        d.take().expect("one per copy")
+                    } else {
+                        d.clone().expect("one per copy")
+                    };
+                    if delay_ms == 0 {
+                        self.send_datagram(peer, copy);
+                    } else {
+                        self.delayed_seq += 1;
+                        let at = self.now + delay_ms * 1000;
+                        self.delayed
+                            .push(Reverse((at, self.delayed_seq, peer, copy)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn send_datagram(&mut self, peer: DaemonId, d: Vec<u8>) {
+        let Some(&addr) = self.peers.get((peer as usize).wrapping_sub(1)) else {
+            return;
+        };
+        self.metrics.bytes_sent.fetch_add(d.len() as u64, Relaxed);
+        self.datagrams.push_back((addr, d));
+    }
+
+    fn client_events(&mut self) {
+        while let Some(ev) = self.daemon.pop_event() {
+            match ev {
+                // The bulk: framed from the ring's message, with nothing copied but the frame.
+                LocalEvent::Message(d) if self.recorder.is_none() => self.deliver(&d),
+                ev => {
+                    let (client, ev) = ev.into_event();
+                    self.client_event(client, ev);
+                }
+            }
+        }
+    }
+
+    fn deliver(&mut self, d: &Delivery) {
+        let Some(&id) = self.by_name.get(d.client()) else {
+            return;
+        };
+        self.metrics.messages_delivered.fetch_add(1, Relaxed);
+        self.frame(id, |out| d.message().frame_into(out));
+    }
+
+    fn client_event(&mut self, client: String, ev: ClientEvent) {
+        let Some(&id) = self.by_name.get(&client) else {
+            return;
+        };
+        let inc = self
+            .sessions
+            .get(&id)
+            .and_then(|s| s.client.as_ref())
+            .map_or(0, |c| c.1);
+        if let Some(r) = self.recorder.as_mut() {
+            if let Some(e) = r.client_event(&client, &ev) {
+                r.push(self.now, &client, inc, e);
+            }
+        }
+        let ev = match ev {
+            ClientEvent::Message { .. } => {
+                self.metrics.messages_delivered.fetch_add(1, Relaxed);
+                ev
+            }
+            ClientEvent::View { .. } => {
+                self.metrics.group_views.fetch_add(1, Relaxed);
+                ev
+            }
+            // The client has its payload: the acknowledgement does not carry it back.
+            ClientEvent::Sent {
+                group,
+                service,
+                view,
+                ..
+            } => ClientEvent::Sent {
+                group,
+                service,
+                payload: Default::default(),
+                view,
+            },
+            ClientEvent::Closed { .. } => {
+                self.reply(id, Reply::Event(ev));
+                // The core has already disconnected it, and the Crash is recorded above.
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    s.client = None;
+                }
+                self.by_name.remove(&client);
+                self.metrics.clients.fetch_sub(1, Relaxed);
+                self.close(id, None);
+                return;
+            }
+            ev => ev,
+        };
+        self.reply(id, Reply::Event(ev));
+    }
+}
+
+/// The membership protocol's packets, at trace level, for following a ring change in the logs
+/// (`RUST_LOG=conclave_node=trace`).
+fn trace_membership(me: DaemonId, peer: DaemonId, packet: &[u8]) {
+    if !tracing::enabled!(tracing::Level::TRACE) {
+        return;
+    }
+    match Packet::decode(packet) {
+        Ok(Packet::Join(j)) => tracing::trace!(
+            me, peer, ring_seq = j.ring_seq, procs = ?j.procs, failed = ?j.failed, "join"
+        ),
+        Ok(Packet::Commit(c)) => tracing::trace!(
+            me, peer, ring = ?c.ring, rotation = c.rotation,
+            members = ?c.members.iter().map(|m| m.id).collect::<Vec<_>>(), "commit"
+        ),
+        Ok(Packet::MergeDetect { ring }) => tracing::trace!(me, peer, ?ring, "merge detect"),
+        _ => {}
+    }
+}

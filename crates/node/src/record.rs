@@ -1,0 +1,156 @@
+//! The history of a node's run (docs/history.md), as the checker reads it: its clients' events
+//! and its own daemon views. The node queues records here; the daemon writes them to its
+//! `--record` file, the simulator collects them from every node into one history.
+//!
+//! Times are the node's clock plus a base the driver gives (the daemon: wall-clock microseconds
+//! since the Unix epoch, so the files of several daemons on one machine merge into one history;
+//! the simulator: zero, its clock being the same for every node). A message is named by its
+//! sender, a digest of its payload and the group (`alice#d1:9f2c...@chat`): the daemons carry no
+//! message number, so two messages with the same payload from one sender to one group would look
+//! like one message delivered twice. Tests give every message its own payload.
+//!
+//! With [`Recorder::ring_messages`], the ring's own sends and deliveries of client messages are
+//! recorded too (group "", messages named `r:` and the sender and digest), so that recovery and
+//! extended virtual synchrony of the ring are checked as well as the groups on top.
+
+use conclave_gcs::{ClientEvent, GroupViewId, RingEvent};
+use conclave_history::wire::{client_event, Naming};
+use conclave_history::{Event, Record, Service, ViewId};
+use conclave_wire::gcs::{Body, DaemonId, RingId};
+use sha2::{Digest, Sha256};
+use std::collections::VecDeque;
+
+pub struct Recorder {
+    /// Daemon names by id, for view ids.
+    names: Vec<String>,
+    /// Added to the node's clock for a record's time.
+    base_us: u64,
+    /// Also the ring's sends and deliveries of client messages.
+    pub ring_messages: bool,
+    out: VecDeque<Record>,
+}
+
+fn digest(payload: &[u8]) -> String {
+    hex::encode(&Sha256::digest(payload)[..8])
+}
+
+impl Recorder {
+    pub fn new(names: Vec<String>, base_us: u64) -> Recorder {
+        Recorder {
+            names,
+            base_us,
+            ring_messages: false,
+            out: VecDeque::new(),
+        }
+    }
+
+    fn daemon(&self, id: DaemonId) -> String {
+        self.names
+            .get((id as usize).wrapping_sub(1))
+            .cloned()
+            .unwrap_or_else(|| format!("#{id}"))
+    }
+
+    pub fn ring_view(&self, ring: RingId) -> ViewId {
+        ViewId(ring.seq, format!("{}.{}", self.daemon(ring.rep), ring.inc))
+    }
+
+    fn group_view(&self, v: GroupViewId) -> ViewId {
+        ViewId(
+            conclave_history::wire::group_view_number(v),
+            format!("{}.{}", self.daemon(v.ring.rep), v.ring.inc),
+        )
+    }
+
+    pub fn push(&mut self, now_us: u64, p: &str, inc: u32, ev: Event) {
+        self.out.push_back(Record {
+            t: self.base_us + now_us,
+            p: p.to_owned(),
+            inc,
+            ev,
+        });
+    }
+
+    /// The next record, in the order they were made.
+    pub fn pop(&mut self) -> Option<Record> {
+        self.out.pop_front()
+    }
+
+    /// One client event, as the history has it (`None` for events the history leaves out).
+    pub fn client_event(&self, client: &str, ev: &ClientEvent) -> Option<Event> {
+        let msg = |sender: &str, group: &str, payload: &[u8]| {
+            format!("{sender}:{}@{group}", digest(payload))
+        };
+        match ev {
+            ClientEvent::Closed { .. } => Some(Event::Crash),
+            ev => {
+                let naming = Naming {
+                    view: &|v| self.group_view(v),
+                    msg: &msg,
+                    payload: &|p: &[u8]| hex::encode(p),
+                };
+                client_event(client, ev.clone(), &naming)
+            }
+        }
+    }
+
+    /// One event of the ring layer, as the history has it (`None` for what it leaves out: the
+    /// ring's own messages, and client messages unless [`Recorder::ring_messages`]).
+    pub fn ring_event(&self, ev: &RingEvent) -> Option<Event> {
+        let msg_of = |body: &Body| match body {
+            Body::Client {
+                client,
+                service,
+                payload,
+                ..
+            } if self.ring_messages => Some((
+                Service::from(*service),
+                format!("r:{client}:{}", digest(payload)),
+                hex::encode(payload),
+            )),
+            _ => None,
+        };
+        Some(match ev {
+            RingEvent::Configuration(c) => {
+                let names = |ids: &[DaemonId]| ids.iter().map(|&i| self.daemon(i)).collect();
+                Event::View {
+                    group: String::new(),
+                    view: self.ring_view(c.ring),
+                    members: names(&c.members),
+                    transitional: names(&c.transitional),
+                }
+            }
+            RingEvent::TransitionalSignal { .. } => Event::TransSignal {
+                group: String::new(),
+            },
+            RingEvent::Sent { ring, body, .. } => {
+                let (service, msg, payload) = msg_of(body)?;
+                Event::Send {
+                    group: String::new(),
+                    msg,
+                    service,
+                    view: self.ring_view(*ring),
+                    payload,
+                }
+            }
+            RingEvent::Deliver {
+                ring,
+                sender,
+                body,
+                transitional,
+                ..
+            } => {
+                let (service, msg, payload) = msg_of(body)?;
+                Event::Deliver {
+                    group: String::new(),
+                    msg,
+                    sender: self.daemon(*sender),
+                    service,
+                    view: self.ring_view(*ring),
+                    transitional: *transitional,
+                    payload,
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,94 @@
+//! One client connection as the node keeps it: where its handshake is, the bytes of a request
+//! not yet complete, the replies framed for it and not yet handed out, and what was handed out
+//! and not yet written. Every byte a connection can make the node hold is bounded here or in
+//! [`crate::node`]'s budgets.
+
+use conclave_wire::client::{next_frame_within, Request, MAX_REQUEST_BYTES};
+use conclave_wire::DecodeError;
+
+/// A connection, as the driver numbers it.
+pub type SessionId = u64;
+
+/// What the node hands a driver for one connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SessionOutput {
+    /// Framed replies, and how many: write them in order.
+    Bytes(Vec<u8>, usize),
+    /// Write what came before, then close the connection.
+    Close,
+}
+
+/// Buffers kept for reuse per connection, and the largest kept: a pass under heavy load frames
+/// a few hundred KiB for a client, and an idle connection should not hold a burst's worth.
+const SPARE_BUFFERS: usize = 2;
+const SPARE_MAX_BYTES: usize = 1 << 20;
+
+pub(crate) struct Session {
+    /// The client's qualified name and incarnation, once connected.
+    pub client: Option<(String, u32)>,
+    /// The start of a request that has not fully arrived.
+    pub input: Vec<u8>,
+    /// When the first byte of the incomplete request arrived (or the connection opened, until
+    /// it has connected): the deadline runs from here.
+    pub deadline_us: Option<u64>,
+    /// Replies framed since the node last handed this session's output out.
+    pub pending: Vec<u8>,
+    pub pending_replies: usize,
+    /// Handed out and not yet reported written.
+    pub unwritten_bytes: usize,
+    pub unwritten_replies: usize,
+    /// Buffers the driver is done with, to frame into again: a fresh buffer per pass cost
+    /// growing it step by step and the kernel zeroing its new pages.
+    spare: Vec<Vec<u8>>,
+}
+
+impl Session {
+    pub fn new() -> Session {
+        Session {
+            client: None,
+            input: Vec::new(),
+            deadline_us: None,
+            pending: Vec::new(),
+            pending_replies: 0,
+            unwritten_bytes: 0,
+            unwritten_replies: 0,
+            spare: Vec::new(),
+        }
+    }
+
+    /// An empty buffer to frame into, reused if the driver gave one back.
+    pub fn buffer(&mut self, room: usize) -> Vec<u8> {
+        self.spare.pop().unwrap_or_else(|| Vec::with_capacity(room))
+    }
+
+    pub fn give_back(&mut self, mut buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > SPARE_MAX_BYTES {
+            return;
+        }
+        if self.spare.len() < SPARE_BUFFERS {
+            buf.clear();
+            self.spare.push(buf);
+        }
+    }
+}
+
+/// The next request in `stream`, and the bytes it took; `Ok(None)` while incomplete. A frame
+/// longer than the largest valid request is refused before its body arrives.
+pub(crate) fn next_request(stream: &[u8]) -> Result<Option<(Request, usize)>, RequestError> {
+    match next_frame_within(stream, MAX_REQUEST_BYTES) {
+        Err(e) => Err(RequestError::Frame(e)),
+        Ok(None) => Ok(None),
+        Ok(Some((body, used))) => match Request::decode(body) {
+            Ok(r) => Ok(Some((r, used))),
+            Err(e) => Err(RequestError::Undecodable(e)),
+        },
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RequestError {
+    #[error("bad frame: {0}")]
+    Frame(DecodeError),
+    #[error("undecodable request: {0}")]
+    Undecodable(DecodeError),
+}

@@ -1,0 +1,166 @@
+//! What one connection can make a node hold, and when the node closes it: driven with bytes and
+//! time, as the daemon's runtime and the simulator drive it.
+
+use conclave_node::{Config, Node, NodeOptions, SessionOutput};
+use conclave_wire::client::{frame, next_frame, Reply, Request, MAX_REQUEST_BYTES};
+use std::sync::atomic::Ordering::Relaxed;
+
+fn node(edit: impl FnOnce(&mut Config)) -> Node {
+    let mut cfg = Config::local(1, 4800);
+    edit(&mut cfg);
+    Node::new(cfg, "d1", NodeOptions::default(), 0).unwrap()
+}
+
+/// Everything the node has for its connections: replies by session, and which it closed.
+fn outputs(n: &mut Node) -> (Vec<(u64, Reply)>, Vec<u64>) {
+    let (mut replies, mut closed) = (Vec::new(), Vec::new());
+    while let Some((id, out)) = n.poll_session() {
+        match out {
+            SessionOutput::Bytes(b, count) => {
+                let mut at = 0;
+                while let Some((body, used)) = next_frame(&b[at..]).unwrap() {
+                    replies.push((id, Reply::decode(body).unwrap()));
+                    at += used;
+                }
+                assert_eq!(at, b.len());
+                n.handle_session_written(id, b.len(), count, [b]);
+            }
+            SessionOutput::Close => closed.push(id),
+        }
+    }
+    (replies, closed)
+}
+
+fn connect(n: &mut Node, now: u64, id: u64, name: &str) {
+    n.open_session(now, id).unwrap();
+    let hello = frame(
+        &Request::Connect {
+            name: name.to_owned(),
+        }
+        .encode(),
+    );
+    n.handle_session_bytes(now, id, &hello);
+    let (replies, closed) = outputs(n);
+    assert!(closed.is_empty());
+    assert!(
+        matches!(&replies[..], [(i, Reply::Connected { name })] if *i == id && name.ends_with("#d1"))
+    );
+}
+
+fn refused_and_closed(n: &mut Node, id: u64, needle: &str) {
+    let (replies, closed) = outputs(n);
+    assert_eq!(closed, vec![id]);
+    assert!(
+        replies
+            .iter()
+            .any(|(i, r)| *i == id
+                && matches!(r, Reply::Refused { reason } if reason.contains(needle))),
+        "{replies:?}"
+    );
+}
+
+#[test]
+fn a_connection_that_does_not_connect_in_time_is_closed() {
+    let mut n = node(|_| {});
+    n.open_session(0, 1).unwrap();
+    n.handle_session_bytes(10, 1, &[0, 0]);
+    let handshake_us = n.config().limits.handshake_ms * 1000;
+    assert!(n.poll_timeout().unwrap() <= handshake_us);
+    n.handle_timeout(handshake_us - 1);
+    assert!(outputs(&mut n).1.is_empty());
+    n.handle_timeout(handshake_us);
+    refused_and_closed(&mut n, 1, "no connect request in time");
+}
+
+#[test]
+fn a_request_that_stops_arriving_is_dropped_with_its_connection() {
+    let mut n = node(|_| {});
+    connect(&mut n, 0, 1, "alice");
+    // All but the last byte of the largest request a client may send, then silence.
+    let mut bytes = (MAX_REQUEST_BYTES as u32).to_be_bytes().to_vec();
+    bytes.resize(4 + MAX_REQUEST_BYTES - 1, 0);
+    for (k, chunk) in bytes.chunks(64 * 1024).enumerate() {
+        n.handle_session_bytes(k as u64, 1, chunk);
+    }
+    assert!(outputs(&mut n).1.is_empty());
+    let held = n.metrics().incomplete_bytes.load(Relaxed) as usize;
+    assert_eq!(held, bytes.len());
+    let deadline = n.config().limits.request_ms * 1000;
+    n.handle_timeout(deadline - 1);
+    assert!(outputs(&mut n).1.is_empty());
+    n.handle_timeout(deadline);
+    refused_and_closed(&mut n, 1, "did not arrive in time");
+    assert_eq!(n.metrics().incomplete_bytes.load(Relaxed), 0);
+}
+
+#[test]
+fn a_frame_longer_than_any_request_is_refused_before_its_body_arrives() {
+    let mut n = node(|_| {});
+    connect(&mut n, 0, 1, "alice");
+    n.handle_session_bytes(1, 1, &(MAX_REQUEST_BYTES as u32 + 1).to_be_bytes());
+    refused_and_closed(&mut n, 1, "bad frame");
+}
+
+#[test]
+fn incomplete_requests_of_all_connections_share_one_budget() {
+    let mut n = node(|c| c.limits.max_incomplete_bytes = 1000);
+    connect(&mut n, 0, 1, "alice");
+    connect(&mut n, 0, 2, "bob");
+    let partial = |len: usize| {
+        let mut b = 5000u32.to_be_bytes().to_vec();
+        b.resize(len, 0);
+        b
+    };
+    n.handle_session_bytes(1, 1, &partial(600));
+    assert!(outputs(&mut n).1.is_empty());
+    n.handle_session_bytes(2, 2, &partial(600));
+    refused_and_closed(&mut n, 2, "too many incomplete requests");
+    assert_eq!(n.metrics().incomplete_bytes.load(Relaxed), 600);
+    assert_eq!(n.metrics().closed_limits.load(Relaxed), 1);
+}
+
+#[test]
+fn requests_split_anywhere_are_read_whole_and_in_order() {
+    let mut n = node(|_| {});
+    n.open_session(0, 1).unwrap();
+    let mut bytes = frame(
+        &Request::Connect {
+            name: "alice".into(),
+        }
+        .encode(),
+    );
+    // Two requests refused in order after the connect: not members of either group.
+    for g in ["g1", "g2"] {
+        let leave = conclave_wire::client::ClientCommand::Leave { group: g.into() };
+        bytes.extend(frame(&Request::Command(leave).encode()));
+    }
+    for b in bytes.chunks(3) {
+        n.handle_session_bytes(1, 1, b);
+    }
+    let (replies, closed) = outputs(&mut n);
+    assert!(closed.is_empty());
+    let reasons: Vec<String> = replies
+        .iter()
+        .map(|(_, r)| match r {
+            Reply::Connected { .. } => "connected".into(),
+            Reply::Refused { reason } => reason.clone(),
+            r => format!("{r:?}"),
+        })
+        .collect();
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert_eq!(reasons[0], "connected");
+    assert!(
+        reasons[1].contains("g1") && reasons[2].contains("g2"),
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn past_the_connection_limit_a_connection_is_refused() {
+    let mut n = node(|c| c.limits.max_connections = 2);
+    n.open_session(0, 1).unwrap();
+    n.open_session(0, 2).unwrap();
+    assert!(n.open_session(0, 3).is_err());
+    n.close_session(1, 1);
+    n.open_session(2, 3).unwrap();
+}

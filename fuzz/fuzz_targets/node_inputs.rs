@@ -1,0 +1,52 @@
+//! A daemon node under hostile input: any bytes from client connections and any datagrams from a
+//! configured peer, at any times, are handled without panic, and every reply the node frames
+//! decodes.
+#![no_main]
+use conclave_node::{Config, Node, NodeOptions, SessionOutput};
+use conclave_wire::client::{next_frame, Reply};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let cfg = Config::local(2, 4800);
+    let peer = cfg.daemon[1].peer;
+    let Ok(mut node) = Node::new(cfg, "d1", NodeOptions::default(), 0) else {
+        return;
+    };
+    let mut now = 0u64;
+    // Each step: an op byte, a two-byte length, that many bytes.
+    let mut rest = data;
+    while rest.len() >= 3 {
+        let op = rest[0];
+        let n = u16::from_be_bytes([rest[1], rest[2]]) as usize;
+        rest = &rest[3..];
+        let bytes = &rest[..n.min(rest.len())];
+        rest = &rest[bytes.len()..];
+        let session = u64::from(op >> 4);
+        match op & 0x7 {
+            0 => {
+                let _ = node.open_session(now, session);
+            }
+            1 | 2 => node.handle_session_bytes(now, session, bytes),
+            3 => node.close_session(now, session),
+            4 | 5 => node.handle_datagram(now, peer, bytes),
+            _ => {
+                now += 1_000 * u64::from(bytes.first().copied().unwrap_or(1));
+                node.handle_timeout(now);
+            }
+        }
+        while let Some((id, out)) = node.poll_session() {
+            if let SessionOutput::Bytes(b, replies) = out {
+                let mut at = 0;
+                let mut count = 0;
+                while let Ok(Some((body, used))) = next_frame(&b[at..]) {
+                    assert!(Reply::decode(body).is_ok());
+                    at += used;
+                    count += 1;
+                }
+                assert_eq!((at, count), (b.len(), replies));
+                node.handle_session_written(id, b.len(), replies, [b]);
+            }
+        }
+        while node.poll_datagram().is_some() {}
+    }
+});
