@@ -10,6 +10,7 @@
 //! progress for [`WRITE_TIMEOUT`] ends the connection.
 
 use crate::server::ToCore;
+use bytes::BytesMut;
 use conclave_node::{SessionId, SessionOutput};
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,15 +63,19 @@ pub(crate) async fn run<S>(
 
 async fn read<R: AsyncRead + Unpin>(mut r: R, id: SessionId, core: mpsc::Sender<ToCore>) {
     let in_flight = Arc::new(Semaphore::new(READS_IN_FLIGHT));
+    // One buffer, read into again once the node is done with what was read before (a fresh
+    // buffer per read is memory the cache has not seen, for the kernel's copy and the node's).
+    let mut buf = BytesMut::with_capacity(READ_BYTES);
     loop {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
-        let mut bytes = Vec::with_capacity(READ_BYTES);
-        match r.read_buf(&mut bytes).await {
+        buf.reserve(READ_BYTES);
+        match r.read_buf(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
+        let bytes = buf.split().freeze();
         let msg = ToCore::Bytes { id, bytes, permit };
         if core.send(msg).await.is_err() {
             return;

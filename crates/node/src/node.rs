@@ -50,6 +50,21 @@ pub const MAX_UNREAD_BYTES: usize = 64 << 20;
 /// 256 KiB was seen to cost the ring under heavy load (a daemon falsely suspected, 8 KiB messages
 /// from five senders): the writers' wake-ups compete with the daemon cores.
 const FLUSH_BYTES: usize = 4 << 20;
+/// Bytes the frame begun in `input` still lacks: up to its length's 4 bytes, then up to its end
+/// (a length past the request limit lacks nothing: reading it gives the error).
+fn missing(input: &[u8]) -> usize {
+    match input.get(..4) {
+        None => 4 - input.len(),
+        Some(h) => {
+            let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
+            if len > conclave_wire::client::MAX_REQUEST_BYTES {
+                return 0;
+            }
+            (4 + len).saturating_sub(input.len())
+        }
+    }
+}
+
 /// Gauges that are sums over every session or group are refreshed at most this often.
 const GAUGE_PERIOD_US: u64 = 100_000;
 
@@ -334,21 +349,38 @@ impl Node {
         let mut input = std::mem::take(&mut s.input);
         let had = input.len();
         self.incomplete_bytes -= had;
-        // With nothing incomplete (the common case), requests are read where they lie.
-        let used = if input.is_empty() {
-            let Some(used) = self.requests(id, bytes) else {
+        let mut rest = bytes;
+        let mut used = 0;
+        if !input.is_empty() {
+            // The request begun earlier takes only the bytes it lacks (its length's, then its
+            // body's); the rest is read where it lies.
+            loop {
+                let lacks = missing(&input);
+                if lacks == 0 || rest.is_empty() {
+                    break;
+                }
+                let take = lacks.min(rest.len());
+                input.extend_from_slice(&rest[..take]);
+                rest = &rest[take..];
+            }
+            if missing(&input) == 0 {
+                let Some(n) = self.requests(id, &input) else {
+                    return;
+                };
+                input.drain(..n);
+                used += n;
+            }
+        }
+        if input.is_empty() {
+            let Some(n) = self.requests(id, rest) else {
                 return;
             };
-            input.extend_from_slice(&bytes[used..]);
-            used
+            input.extend_from_slice(&rest[n..]);
+            used += n;
         } else {
-            input.extend_from_slice(bytes);
-            let Some(used) = self.requests(id, &input) else {
-                return;
-            };
-            input.drain(..used);
-            used
-        };
+            // Still incomplete: every byte went into it.
+            debug_assert!(rest.is_empty());
+        }
         let now = self.now;
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
