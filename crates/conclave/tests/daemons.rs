@@ -24,7 +24,7 @@ const SERVICES: [ServiceType; 6] = [
 ];
 
 fn config_text(c: &Config) -> String {
-    let mut s = String::from("[timeouts]\nflush = 5000\n\n");
+    let mut s = String::from("[core]\nflush_timeout_ms = 5000\n\n");
     for d in &c.daemon {
         s += &format!(
             "[[daemon]]\nname = \"{}\"\npeer = \"{}\"\nclient = \"{}\"\nadmin = \"{}\"\nmetrics = \"{}\"\n\n",

@@ -119,8 +119,8 @@ async fn garbage_oversized_and_truncated_frames_close_only_their_connection() {
 #[tokio::test]
 async fn a_silent_connection_is_closed_and_a_flood_of_connections_is_bounded() {
     let (d, addr, _) = one_daemon(|c| {
-        c.limits.handshake_ms = 200;
-        c.limits.max_connections = 20;
+        c.sessions.handshake_ms = 200;
+        c.sessions.max_connections = 20;
     })
     .await;
     let mut s = TcpStream::connect(tcp(&addr)).await.unwrap();
@@ -146,7 +146,7 @@ async fn a_silent_connection_is_closed_and_a_flood_of_connections_is_bounded() {
 
 #[tokio::test]
 async fn a_client_that_stops_reading_is_disconnected_and_the_group_goes_on() {
-    let (d, addr, _) = one_daemon(|c| c.limits.max_unread_per_client = 2_000).await;
+    let (d, addr, _) = one_daemon(|c| c.sessions.max_unread_per_client = 2_000).await;
     // The sluggard joins and then never reads a byte.
     let mut s = TcpStream::connect(tcp(&addr)).await.unwrap();
     let hello = Request::Connect {

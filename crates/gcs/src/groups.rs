@@ -47,8 +47,10 @@ use conclave_wire::DecodeError;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-/// Limits and timeouts of a daemon.
-#[derive(Clone, Debug)]
+/// Limits and timeouts of a daemon's core, as deployed by default (`[core]` in the daemon's
+/// configuration file).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DaemonConfig {
     pub membership: MembershipConfig,
     /// Most clients connected at once.
@@ -62,12 +64,13 @@ pub struct DaemonConfig {
     /// for as long as the flush lasts; past this, its commands wait in its own queue (bounded by
     /// `max_held_per_client`).
     pub max_changes_per_client: usize,
-    /// Keep a copy of the ring layer's events for [`Daemon::poll_ring_event`] (to record the
-    /// daemons' own history).
-    pub record_ring: bool,
     /// A VS client that has not acknowledged a flush request within this long is disconnected
     /// (milliseconds): one slow client must not hold its group's views back for ever.
     pub flush_timeout_ms: u64,
+    /// Keep a copy of the ring layer's events for [`Daemon::poll_ring_event`] (to record the
+    /// daemons' own history). Set by whoever runs the daemon, not by its configuration.
+    #[serde(skip)]
+    pub record_ring: bool,
 }
 
 impl Default for DaemonConfig {
@@ -78,9 +81,34 @@ impl Default for DaemonConfig {
             max_groups_per_client: 16,
             max_held_per_client: 1_000,
             max_changes_per_client: 32,
-            record_ring: false,
             flush_timeout_ms: 2_000,
+            record_ring: false,
         }
+    }
+}
+
+impl DaemonConfig {
+    /// Why these settings cannot work, if they cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        self.membership.validate()?;
+        if [
+            self.max_clients,
+            self.max_groups_per_client,
+            self.max_held_per_client,
+            self.max_changes_per_client,
+        ]
+        .contains(&0)
+        {
+            return Err(
+                "max_clients, max_groups_per_client, max_held_per_client and \
+                 max_changes_per_client must be above 0"
+                    .into(),
+            );
+        }
+        if self.flush_timeout_ms == 0 {
+            return Err("flush_timeout_ms must be above 0".into());
+        }
+        Ok(())
     }
 }
 

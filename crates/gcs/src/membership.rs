@@ -56,8 +56,10 @@ use conclave_wire::gcs::{
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-/// Timeouts in milliseconds.
-#[derive(Clone, Debug)]
+/// Timeouts of the daemons' membership, as deployed by default (`[core.membership]` in the
+/// daemon's configuration file).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct MembershipConfig {
     pub ordering: OrderingConfig,
     /// No token for this long: the ring is broken.
@@ -82,6 +84,29 @@ impl Default for MembershipConfig {
             commit_ms: 200,
             merge_detect_ms: 100,
         }
+    }
+}
+
+impl MembershipConfig {
+    /// Why these settings cannot work, if they cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        self.ordering.validate()?;
+        if self.token_loss_ms <= self.ordering.token_retransmit_ms {
+            return Err("token_loss_ms must be above token_retransmit_ms".into());
+        }
+        if [
+            self.join_ms,
+            self.consensus_ms,
+            self.commit_ms,
+            self.merge_detect_ms,
+        ]
+        .contains(&0)
+        {
+            return Err(
+                "join_ms, consensus_ms, commit_ms and merge_detect_ms must be above 0".into(),
+            );
+        }
+        Ok(())
     }
 }
 

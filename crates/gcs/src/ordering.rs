@@ -29,8 +29,10 @@ use conclave_wire::gcs::{Body, DaemonId, Data, Packet, RingId, ServiceType, Toke
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-/// Tunables, in milliseconds and messages.
-#[derive(Clone, Debug)]
+/// Tunables of the ring's ordering, as deployed by default (the daemon's configuration file
+/// sets them as `[core.membership.ordering]`; docs/daemon.md).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct OrderingConfig {
     /// The last token holder sends the token again if it hears nothing for this long.
     pub token_retransmit_ms: u64,
@@ -47,7 +49,8 @@ pub struct OrderingConfig {
     /// An idle token (nothing sent, missing or waiting anywhere on the ring) is held this long
     /// (microseconds) before it is passed on, unless a message is submitted meanwhile: without
     /// it, an idle ring passes its token as fast as the network allows and keeps every daemon's
-    /// processor busy. 0: never held.
+    /// processor busy (an idle ring of three then costs them a few percent of a processor, and a
+    /// message waits at most this long for the token). 0: never held.
     pub idle_hold_us: u64,
 }
 
@@ -55,12 +58,31 @@ impl Default for OrderingConfig {
     fn default() -> Self {
         OrderingConfig {
             token_retransmit_ms: 20,
-            max_per_visit: 30,
-            window: 400,
+            max_per_visit: 60,
+            window: 600,
             max_queued: 10_000,
-            max_visit_bytes: usize::MAX,
-            idle_hold_us: 0,
+            max_visit_bytes: 1 << 20,
+            idle_hold_us: 300,
         }
+    }
+}
+
+impl OrderingConfig {
+    /// Why these settings cannot work, if they cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.token_retransmit_ms == 0 {
+            return Err("token_retransmit_ms must be above 0".into());
+        }
+        if self.idle_hold_us >= self.token_retransmit_ms * 1000 / 2 {
+            return Err("idle_hold_us must be well under token_retransmit_ms".into());
+        }
+        if self.max_per_visit == 0 || self.window == 0 || self.max_queued == 0 {
+            return Err("max_per_visit, window and max_queued must be above 0".into());
+        }
+        if self.max_visit_bytes == 0 {
+            return Err("max_visit_bytes must be above 0".into());
+        }
+        Ok(())
     }
 }
 

@@ -39,9 +39,14 @@ fn pump(nodes: &mut [Ordering], rounds: usize) {
     }
 }
 
+/// Three members whose idle token never rests: `pump` passes packets and runs no timers.
 fn three() -> Vec<Ordering> {
+    let cfg = OrderingConfig {
+        idle_hold_us: 0,
+        ..OrderingConfig::default()
+    };
     (1..=3)
-        .map(|m| Ordering::new(OrderingConfig::default(), m, ring(), vec![1, 2, 3]))
+        .map(|m| Ordering::new(cfg.clone(), m, ring(), vec![1, 2, 3]))
         .collect()
 }
 

@@ -1,5 +1,6 @@
 //! The daemons' configuration (TOML): every daemon of the network with its addresses, the
-//! protocol's timeouts, the limits, and the faults to inject. Every daemon of a network reads the
+//! core's settings (the core's own config type, its defaults those deployed), the limits of
+//! client sessions, and the faults to inject. Every daemon of a network reads the
 //! same file and is told which one it is. Without a file, [`Config::local`] names three daemons
 //! on this machine.
 //!
@@ -12,8 +13,8 @@
 //! admin = "127.0.0.1:5001"     # optional: `conclave admin`
 //! metrics = "127.0.0.1:9101"   # optional: Prometheus text at any path
 //!
-//! [timeouts]                   # optional, milliseconds
-//! token_loss = 200
+//! [core.membership]            # optional: the core's settings (conclave_gcs::DaemonConfig)
+//! token_loss_ms = 200
 //!
 //! [faults]                     # optional
 //! drop = 0.01
@@ -21,7 +22,7 @@
 //! ```
 
 use crate::faults::{Faults, LinkFaults};
-use conclave_gcs::{DaemonConfig, MembershipConfig};
+use conclave_gcs::DaemonConfig;
 use conclave_wire::gcs::{DaemonId, MAX_NAME_BYTES, MAX_RING_MEMBERS};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,93 +41,51 @@ pub struct DaemonEntry {
     pub metrics: Option<SocketAddr>,
 }
 
-/// The idle hold of a daemon's token by default: an idle ring of three daemons costs them a few
-/// percent of a processor, and a message waits at most a few hundred microseconds for the token.
-pub const DEFAULT_IDLE_HOLD_US: u64 = 300;
-
+/// What one connection may make its daemon hold, and how long it may take (`[sessions]`).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
-pub struct Timeouts {
-    pub token_loss: u64,
-    pub token_retransmit: u64,
-    pub join: u64,
-    pub consensus: u64,
-    pub commit: u64,
-    pub merge_detect: u64,
-    pub flush: u64,
-    /// How long an idle ring's token rests at each daemon, in microseconds (0: never; the ring
-    /// then keeps the processors busy).
-    pub idle_hold_us: u64,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        let m = MembershipConfig::default();
-        Timeouts {
-            token_loss: m.token_loss_ms,
-            token_retransmit: m.ordering.token_retransmit_ms,
-            join: m.join_ms,
-            consensus: m.consensus_ms,
-            commit: m.commit_ms,
-            merge_detect: m.merge_detect_ms,
-            flush: DaemonConfig::default().flush_timeout_ms,
-            idle_hold_us: DEFAULT_IDLE_HOLD_US,
-        }
-    }
-}
-
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct Limits {
+pub struct SessionLimits {
     /// Client connections open at once (including ones not yet connected).
     pub max_connections: usize,
-    /// Clients connected at once.
-    pub max_clients: usize,
-    pub max_groups_per_client: usize,
-    /// Commands of one client waiting for a view change.
-    pub max_held_per_client: usize,
-    /// Joins and leaves of one client on their way into a view.
-    pub max_changes_per_client: usize,
-    /// Events queued for one client; a client that lets more pile up (it does not read) is
-    /// disconnected.
+    /// Replies queued for one client and not yet written; a client that lets more pile up (it
+    /// does not read) is disconnected.
     pub max_unread_per_client: usize,
-    /// Messages a daemon queues for the ring before refusing more.
-    pub max_queued: usize,
-    /// New messages one token visit may send.
-    pub max_per_visit: u32,
-    /// Messages in flight on the ring.
-    pub window: u64,
-    /// Bytes of messages one token visit may send (at least one message goes).
-    pub max_visit_bytes: usize,
-    /// A connection that has not said who it is within this long is closed (milliseconds).
+    /// A connection that has not said who it is within this long is closed.
     pub handshake_ms: u64,
     /// A request must arrive whole within this long of its first byte, or its connection is
-    /// closed (milliseconds): a client that stops in the middle of a frame holds its bytes.
+    /// closed: a client that stops in the middle of a frame holds its bytes.
     pub request_ms: u64,
     /// Bytes of incomplete requests all connections together may make the daemon hold; the
     /// connection that goes past it is closed.
     pub max_incomplete_bytes: usize,
 }
 
-impl Default for Limits {
+impl Default for SessionLimits {
     fn default() -> Self {
-        let d = DaemonConfig::default();
-        let o = d.membership.ordering;
-        Limits {
+        SessionLimits {
             max_connections: 2_000,
-            max_clients: d.max_clients,
-            max_groups_per_client: d.max_groups_per_client,
-            max_held_per_client: d.max_held_per_client,
-            max_changes_per_client: d.max_changes_per_client,
             max_unread_per_client: 10_000,
-            max_queued: o.max_queued,
-            max_per_visit: 60,
-            window: 600,
-            max_visit_bytes: 1 << 20,
             handshake_ms: 5_000,
             request_ms: 10_000,
             max_incomplete_bytes: 64 << 20,
         }
+    }
+}
+
+impl SessionLimits {
+    fn validate(&self) -> Result<(), String> {
+        if [
+            self.max_connections,
+            self.max_unread_per_client,
+            self.max_incomplete_bytes,
+        ]
+        .contains(&0)
+            || self.handshake_ms == 0
+            || self.request_ms == 0
+        {
+            return Err("sessions: every limit must be above 0".into());
+        }
+        Ok(())
     }
 }
 
@@ -145,10 +104,12 @@ pub struct FaultsConfig {
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub daemon: Vec<DaemonEntry>,
+    /// The group communication core's settings, as its own type: `[core]`, `[core.membership]`,
+    /// `[core.membership.ordering]`; the defaults are the core's.
     #[serde(default)]
-    pub timeouts: Timeouts,
+    pub core: DaemonConfig,
     #[serde(default)]
-    pub limits: Limits,
+    pub sessions: SessionLimits,
     #[serde(default)]
     pub faults: FaultsConfig,
 }
@@ -182,8 +143,8 @@ impl Config {
                     metrics: Some(at(300 + i)),
                 })
                 .collect(),
-            timeouts: Timeouts::default(),
-            limits: Limits::default(),
+            core: DaemonConfig::default(),
+            sessions: SessionLimits::default(),
             faults: FaultsConfig::default(),
         }
     }
@@ -263,36 +224,10 @@ impl Config {
                 }
             }
         }
-        let t = &self.timeouts;
-        if t.token_retransmit == 0 || t.token_loss <= t.token_retransmit {
-            return bad("timeouts: token_loss must be above token_retransmit, both above 0".into());
-        }
-        if [t.join, t.consensus, t.commit, t.merge_detect, t.flush].contains(&0) {
-            return bad("timeouts must be above 0".into());
-        }
-        if t.idle_hold_us >= t.token_retransmit * 1000 / 2 {
-            return bad("timeouts: idle_hold_us must be well under token_retransmit".into());
-        }
-        let l = &self.limits;
-        if [
-            l.max_connections,
-            l.max_clients,
-            l.max_groups_per_client,
-            l.max_held_per_client,
-            l.max_changes_per_client,
-            l.max_unread_per_client,
-            l.max_queued,
-        ]
-        .contains(&0)
-            || l.max_per_visit == 0
-            || l.window == 0
-            || l.max_visit_bytes == 0
-            || l.handshake_ms == 0
-            || l.request_ms == 0
-            || l.max_incomplete_bytes == 0
-        {
-            return bad("limits must be above 0".into());
-        }
+        let core = &self.core;
+        core.validate()
+            .map_err(|e| ConfigError::Invalid(format!("core: {e}")))?;
+        self.sessions.validate().map_err(ConfigError::Invalid)?;
         self.faults.all.validate().map_err(ConfigError::Invalid)?;
         for (peer, l) in &self.faults.link {
             if !names.contains(peer) {
@@ -358,30 +293,6 @@ impl Config {
                 .and_then(|s| self.partition_sets(s).ok()),
         }
     }
-
-    /// The core's settings.
-    pub fn daemon_config(&self) -> DaemonConfig {
-        let t = &self.timeouts;
-        let l = &self.limits;
-        let mut c = DaemonConfig::default();
-        c.membership.token_loss_ms = t.token_loss;
-        c.membership.join_ms = t.join;
-        c.membership.consensus_ms = t.consensus;
-        c.membership.commit_ms = t.commit;
-        c.membership.merge_detect_ms = t.merge_detect;
-        c.membership.ordering.token_retransmit_ms = t.token_retransmit;
-        c.membership.ordering.idle_hold_us = t.idle_hold_us;
-        c.membership.ordering.max_per_visit = l.max_per_visit;
-        c.membership.ordering.window = l.window;
-        c.membership.ordering.max_visit_bytes = l.max_visit_bytes;
-        c.membership.ordering.max_queued = l.max_queued;
-        c.max_clients = l.max_clients;
-        c.max_groups_per_client = l.max_groups_per_client;
-        c.max_held_per_client = l.max_held_per_client;
-        c.max_changes_per_client = l.max_changes_per_client;
-        c.flush_timeout_ms = t.flush;
-        c
-    }
 }
 
 /// A client's name as the daemons know it: its private name and its daemon's, so that names are
@@ -424,8 +335,8 @@ peer = "127.0.0.1:4802"
 name = "d3"
 peer = "127.0.0.1:4803"
 
-[timeouts]
-token_loss = 200
+[core.membership]
+token_loss_ms = 200
 
 [faults]
 drop = 0.01
@@ -436,7 +347,8 @@ partition = [["d1", "d2"], ["d3"]]
         assert_eq!(c.id_of("d3"), Some(3));
         assert_eq!(c.faults().all.drop, 0.01);
         assert_eq!(c.faults().partition.unwrap().len(), 2);
-        assert_eq!(c.daemon_config().membership.token_loss_ms, 200);
+        assert_eq!(c.core.membership.token_loss_ms, 200);
+        assert_eq!(c.core.membership.join_ms, 30);
     }
 
     #[test]
@@ -462,8 +374,16 @@ partition = [["d1", "d2"], ["d3"]]
                 "d9",
             ),
             (
-                "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n[timeouts]\ntoken_loss = 5\ntoken_retransmit = 10\n",
-                "token_loss",
+                "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n[core.membership]\ntoken_loss_ms = 5\n[core.membership.ordering]\ntoken_retransmit_ms = 10\n",
+                "token_loss_ms",
+            ),
+            (
+                "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n[core]\nflush_timeout = 9\n",
+                "flush_timeout",
+            ),
+            (
+                "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n[sessions]\nrequest_ms = 0\n",
+                "above 0",
             ),
         ];
         for (text, needle) in cases {

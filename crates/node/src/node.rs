@@ -151,7 +151,7 @@ impl Node {
             r.ring_messages = opts.record_ring_messages;
             r
         });
-        let mut dcfg = cfg.daemon_config();
+        let mut dcfg = cfg.core.clone();
         dcfg.record_ring = recorder.is_some();
         Ok(Node {
             me,
@@ -321,7 +321,7 @@ impl Node {
     /// connection limit it is refused, and the driver closes it.
     pub fn open_session(&mut self, now_us: u64, id: SessionId) -> Result<(), NodeError> {
         self.input(now_us);
-        let max = self.cfg.limits.max_connections;
+        let max = self.cfg.sessions.max_connections;
         if self.sessions.len() >= max {
             return Err(NodeError::TooManyConnections { max });
         }
@@ -332,7 +332,7 @@ impl Node {
         self.metrics
             .connections
             .store(self.sessions.len() as u64, Relaxed);
-        let deadline = self.now + self.cfg.limits.handshake_ms * 1000;
+        let deadline = self.now + self.cfg.sessions.handshake_ms * 1000;
         self.set_deadline(id, Some(deadline));
         Ok(())
     }
@@ -394,13 +394,13 @@ impl Node {
                 self.set_deadline(id, None);
             } else if had == 0 || used > 0 {
                 // A new request began: it has `request_ms` to arrive whole.
-                self.set_deadline(id, Some(now + self.cfg.limits.request_ms * 1000));
+                self.set_deadline(id, Some(now + self.cfg.sessions.request_ms * 1000));
             }
         }
         self.metrics
             .incomplete_bytes
             .store(self.incomplete_bytes as u64, Relaxed);
-        if left > 0 && self.incomplete_bytes > self.cfg.limits.max_incomplete_bytes {
+        if left > 0 && self.incomplete_bytes > self.cfg.sessions.max_incomplete_bytes {
             self.metrics.closed_limits.fetch_add(1, Relaxed);
             self.refuse(id, "the daemon holds too many incomplete requests".into());
             self.close(id, None);
@@ -554,7 +554,7 @@ impl Node {
 
     /// [`Node::reply`], for a reply `frame_into` appends in its frame.
     fn frame(&mut self, id: SessionId, frame_into: impl FnOnce(&mut Vec<u8>)) {
-        let max_replies = self.cfg.limits.max_unread_per_client;
+        let max_replies = self.cfg.sessions.max_unread_per_client;
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };

@@ -64,7 +64,7 @@ fn a_connection_that_does_not_connect_in_time_is_closed() {
     let mut n = node(|_| {});
     n.open_session(0, 1).unwrap();
     n.handle_session_bytes(10, 1, &[0, 0]);
-    let handshake_us = n.config().limits.handshake_ms * 1000;
+    let handshake_us = n.config().sessions.handshake_ms * 1000;
     assert!(n.poll_timeout().unwrap() <= handshake_us);
     n.handle_timeout(handshake_us - 1);
     assert!(outputs(&mut n).1.is_empty());
@@ -85,7 +85,7 @@ fn a_request_that_stops_arriving_is_dropped_with_its_connection() {
     assert!(outputs(&mut n).1.is_empty());
     let held = n.metrics().incomplete_bytes.load(Relaxed) as usize;
     assert_eq!(held, bytes.len());
-    let deadline = n.config().limits.request_ms * 1000;
+    let deadline = n.config().sessions.request_ms * 1000;
     n.handle_timeout(deadline - 1);
     assert!(outputs(&mut n).1.is_empty());
     n.handle_timeout(deadline);
@@ -103,7 +103,7 @@ fn a_frame_longer_than_any_request_is_refused_before_its_body_arrives() {
 
 #[test]
 fn incomplete_requests_of_all_connections_share_one_budget() {
-    let mut n = node(|c| c.limits.max_incomplete_bytes = 1000);
+    let mut n = node(|c| c.sessions.max_incomplete_bytes = 1000);
     connect(&mut n, 0, 1, "alice");
     connect(&mut n, 0, 2, "bob");
     let partial = |len: usize| {
@@ -166,7 +166,7 @@ fn requests_split_anywhere_are_read_whole_and_in_order() {
 
 #[test]
 fn past_the_connection_limit_a_connection_is_refused() {
-    let mut n = node(|c| c.limits.max_connections = 2);
+    let mut n = node(|c| c.sessions.max_connections = 2);
     n.open_session(0, 1).unwrap();
     n.open_session(0, 2).unwrap();
     assert!(n.open_session(0, 3).is_err());

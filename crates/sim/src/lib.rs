@@ -333,6 +333,8 @@ impl Sim {
             }
         }
         if let Some(t) = self.nodes[i].poll_timeout() {
+            // A deadline already past fires now (time never runs backwards).
+            let t = t.max(self.now);
             if self.timers[i] != Some(t) {
                 self.timers[i] = Some(t);
                 self.at(t, What::Timer { node: i });

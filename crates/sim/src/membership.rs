@@ -611,10 +611,10 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     }
     let mut config = sim_config(n);
     if let Some(us) = cfg.idle_hold_us {
-        config.timeouts.idle_hold_us = us;
+        config.core.membership.ordering.idle_hold_us = us;
     }
     if let Some(b) = cfg.max_visit_bytes {
-        config.limits.max_visit_bytes = b;
+        config.core.membership.ordering.max_visit_bytes = b;
     }
     let safety = cfg.safety_ms * 1000;
     let mut wire = Wire {
