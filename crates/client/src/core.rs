@@ -1,30 +1,49 @@
-//! The pure part of a client session: splitting the daemon's byte stream into replies, checking
-//! requests before they are sent, and the state the library keeps (its name, the groups it has
-//! asked to be in). No I/O here; [`crate::Client`] drives it.
+//! The pure part of a client session ([`SessionCore`]): the handshake, splitting the daemon's
+//! byte stream into replies, checking commands before they travel, the groups the client is in
+//! as the daemon says, and the window of messages on their way. No I/O here; [`crate::Client`]
+//! drives it, and so can a simulator.
+//!
+//! Commands are checked once, by the same [`ClientCommand::validate`] the daemon runs, then
+//! against what the session knows: the groups it is in or joining and not leaving. A join or
+//! leave counts from when it is sent; the daemon's `Joined` or `Left` confirms it, and a refusal
+//! (which names the request it refuses) rolls it back, so a join the daemon refused can be sent
+//! again and a message to that group is refused here. A message takes one place in the window
+//! per group, given back when the daemon acknowledges it in that group (`Sent`) or refuses it.
 
-use conclave_wire::client::{frame, next_frame, ClientCommand, Reply, Request};
-use conclave_wire::gcs::{MAX_GROUPS_PER_MESSAGE, MAX_NAME_BYTES, MAX_PAYLOAD_BYTES};
+use conclave_wire::client::{
+    frame, next_frame, ClientCommand, ClientEvent, Refusal, Reply, Request,
+};
 use conclave_wire::DecodeError;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, VecDeque};
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClientError {
-    #[error("the daemon refused: {0}")]
-    Refused(String),
+    #[error("the daemon refused ({code}): {reason}")]
+    Refused { code: Refusal, reason: String },
     #[error("the connection to the daemon is lost")]
     Disconnected,
     #[error("the daemon closed the session: {0}")]
     Closed(String),
     #[error("the daemon sent something undecodable: {0}")]
     Protocol(#[from] DecodeError),
+    /// The application left more events untaken than the library holds; the session is closed,
+    /// as the daemon would have closed it for not reading.
+    #[error("{waiting} events were left untaken; the session is closed")]
+    Overflow { waiting: usize },
     #[error("{0}")]
     Invalid(String),
     #[error("connecting: {0}")]
-    Io(#[from] std::io::Error),
+    Io(String),
+}
+
+impl From<std::io::Error> for ClientError {
+    fn from(e: std::io::Error) -> Self {
+        ClientError::Io(e.to_string())
+    }
 }
 
 /// Splits replies off the daemon's byte stream.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct ReplyDecoder {
     buf: Vec<u8>,
     start: usize,
@@ -56,134 +75,257 @@ impl ReplyDecoder {
     }
 }
 
-/// What the library knows of its session, to refuse bad requests before they travel.
-#[derive(Default, Debug)]
-pub struct SessionState {
-    /// Groups joined (or asked to be), as the daemon will see them.
-    pub groups: BTreeSet<String>,
+/// What a reply means for the application and the window.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Handled {
+    /// Hand this to the application.
+    Event(ClientEvent),
+    /// A request of the application was refused.
+    Refused { code: Refusal, reason: String },
+    /// The session ended (the daemon closed it).
+    Closed(String),
+    /// Nothing for the application (the handshake's reply).
+    Nothing,
 }
 
-fn check_name(what: &str, s: &str) -> Result<(), ClientError> {
-    if s.is_empty() || s.len() > MAX_NAME_BYTES {
-        return Err(ClientError::Invalid(format!(
-            "a {what} name is 1 to {MAX_NAME_BYTES} bytes"
-        )));
+/// The client side of one session with a daemon.
+#[derive(Debug)]
+pub struct SessionCore {
+    /// The name the daemon gave, once connected.
+    name: Option<String>,
+    /// Requests sent on this connection (the connect is the first).
+    requests: u64,
+    /// Groups joined, as the daemon confirmed them (with the VS flag).
+    groups: BTreeMap<String, bool>,
+    /// Joins and leaves sent and not yet confirmed, by request.
+    joining: BTreeMap<u64, String>,
+    leaving: BTreeMap<u64, String>,
+    /// Messages sent and not yet acknowledged in every group, oldest first: request, groups left.
+    unacked: VecDeque<(u64, Vec<String>)>,
+    /// Places in the window, and how many are taken.
+    window: usize,
+    in_flight: usize,
+    /// The daemon's stream, for a driver that hands it over as bytes.
+    input: ReplyDecoder,
+}
+
+impl SessionCore {
+    /// A session that will hold at most `window` messages (per group) on their way.
+    pub fn new(window: usize) -> SessionCore {
+        SessionCore {
+            name: None,
+            requests: 0,
+            groups: BTreeMap::new(),
+            joining: BTreeMap::new(),
+            leaving: BTreeMap::new(),
+            unacked: VecDeque::new(),
+            window: window.max(1),
+            in_flight: 0,
+            input: ReplyDecoder::default(),
+        }
     }
-    Ok(())
-}
 
-impl SessionState {
-    /// Checks a command against what the daemon would refuse, updates the state, and gives the
-    /// framed request.
-    pub fn command(&mut self, cmd: ClientCommand) -> Result<Vec<u8>, ClientError> {
-        match &cmd {
+    /// The connect request, framed.
+    pub fn connect(&mut self, name: &str) -> Vec<u8> {
+        self.requests += 1;
+        frame(
+            &Request::Connect {
+                name: name.to_owned(),
+            }
+            .encode(),
+        )
+    }
+
+    /// The disconnect request, framed.
+    pub fn disconnect(&mut self) -> Vec<u8> {
+        self.requests += 1;
+        frame(&Request::Disconnect.encode())
+    }
+
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// Groups the client is in, as the daemon confirmed them.
+    pub fn groups(&self) -> impl Iterator<Item = &str> {
+        self.groups.keys().map(String::as_str)
+    }
+
+    /// Places the window has free now.
+    pub fn window_free(&self) -> usize {
+        self.window - self.in_flight
+    }
+
+    fn joining(&self, g: &str) -> bool {
+        self.joining.values().any(|x| x == g)
+    }
+
+    fn leaving(&self, g: &str) -> bool {
+        self.leaving.values().any(|x| x == g)
+    }
+
+    /// In the group, or joining it, and not leaving it: as the daemon will see it.
+    fn member(&self, g: &str) -> bool {
+        (self.groups.contains_key(g) || self.joining(g)) && !self.leaving(g)
+    }
+
+    /// Checks a command without changing anything: what the daemon would refuse for its form,
+    /// for the session's groups, or because a message could never fit the window.
+    pub fn check(&self, cmd: &ClientCommand) -> Result<(), ClientError> {
+        cmd.validate()
+            .map_err(|(code, reason)| ClientError::Refused { code, reason })?;
+        let refuse = |code, reason: String| Err(ClientError::Refused { code, reason });
+        match cmd {
             ClientCommand::Join { group, .. } => {
-                check_name("group", group)?;
-                if self.groups.contains(group) {
-                    return Err(ClientError::Invalid(format!("already in group {group:?}")));
+                if self.member(group) || self.leaving(group) && self.joining(group) {
+                    return refuse(
+                        Refusal::AlreadyMember,
+                        format!("already in group {group:?}"),
+                    );
                 }
-                self.groups.insert(group.clone());
             }
             ClientCommand::Leave { group } => {
-                if !self.groups.remove(group) {
-                    return Err(ClientError::Invalid(format!("not in group {group:?}")));
+                if !self.member(group) {
+                    return refuse(Refusal::NotMember, format!("not in group {group:?}"));
                 }
             }
-            ClientCommand::Multicast {
-                groups, payload, ..
-            } => {
-                if groups.is_empty() || groups.len() > MAX_GROUPS_PER_MESSAGE {
+            ClientCommand::Multicast { groups, .. } => {
+                if let Some(g) = groups.iter().find(|g| !self.member(g)) {
+                    return refuse(Refusal::NotMember, format!("not in group {g:?}"));
+                }
+                if groups.len() > self.window {
                     return Err(ClientError::Invalid(format!(
-                        "a message goes to 1 to {MAX_GROUPS_PER_MESSAGE} groups"
+                        "a message to {} groups needs a window of at least {} (it is {})",
+                        groups.len(),
+                        groups.len(),
+                        self.window
                     )));
                 }
-                let distinct: BTreeSet<_> = groups.iter().collect();
-                if distinct.len() != groups.len() {
-                    return Err(ClientError::Invalid("a group is named twice".into()));
+            }
+            // A group being left may still have a flush to acknowledge.
+            ClientCommand::FlushAck { group, .. } => {
+                if !self.groups.contains_key(group) && !self.joining(group) {
+                    return refuse(Refusal::NotMember, format!("not in group {group:?}"));
                 }
-                if let Some(g) = groups.iter().find(|g| !self.groups.contains(*g)) {
-                    return Err(ClientError::Invalid(format!("not in group {g:?}")));
-                }
-                if payload.len() > MAX_PAYLOAD_BYTES {
-                    return Err(ClientError::Invalid(format!(
-                        "a payload is at most {MAX_PAYLOAD_BYTES} bytes"
-                    )));
-                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a command and, if it may go, counts it and gives it framed. A message must have
+    /// room in the window ([`SessionCore::window_free`]) first.
+    pub fn command(&mut self, cmd: ClientCommand) -> Result<Vec<u8>, ClientError> {
+        self.check(&cmd)?;
+        if let ClientCommand::Multicast { groups, .. } = &cmd {
+            assert!(
+                groups.len() <= self.window_free(),
+                "a message is sent only with room in the window"
+            );
+        }
+        self.requests += 1;
+        let k = self.requests;
+        match &cmd {
+            ClientCommand::Join { group, .. } => {
+                self.joining.insert(k, group.clone());
+            }
+            ClientCommand::Leave { group } => {
+                self.leaving.insert(k, group.clone());
+            }
+            ClientCommand::Multicast { groups, .. } => {
+                self.in_flight += groups.len();
+                self.unacked.push_back((k, groups.clone()));
             }
             ClientCommand::FlushAck { .. } => {}
         }
         Ok(frame(&Request::Command(cmd).encode()))
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use conclave_wire::client::ClientEvent;
-    use conclave_wire::gcs::ServiceType;
-
-    #[test]
-    fn replies_split_off_a_stream_in_any_chunking() {
-        let replies = vec![
-            Reply::Connected {
-                name: "a#d1".into(),
-            },
-            Reply::Event(ClientEvent::Left { group: "g".into() }),
-            Reply::Refused {
-                reason: "no".into(),
-            },
-        ];
-        let bytes: Vec<u8> = replies.iter().flat_map(|r| frame(&r.encode())).collect();
-        for chunk in [1, 3, 7, bytes.len()] {
-            let mut d = ReplyDecoder::default();
-            let mut got = Vec::new();
-            for c in bytes.chunks(chunk) {
-                d.buffer().extend_from_slice(c);
-                while let Some(r) = d.next_reply().unwrap() {
-                    got.push(r);
-                }
-            }
-            assert_eq!(got, replies);
-        }
-        let mut d = ReplyDecoder::default();
-        d.buffer().extend_from_slice(&[0, 0, 0, 2, 9, 9]);
-        assert!(d.next_reply().is_err());
+    /// Room to read the daemon's bytes into.
+    pub fn buffer(&mut self) -> &mut Vec<u8> {
+        self.input.buffer()
     }
 
-    #[test]
-    fn bad_requests_are_refused_before_they_travel() {
-        let mut s = SessionState::default();
-        let msg = |groups: &[&str], n: usize| ClientCommand::Multicast {
-            service: ServiceType::Agreed,
-            groups: groups.iter().map(|g| g.to_string()).collect(),
-            payload: vec![0; n].into(),
+    /// What was read and not yet split into replies, for a driver that splits them itself from
+    /// here on.
+    pub fn take_input(&mut self) -> ReplyDecoder {
+        std::mem::take(&mut self.input)
+    }
+
+    /// The next complete reply in what was read, handled.
+    pub fn next_reply(&mut self) -> Result<Option<Handled>, DecodeError> {
+        Ok(self.input.next_reply()?.map(|r| self.handle(r)))
+    }
+
+    /// What one reply of the daemon means: the session's state follows it.
+    pub fn handle(&mut self, reply: Reply) -> Handled {
+        match reply {
+            Reply::Connected { name } => {
+                self.name = Some(name);
+                Handled::Nothing
+            }
+            Reply::Refused {
+                request,
+                code,
+                reason,
+            } => {
+                self.joining.remove(&request);
+                self.leaving.remove(&request);
+                if let Some(at) = self.unacked.iter().position(|(k, _)| *k == request) {
+                    let (_, groups) = self.unacked.remove(at).expect("found");
+                    self.in_flight -= groups.len();
+                }
+                Handled::Refused { code, reason }
+            }
+            Reply::Event(ClientEvent::Closed { reason }) => Handled::Closed(reason),
+            Reply::Event(ev) => {
+                match &ev {
+                    ClientEvent::Joined { group, vs } => {
+                        self.groups.insert(group.clone(), *vs);
+                        let k = self
+                            .joining
+                            .iter()
+                            .find(|(_, g)| *g == group)
+                            .map(|(k, _)| *k);
+                        if let Some(k) = k {
+                            self.joining.remove(&k);
+                        }
+                    }
+                    ClientEvent::Left { group } => {
+                        self.groups.remove(group);
+                        let k = self
+                            .leaving
+                            .iter()
+                            .find(|(_, g)| *g == group)
+                            .map(|(k, _)| *k);
+                        if let Some(k) = k {
+                            self.leaving.remove(&k);
+                        }
+                    }
+                    ClientEvent::Sent { group, .. } => self.acknowledged(group),
+                    _ => {}
+                }
+                Handled::Event(ev)
+            }
+        }
+    }
+
+    /// The daemon accepted the oldest message in `group` still unacknowledged there (a client's
+    /// messages to one group are accepted in the order it sent them).
+    fn acknowledged(&mut self, group: &str) {
+        let Some(at) = self
+            .unacked
+            .iter()
+            .position(|(_, gs)| gs.iter().any(|g| g == group))
+        else {
+            return;
         };
-        assert!(s.command(msg(&["g"], 1)).is_err());
-        s.command(ClientCommand::Join {
-            group: "g".into(),
-            vs: false,
-        })
-        .unwrap();
-        assert!(s
-            .command(ClientCommand::Join {
-                group: "g".into(),
-                vs: false
-            })
-            .is_err());
-        s.command(msg(&["g"], 1)).unwrap();
-        assert!(s.command(msg(&["g", "g"], 1)).is_err());
-        assert!(s.command(msg(&[], 1)).is_err());
-        assert!(s.command(msg(&["g"], MAX_PAYLOAD_BYTES + 1)).is_err());
-        assert!(s
-            .command(ClientCommand::Join {
-                group: String::new(),
-                vs: false
-            })
-            .is_err());
-        s.command(ClientCommand::Leave { group: "g".into() })
-            .unwrap();
-        assert!(s
-            .command(ClientCommand::Leave { group: "g".into() })
-            .is_err());
+        let gs = &mut self.unacked[at].1;
+        if let Some(i) = gs.iter().position(|g| g == group) {
+            gs.swap_remove(i);
+            self.in_flight -= 1;
+        }
+        if gs.is_empty() {
+            self.unacked.remove(at);
+        }
     }
 }

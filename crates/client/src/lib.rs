@@ -12,7 +12,16 @@
 //!
 //! Sending is flow-controlled: at most a window of messages is on its way to the daemon and not
 //! yet accepted by it (acknowledged with [`ClientEvent::Sent`]); `multicast` waits past that, so
-//! a fast sender waits for the ring instead of being refused.
+//! a fast sender waits for the ring instead of being refused. A command is checked before it
+//! waits or travels ([`core::SessionCore`]): one the daemon would refuse, or a message to more
+//! groups than the window holds, fails at once.
+//!
+//! **Events must be taken.** A task reads the connection all the time, so acknowledgements
+//! always arrive and a sender never waits for ever. The events the application has not taken
+//! with `receive` are held, up to [`EVENT_QUEUE`]; past that the session ends with
+//! [`ClientError::Overflow`] (the daemon would close a client that does not read anyway), and
+//! every call waiting or made later fails with it. An application that sends and receives from
+//! one place should [`Client::split`] the client and receive in a task of its own.
 //!
 //! **A lost connection.** If the daemon goes away (it crashed, or it closed the session because
 //! the client did not read its events or answer a flush request in time), `receive` returns
@@ -23,25 +32,29 @@
 //! have been. To go on, connect again (to this daemon or another) and join again: the client is
 //! a new member.
 //!
-//! Refusals ([`ClientError::Refused`]) are not fatal: the daemon refused one request (most are
-//! caught here before they travel) and the session goes on.
+//! Refusals ([`ClientError::Refused`], with a code) are not fatal: the daemon refused one
+//! request (most are caught here before they travel) and the session goes on; what the refused
+//! request would have changed (a group joined, a place in the window) is rolled back.
 
 pub mod core;
 
 pub use crate::core::ClientError;
-use crate::core::{ReplyDecoder, SessionState};
-use conclave_wire::client::{frame, Reply, Request};
-pub use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, Reason};
+use crate::core::{Handled, ReplyDecoder, SessionCore};
+pub use conclave_wire::client::Refusal;
+use conclave_wire::client::{Bytes, ClientCommand};
+pub use conclave_wire::client::{ClientEvent, GroupViewId, Reason};
 pub use conclave_wire::gcs::ServiceType;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, Semaphore};
 
-/// Messages on their way to the daemon and not yet accepted, at most.
+/// Messages on their way to the daemon and not yet accepted, at most (a message to several
+/// groups takes a place per group).
 pub const DEFAULT_WINDOW: usize = 256;
-/// Events received and not yet taken by `receive`, at most (and one batch more); past it the
-/// library stops reading, and a daemon whose client does not read disconnects it.
+/// Events received and not yet taken by `receive`, at most; past it the session ends with
+/// [`ClientError::Overflow`].
 pub const EVENT_QUEUE: usize = 65_536;
 /// Events the reading task decodes before handing them over together.
 pub const EVENT_BATCH: usize = 256;
@@ -85,6 +98,57 @@ impl std::fmt::Display for Address {
 
 type Writer = BufWriter<Box<dyn AsyncWrite + Unpin + Send>>;
 
+/// How a client connects.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Places for messages on their way to the daemon (a message takes one per group).
+    pub window: usize,
+    /// Events held for the application, not yet taken with `receive`, before the session ends
+    /// with [`ClientError::Overflow`].
+    pub event_queue: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            window: DEFAULT_WINDOW,
+            event_queue: EVENT_QUEUE,
+        }
+    }
+}
+
+/// What the sending half, the reading task and the receiving half share.
+struct Shared {
+    core: Mutex<SessionCore>,
+    /// Why the session ended, once it has: every later call fails with it.
+    ended: Mutex<Option<ClientError>>,
+    /// Places in the window: taken by a message, given back as the daemon acknowledges it.
+    window: Semaphore,
+}
+
+impl Shared {
+    fn core(&self) -> std::sync::MutexGuard<'_, SessionCore> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ended(&self) -> Option<ClientError> {
+        self.ended.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Ends the session (the first reason stays); a sender waiting for the window wakes.
+    fn end(&self, why: ClientError) {
+        let mut e = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        if e.is_none() {
+            *e = Some(why);
+        }
+        self.window.close();
+    }
+
+    fn check_open(&self) -> Result<(), ClientError> {
+        self.ended().map_or(Ok(()), Err)
+    }
+}
+
 /// A connected client.
 pub struct Client {
     sender: Sender,
@@ -96,15 +160,14 @@ pub struct Client {
 pub struct Sender {
     name: String,
     w: Writer,
-    state: SessionState,
-    window: Arc<Semaphore>,
+    shared: Arc<Shared>,
 }
 
 /// The receiving half of a client.
 pub struct Receiver {
-    rx: mpsc::Receiver<Vec<Item>>,
-    /// Room for events in the channel: the reading task takes it, `receive` gives it back.
-    room: Arc<Semaphore>,
+    rx: mpsc::UnboundedReceiver<Vec<Item>>,
+    /// Events handed over by the reading task and not yet taken.
+    waiting: Arc<AtomicUsize>,
     /// The rest of the last batch handed over.
     ready: std::collections::VecDeque<Item>,
     reader: tokio::task::JoinHandle<()>,
@@ -128,6 +191,18 @@ impl Client {
         name: &str,
         window: usize,
     ) -> Result<Client, ClientError> {
+        let opts = Options {
+            window,
+            ..Options::default()
+        };
+        Self::connect_with(addr, name, opts).await
+    }
+
+    pub async fn connect_with(
+        addr: &Address,
+        name: &str,
+        opts: Options,
+    ) -> Result<Client, ClientError> {
         let (r, w): (
             Box<dyn AsyncRead + Unpin + Send>,
             Box<dyn AsyncWrite + Unpin + Send>,
@@ -147,48 +222,64 @@ impl Client {
             #[cfg(not(unix))]
             Address::Unix(_) => return Err(ClientError::Invalid("no Unix sockets here".into())),
         };
-        Self::handshake(r, w, name, window.max(1)).await
+        Self::handshake(r, w, name, opts).await
     }
 
     async fn handshake(
         mut r: Box<dyn AsyncRead + Unpin + Send>,
         w: Box<dyn AsyncWrite + Unpin + Send>,
         name: &str,
-        window: usize,
+        opts: Options,
     ) -> Result<Client, ClientError> {
+        let window = opts.window.max(1);
         let mut w = BufWriter::with_capacity(64 * 1024, w);
-        let hello = Request::Connect {
-            name: name.to_owned(),
-        };
-        w.write_all(&frame(&hello.encode())).await?;
+        let mut core = SessionCore::new(window);
+        w.write_all(&core.connect(name)).await?;
         w.flush().await?;
-        let mut dec = ReplyDecoder::default();
         let full = loop {
-            if let Some(reply) = dec.next_reply()? {
-                match reply {
-                    Reply::Connected { name } => break name,
-                    Reply::Refused { reason } => return Err(ClientError::Refused(reason)),
-                    Reply::Event(_) => continue,
+            match core.next_reply()? {
+                Some(Handled::Refused { code, reason }) => {
+                    return Err(ClientError::Refused { code, reason })
                 }
+                Some(Handled::Closed(reason)) => return Err(ClientError::Closed(reason)),
+                Some(_) => {
+                    if let Some(n) = core.name() {
+                        break n.to_owned();
+                    }
+                    continue;
+                }
+                None => {}
             }
-            if r.read_buf(dec.buffer()).await? == 0 {
+            if r.read_buf(core.buffer()).await? == 0 {
                 return Err(ClientError::Disconnected);
             }
         };
-        let window = Arc::new(Semaphore::new(window));
-        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        let room = Arc::new(Semaphore::new(EVENT_QUEUE));
-        let reader = tokio::spawn(read_replies(r, dec, tx, room.clone(), window.clone()));
+        let dec = core.take_input();
+        let shared = Arc::new(Shared {
+            core: Mutex::new(core),
+            ended: Mutex::new(None),
+            window: Semaphore::new(window),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let queue = opts.event_queue.max(1);
+        let reader = tokio::spawn(read_replies(
+            r,
+            dec,
+            tx,
+            shared.clone(),
+            waiting.clone(),
+            queue,
+        ));
         Ok(Client {
             sender: Sender {
                 name: full,
                 w,
-                state: SessionState::default(),
-                window,
+                shared,
             },
             receiver: Receiver {
                 rx,
-                room,
+                waiting,
                 ready: Default::default(),
                 reader,
             },
@@ -215,6 +306,8 @@ impl Client {
         self.sender.leave(group).await
     }
 
+    /// Sends a message. Waiting for room in the window, it does not take events: an application
+    /// that sends faster than the ring and receives in the same task should `split` the client.
     pub async fn multicast(
         &mut self,
         service: ServiceType,
@@ -250,20 +343,33 @@ impl Sender {
         &self.name
     }
 
-    async fn send(&mut self, cmd: ClientCommand, flush: bool) -> Result<(), ClientError> {
-        let bytes = self.state.command(cmd)?;
-        self.w
-            .write_all(&bytes)
-            .await
-            .map_err(|_| ClientError::Disconnected)?;
-        if flush {
-            self.flush().await?;
-        }
-        Ok(())
+    /// Groups the client is in, as the daemon has confirmed them.
+    pub fn groups(&self) -> Vec<String> {
+        self.shared.core().groups().map(str::to_owned).collect()
+    }
+
+    async fn write(&mut self, bytes: &[u8], flush: bool) -> Result<(), ClientError> {
+        let r = self.w.write_all(bytes).await;
+        let r = match r {
+            Ok(()) if flush => self.w.flush().await,
+            r => r,
+        };
+        r.map_err(|_| {
+            self.shared.end(ClientError::Disconnected);
+            self.shared.ended().unwrap_or(ClientError::Disconnected)
+        })
+    }
+
+    /// A command that takes no place in the window.
+    async fn send(&mut self, cmd: ClientCommand) -> Result<(), ClientError> {
+        self.shared.check_open()?;
+        let bytes = self.shared.core().command(cmd)?;
+        self.write(&bytes, true).await
     }
 
     /// Sends what [`Sender::queue`] buffered.
     pub async fn flush(&mut self) -> Result<(), ClientError> {
+        self.shared.check_open()?;
         self.w.flush().await.map_err(|_| ClientError::Disconnected)
     }
 
@@ -272,14 +378,14 @@ impl Sender {
             group: group.to_owned(),
             vs,
         };
-        self.send(cmd, true).await
+        self.send(cmd).await
     }
 
     pub async fn leave(&mut self, group: &str) -> Result<(), ClientError> {
         let cmd = ClientCommand::Leave {
             group: group.to_owned(),
         };
-        self.send(cmd, true).await
+        self.send(cmd).await
     }
 
     pub async fn flush_ack(&mut self, group: &str, view: GroupViewId) -> Result<(), ClientError> {
@@ -287,7 +393,7 @@ impl Sender {
             group: group.to_owned(),
             view,
         };
-        self.send(cmd, true).await
+        self.send(cmd).await
     }
 
     /// Sends a message now (after waiting for room in the window).
@@ -309,52 +415,65 @@ impl Sender {
         groups: &[&str],
         payload: &[u8],
     ) -> Result<(), ClientError> {
+        let cmd = ClientCommand::Multicast {
+            service,
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            payload: Bytes::copy_from_slice(payload),
+        };
+        // Checked before any wait: a command that cannot go fails at once.
+        self.shared.check_open()?;
+        self.shared.core().check(&cmd)?;
         let n = groups.len() as u32;
-        let permit = match self.window.clone().try_acquire_many_owned(n) {
+        let shared = self.shared.clone();
+        let permit = match shared.window.try_acquire_many(n) {
             Ok(p) => p,
             Err(_) => {
                 // Everything buffered goes before waiting, or the wait would never end.
                 self.flush().await?;
-                self.window
-                    .clone()
-                    .acquire_many_owned(n)
-                    .await
-                    .map_err(|_| ClientError::Disconnected)?
+                match shared.window.acquire_many(n).await {
+                    Ok(p) => p,
+                    Err(_) => return Err(shared.ended().unwrap_or(ClientError::Disconnected)),
+                }
             }
         };
-        let cmd = ClientCommand::Multicast {
-            service,
-            groups: groups.iter().map(|g| g.to_string()).collect(),
-            payload: conclave_wire::client::Bytes::copy_from_slice(payload),
-        };
-        self.send(cmd, false).await?;
-        // Given back one by one as the daemon acknowledges the message in each group.
+        // The groups may have changed while it waited: checked again as it is counted.
+        let bytes = self.shared.core().command(cmd)?;
+        // Given back as the daemon acknowledges the message in each group, or refuses it.
         permit.forget();
-        Ok(())
+        self.write(&bytes, false).await
     }
 
     pub async fn disconnect(&mut self) -> Result<(), ClientError> {
-        let _ = self
-            .w
-            .write_all(&frame(&Request::Disconnect.encode()))
-            .await;
+        let bytes = self.shared.core().disconnect();
+        let _ = self.w.write_all(&bytes).await;
         let _ = self.w.flush().await;
         let _ = self.w.shutdown().await;
+        self.shared.end(ClientError::Disconnected);
         Ok(())
     }
 }
 
 impl Receiver {
+    /// An event if one has arrived, without waiting.
+    pub fn try_receive(&mut self) -> Option<Result<ClientEvent, ClientError>> {
+        if self.ready.is_empty() {
+            if let Ok(batch) = self.rx.try_recv() {
+                self.ready.extend(batch);
+            }
+        }
+        let item = self.ready.pop_front()?;
+        self.waiting.fetch_sub(1, Relaxed);
+        Some(item)
+    }
+
     pub async fn receive(&mut self) -> Result<ClientEvent, ClientError> {
         loop {
             if let Some(item) = self.ready.pop_front() {
+                self.waiting.fetch_sub(1, Relaxed);
                 return item;
             }
             match self.rx.recv().await {
-                Some(batch) => {
-                    self.room.add_permits(batch.len());
-                    self.ready.extend(batch);
-                }
+                Some(batch) => self.ready.extend(batch),
                 None => return Err(ClientError::Disconnected),
             }
         }
@@ -368,53 +487,62 @@ fn next_batch(batch: &mut Vec<Item>) -> Vec<Item> {
     std::mem::replace(batch, Vec::with_capacity(room))
 }
 
+/// Reads the connection until it ends, whatever the application does: the session core follows
+/// every reply (and gives back places in the window), and events go to the receiving half.
 async fn read_replies(
     mut r: Box<dyn AsyncRead + Unpin + Send>,
     mut dec: ReplyDecoder,
-    tx: mpsc::Sender<Vec<Item>>,
-    room: Arc<Semaphore>,
-    window: Arc<Semaphore>,
+    tx: mpsc::UnboundedSender<Vec<Item>>,
+    shared: Arc<Shared>,
+    waiting: Arc<AtomicUsize>,
+    queue: usize,
 ) {
-    let hand_over = |batch: Vec<Item>| {
-        let (tx, room) = (&tx, &room);
-        async move {
-            match room.acquire_many(batch.len() as u32).await {
-                Ok(p) => p.forget(),
-                Err(_) => return false,
-            }
-            tx.send(batch).await.is_ok()
-        }
-    };
-    // What one read brought is decoded, then handed over at once: one wake-up of the receiving
-    // task for many events.
     let mut batch = Vec::new();
-    let end = loop {
-        match dec.next_reply() {
-            Err(e) => break ClientError::Protocol(e),
-            Ok(Some(Reply::Event(ClientEvent::Closed { reason }))) => {
-                break ClientError::Closed(reason)
-            }
-            Ok(Some(reply)) => {
-                let item = match reply {
-                    Reply::Event(ev) => {
-                        if matches!(ev, ClientEvent::Sent { .. }) {
-                            window.add_permits(1);
-                        }
-                        Ok(ev)
-                    }
-                    Reply::Refused { reason } => Err(ClientError::Refused(reason)),
-                    Reply::Connected { .. } => continue,
-                };
-                batch.push(item);
-                if batch.len() >= EVENT_BATCH && !hand_over(next_batch(&mut batch)).await {
-                    return;
+    let hand_over = |batch: Vec<Item>| -> Result<(), ClientError> {
+        let n = batch.len();
+        let now = waiting.fetch_add(n, Relaxed) + n;
+        if now > queue + EVENT_BATCH {
+            return Err(ClientError::Overflow { waiting: now });
+        }
+        tx.send(batch).map_err(|_| ClientError::Disconnected)
+    };
+    let end = 'read: loop {
+        // What one read brought is decoded, then handed over at once: one wake-up of the
+        // receiving task for many events.
+        let mut freed = 0;
+        loop {
+            let reply = match dec.next_reply() {
+                Err(e) => break 'read ClientError::Protocol(e),
+                Ok(None) => break,
+                Ok(Some(r)) => r,
+            };
+            let handled = {
+                let mut core = shared.core();
+                let free = core.window_free();
+                let h = core.handle(reply);
+                freed += core.window_free() - free;
+                h
+            };
+            match handled {
+                Handled::Nothing => {}
+                Handled::Closed(reason) => break 'read ClientError::Closed(reason),
+                Handled::Event(ev) => batch.push(Ok(ev)),
+                Handled::Refused { code, reason } => {
+                    batch.push(Err(ClientError::Refused { code, reason }))
                 }
-                continue;
             }
-            Ok(None) => {
-                if !batch.is_empty() && !hand_over(next_batch(&mut batch)).await {
-                    return;
+            if batch.len() >= EVENT_BATCH {
+                if let Err(e) = hand_over(next_batch(&mut batch)) {
+                    break 'read e;
                 }
+            }
+        }
+        if freed > 0 {
+            shared.window.add_permits(freed);
+        }
+        if !batch.is_empty() {
+            if let Err(e) = hand_over(next_batch(&mut batch)) {
+                break e;
             }
         }
         match r.read_buf(dec.buffer()).await {
@@ -422,9 +550,11 @@ async fn read_replies(
             Ok(_) => {}
         }
     };
-    window.close();
+    shared.end(end.clone());
     batch.push(Err(end));
-    let _ = tx.send(batch).await;
+    let n = batch.len();
+    waiting.fetch_add(n, Relaxed);
+    let _ = tx.send(batch);
 }
 
 #[cfg(test)]

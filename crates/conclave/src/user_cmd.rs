@@ -36,6 +36,9 @@ pub struct UserArgs {
     /// After stdin ends, keep printing events this long (milliseconds) before leaving.
     #[arg(long, default_value_t = 500)]
     linger: u64,
+    /// Events received and not yet printed, at most, before the session ends.
+    #[arg(long, default_value_t = conclave_client::EVENT_QUEUE)]
+    event_queue: usize,
 }
 
 pub fn service_name(s: ServiceType) -> &'static str {
@@ -214,82 +217,181 @@ pub fn run_user(args: UserArgs) -> Result<()> {
     rt.block_on(user(args))
 }
 
+/// Writes events as JSON lines or as text, buffered: one write for a burst of events (a line
+/// each was slower than the daemons deliver).
+struct Out {
+    json_lines: bool,
+    w: std::io::BufWriter<std::io::Stdout>,
+}
+
+impl Out {
+    fn say(&mut self, v: serde_json::Value, text: String) {
+        use std::io::Write;
+        let _ = if self.json_lines {
+            writeln!(self.w, "{v}")
+        } else if !text.is_empty() {
+            writeln!(self.w, "{text}")
+        } else {
+            Ok(())
+        };
+    }
+
+    fn error(&mut self, e: &str) {
+        self.say(json!({"ev": "error", "error": e}), format!("error: {e}"));
+    }
+
+    fn flush(&mut self) {
+        use std::io::Write;
+        let _ = self.w.flush();
+    }
+}
+
+/// What the sending task does, in the order the lines came.
+enum Do {
+    Line(Line),
+    Ack(String, GroupViewId),
+    /// Stdin ended: wait this long (milliseconds), then leave.
+    Linger(u64),
+}
+
+/// Sends the commands one after the other, and reports what failed. It runs beside the loop
+/// that takes events, so a send that waits for room in the window never stops the events (and
+/// the acknowledgements that make room) from being taken.
+async fn send_all(
+    mut tx: conclave_client::Sender,
+    mut todo: tokio::sync::mpsc::UnboundedReceiver<Do>,
+    failed: tokio::sync::mpsc::UnboundedSender<String>,
+) {
+    while let Some(d) = todo.recv().await {
+        let r: Result<(), ClientError> = match d {
+            Do::Linger(ms) => {
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                break;
+            }
+            Do::Ack(g, v) => tx.flush_ack(&g, v).await,
+            Do::Line(Line::Nothing) => Ok(()),
+            Do::Line(Line::Quit) => break,
+            Do::Line(Line::Sleep(ms)) => {
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                Ok(())
+            }
+            Do::Line(Line::Join(g, vs)) => tx.join(&g, vs).await,
+            Do::Line(Line::Leave(g)) => tx.leave(&g).await,
+            Do::Line(Line::Send(s, groups, text)) => {
+                let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+                tx.multicast(s, &groups, text.as_bytes()).await
+            }
+            // Answered where the pending requests are kept.
+            Do::Line(Line::Ack(_)) => Ok(()),
+        };
+        if let Err(e) = r {
+            let _ = failed.send(e.to_string());
+        }
+    }
+    let _ = tx.disconnect().await;
+}
+
 async fn user(args: UserArgs) -> Result<()> {
     let addr: Address = args.daemon.parse()?;
-    let mut c = Client::connect(&addr, &args.name)
+    let opts = conclave_client::Options {
+        event_queue: args.event_queue,
+        ..Default::default()
+    };
+    let c = Client::connect_with(&addr, &args.name, opts)
         .await
         .with_context(|| format!("connecting to {addr}"))?;
-    let say = |v: serde_json::Value, text: String| {
-        if args.json {
-            println!("{v}");
-        } else if !text.is_empty() {
-            println!("{text}");
-        }
+    let mut out = Out {
+        json_lines: args.json,
+        w: std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout()),
     };
-    say(
+    out.say(
         json!({"ev": "connected", "name": c.name()}),
         format!("connected as {}", c.name()),
     );
+    out.flush();
+    let (tx, mut rx) = c.split();
+    let (todo, todo_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (failed_tx, mut failed) = tokio::sync::mpsc::unbounded_channel();
+    let mut sending = tokio::spawn(send_all(tx, todo_rx, failed_tx));
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     let mut pending: BTreeMap<String, GroupViewId> = BTreeMap::new();
     let mut input_open = true;
-    let linger = tokio::time::sleep(std::time::Duration::from_secs(365 * 86_400));
-    tokio::pin!(linger);
-    loop {
+    let mut sent_all = false;
+    let end: Result<()> = loop {
+        out.flush();
         tokio::select! {
-            ev = c.receive() => match ev {
-                Ok(ev) => {
-                    if let ClientEvent::FlushRequest { group, view } = &ev {
-                        if args.manual_ack {
-                            pending.insert(group.clone(), *view);
-                        } else {
-                            c.flush_ack(group, *view).await?;
+            biased;
+            Some(e) = failed.recv() => out.error(&e),
+            // The sending task is done (quit, or stdin ended and the linger passed).
+            _ = &mut sending => {
+                sent_all = true;
+                break Ok(());
+            }
+            ev = rx.receive() => {
+                // This event and every one already here, then one write.
+                let mut next = Some(ev);
+                let mut ended = None;
+                while let Some(ev) = next.take() {
+                    match ev {
+                        Ok(ev) => {
+                            if let ClientEvent::FlushRequest { group, view } = &ev {
+                                if args.manual_ack {
+                                    pending.insert(group.clone(), *view);
+                                } else {
+                                    let _ = todo.send(Do::Ack(group.clone(), *view));
+                                }
+                            }
+                            out.say(event_json(&ev), event_text(&ev));
+                        }
+                        Err(ClientError::Refused { code, reason }) => out.say(
+                            json!({"ev": "refused", "code": code.to_string(), "reason": reason}),
+                            format!("refused ({code}): {reason}"),
+                        ),
+                        // After a quit the session ends as it should.
+                        Err(_) if sending.is_finished() => ended = Some(Ok(())),
+                        Err(e) => {
+                            out.say(
+                                json!({"ev": "disconnected", "reason": e.to_string()}),
+                                e.to_string(),
+                            );
+                            ended = Some(Err(anyhow::anyhow!("{e}")));
                         }
                     }
-                    say(event_json(&ev), event_text(&ev));
+                    if ended.is_some() {
+                        break;
+                    }
+                    next = rx.try_receive();
                 }
-                Err(ClientError::Refused(reason)) => {
-                    say(json!({"ev": "refused", "reason": reason}), format!("refused: {reason}"));
+                if let Some(end) = ended {
+                    break end;
                 }
-                Err(e) => {
-                    say(json!({"ev": "disconnected", "reason": e.to_string()}), e.to_string());
-                    bail!("{e}");
-                }
-            },
+            }
             line = stdin.next_line(), if input_open => {
                 let Some(line) = line? else {
                     input_open = false;
-                    linger.as_mut().reset(tokio::time::Instant::now() + std::time::Duration::from_millis(args.linger));
+                    let _ = todo.send(Do::Linger(args.linger));
                     continue;
                 };
-                let r = match parse_line(&line) {
-                    Err(e) => Err(e),
-                    Ok(Line::Nothing) => Ok(()),
-                    Ok(Line::Quit) => break,
-                    Ok(Line::Sleep(ms)) => {
-                        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-                        Ok(())
-                    }
-                    Ok(Line::Join(g, vs)) => if vs { c.join_vs(&g).await } else { c.join(&g).await }.map_err(Into::into),
-                    Ok(Line::Leave(g)) => c.leave(&g).await.map_err(Into::into),
-                    Ok(Line::Send(s, groups, text)) => {
-                        let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
-                        c.multicast(s, &groups, text.as_bytes()).await.map_err(Into::into)
-                    }
+                match parse_line(&line) {
+                    Err(e) => out.error(&format!("{e:#}")),
                     Ok(Line::Ack(g)) => match pending.remove(&g) {
-                        Some(v) => c.flush_ack(&g, v).await.map_err(Into::into),
-                        None => Err(anyhow::anyhow!("no flush request of {g} is pending")),
+                        Some(v) => {
+                            let _ = todo.send(Do::Ack(g, v));
+                        }
+                        None => out.error(&format!("no flush request of {g} is pending")),
                     },
-                };
-                if let Err(e) = r {
-                    say(json!({"ev": "error", "error": format!("{e:#}")}), format!("error: {e:#}"));
+                    Ok(l) => {
+                        let _ = todo.send(Do::Line(l));
+                    }
                 }
             },
-            _ = &mut linger => break,
         }
+    };
+    out.flush();
+    if !sent_all {
+        let _ = sending.await;
     }
-    c.disconnect().await?;
-    Ok(())
+    end
 }
 
 #[cfg(test)]

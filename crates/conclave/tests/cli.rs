@@ -388,6 +388,37 @@ fn daemon_user_and_admin_work_together() {
         2,
         "{out}"
     );
+    // Thousands of sends on stdin: once `conclave user` stopped taking events while a send
+    // waited for room in the window, and hung when its event queue filled (at 65,536 events; a
+    // smaller queue here shows it sooner). Every message now arrives and the process ends.
+    let n = 3_000;
+    let script: String = (0..n).map(|k| format!("send chat m{k}\n")).collect();
+    let mut user = Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .args(["user", "--daemon", &addr, "--name", "bo", "--json"])
+        .args(["--event-queue", "2048", "--linger", "2000"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = user.stdin.take().unwrap();
+    let feed = std::thread::spawn(move || {
+        stdin.write_all(b"j chat\n").unwrap();
+        stdin.write_all(script.as_bytes()).unwrap();
+    });
+    let out = user.wait_with_output().unwrap();
+    feed.join().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = json_lines(&text)
+        .iter()
+        .filter(|l| l["ev"] == "message")
+        .count();
+    assert_eq!(got, n, "{}", String::from_utf8_lossy(&out.stderr));
     let (ok, _, _) = conclave(
         &["admin", "--config", cfg_arg, "partition", "d1", "d9"],
         None,

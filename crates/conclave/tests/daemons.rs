@@ -151,7 +151,7 @@ async fn connect(net: &Net, seen: &Seen, daemon: usize, private: &str, vs: bool)
                         .or_default()
                         .push(ev);
                 }
-                Err(ClientError::Refused(_)) => {}
+                Err(ClientError::Refused { .. }) => {}
                 Err(_) => return,
             }
         }

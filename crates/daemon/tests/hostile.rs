@@ -5,7 +5,7 @@
 
 use conclave_client::{Address, Client, ClientError, ClientEvent, ServiceType};
 use conclave_daemon::{AdminRequest, Config, Options, Running};
-use conclave_wire::client::{frame, next_frame, Reply, Request};
+use conclave_wire::client::{frame, next_frame, Refusal, Reply, Request};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -77,7 +77,7 @@ async fn garbage_oversized_and_truncated_frames_close_only_their_connection() {
     s.write_all(&frame(&[0xff, 0x00, 0x13])).await.unwrap();
     let replies = replies_until_closed(&mut s).await;
     assert!(
-        matches!(&replies[..], [Reply::Refused { reason }] if reason.contains("undecodable")),
+        matches!(&replies[..], [Reply::Refused { request: 1, code: Refusal::BadRequest, reason }] if reason.contains("undecodable")),
         "{replies:?}"
     );
     // A frame length over the limit.
@@ -85,7 +85,7 @@ async fn garbage_oversized_and_truncated_frames_close_only_their_connection() {
     s.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
     let replies = replies_until_closed(&mut s).await;
     assert!(
-        matches!(&replies[..], [Reply::Refused { reason }] if reason.contains("frame")),
+        matches!(&replies[..], [Reply::Refused { request: 1, code: Refusal::BadRequest, reason }] if reason.contains("frame")),
         "{replies:?}"
     );
     // A command before connecting.
@@ -95,7 +95,14 @@ async fn garbage_oversized_and_truncated_frames_close_only_their_connection() {
         .unwrap();
     let replies = replies_until_closed(&mut s).await;
     assert!(
-        matches!(&replies[..], [Reply::Refused { .. }]),
+        matches!(
+            &replies[..],
+            [Reply::Refused {
+                request: 1,
+                code: Refusal::BadRequest,
+                ..
+            }]
+        ),
         "{replies:?}"
     );
     // Half a frame, then the client goes.
@@ -110,7 +117,16 @@ async fn garbage_oversized_and_truncated_frames_close_only_their_connection() {
     drop(s);
     // A bad name.
     let e = Client::connect(&addr, "a#b").await.err().unwrap();
-    assert!(matches!(e, ClientError::Refused(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            ClientError::Refused {
+                code: Refusal::BadName,
+                ..
+            }
+        ),
+        "{e}"
+    );
     still_serves(&addr, "fine").await;
     assert!(d.metrics.refusals.load(Relaxed) >= 2);
     d.shutdown().await.unwrap();
@@ -126,7 +142,7 @@ async fn a_silent_connection_is_closed_and_a_flood_of_connections_is_bounded() {
     let mut s = TcpStream::connect(tcp(&addr)).await.unwrap();
     let replies = replies_until_closed(&mut s).await;
     assert!(
-        matches!(&replies[..], [Reply::Refused { reason }] if reason.contains("in time")),
+        matches!(&replies[..], [Reply::Refused { code: Refusal::Timeout, reason, .. }] if reason.contains("in time")),
         "{replies:?}"
     );
     // 100 connections that say nothing: only 20 are kept, the others closed at once.

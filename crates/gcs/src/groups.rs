@@ -35,15 +35,13 @@
 //! part stands in for it).
 
 use crate::membership::{Membership, MembershipConfig, RingEvent};
-use crate::ordering::Transmit;
+use crate::ordering::{PeerRefusal, Transmit};
 use conclave_wire::client::Bytes;
 pub use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, Reason};
-use conclave_wire::client::{MessageRef, MAX_VIEW_MEMBERS};
+use conclave_wire::client::{MessageRef, Refusal, MAX_VIEW_MEMBERS};
 use conclave_wire::gcs::{
-    Body, DaemonId, Packet, RingId, ServiceType, StateEntry, MAX_GROUPS_PER_MESSAGE,
-    MAX_NAME_BYTES, MAX_PAYLOAD_BYTES, MAX_STATE_ENTRIES,
+    Body, DaemonId, Packet, RingId, ServiceType, StateEntry, MAX_NAME_BYTES, MAX_STATE_ENTRIES,
 };
-use conclave_wire::DecodeError;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
@@ -59,6 +57,9 @@ pub struct DaemonConfig {
     pub max_groups_per_client: usize,
     /// Most commands of one client waiting for a view change to end.
     pub max_held_per_client: usize,
+    /// Most bytes of them (one command always fits): a thousand messages of 128 KiB would be
+    /// 128 MiB for one client.
+    pub max_held_bytes_per_client: usize,
     /// Most joins and leaves of one client on their way into a view. A client that joins and
     /// leaves in a loop while a flush waits would otherwise grow its group's queue of changes
     /// for as long as the flush lasts; past this, its commands wait in its own queue (bounded by
@@ -80,6 +81,7 @@ impl Default for DaemonConfig {
             max_clients: 1_000,
             max_groups_per_client: 16,
             max_held_per_client: 1_000,
+            max_held_bytes_per_client: 16 << 20,
             max_changes_per_client: 32,
             flush_timeout_ms: 2_000,
             record_ring: false,
@@ -95,15 +97,14 @@ impl DaemonConfig {
             self.max_clients,
             self.max_groups_per_client,
             self.max_held_per_client,
+            self.max_held_bytes_per_client,
             self.max_changes_per_client,
         ]
         .contains(&0)
         {
-            return Err(
-                "max_clients, max_groups_per_client, max_held_per_client and \
-                 max_changes_per_client must be above 0"
-                    .into(),
-            );
+            return Err("max_clients, max_groups_per_client, max_held_per_client, \
+                 max_held_bytes_per_client and max_changes_per_client must be above 0"
+                .into());
         }
         if self.flush_timeout_ms == 0 {
             return Err("flush_timeout_ms must be above 0".into());
@@ -130,12 +131,31 @@ pub enum DaemonError {
     TooManyGroups { max: usize },
     #[error("{max} commands of this client already wait")]
     TooManyHeld { max: usize },
-    #[error("a payload may be at most {MAX_PAYLOAD_BYTES} bytes")]
-    PayloadTooLarge,
-    #[error("a message goes to 1 to {max} distinct groups")]
-    BadGroupList { max: usize },
-    #[error("undecodable packet: {0}")]
-    Packet(#[from] DecodeError),
+    #[error("{max_bytes} bytes of this client's commands already wait")]
+    TooManyHeldBytes { max_bytes: usize },
+    /// A command malformed in itself ([`ClientCommand::validate`]: names, the group list, the
+    /// payload's size).
+    #[error("{reason}")]
+    Malformed { code: Refusal, reason: String },
+}
+
+impl DaemonError {
+    /// The code a client is refused with.
+    pub fn refusal(&self) -> Refusal {
+        match self {
+            DaemonError::UnknownClient(_) => Refusal::BadRequest,
+            DaemonError::AlreadyConnected(_) => Refusal::NameTaken,
+            DaemonError::TooManyClients { .. } => Refusal::TooManyClients,
+            DaemonError::BadName => Refusal::BadName,
+            DaemonError::NotMember { .. } => Refusal::NotMember,
+            DaemonError::AlreadyMember { .. } => Refusal::AlreadyMember,
+            DaemonError::TooManyGroups { .. } => Refusal::TooManyGroups,
+            DaemonError::TooManyHeld { .. } | DaemonError::TooManyHeldBytes { .. } => {
+                Refusal::TooManyHeld
+            }
+            DaemonError::Malformed { code, .. } => *code,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -192,6 +212,8 @@ struct Client {
     /// to a group that is changing view).
     held: BTreeMap<String, VecDeque<ClientCommand>>,
     held_count: usize,
+    /// Bytes of them ([`command_bytes`]).
+    held_bytes: usize,
     /// Flush acknowledgements among them: the only commands that can go while the ring
     /// takes no more messages.
     held_acks: usize,
@@ -292,6 +314,7 @@ impl Daemon {
                 views: BTreeMap::new(),
                 held: BTreeMap::new(),
                 held_count: 0,
+                held_bytes: 0,
                 held_acks: 0,
                 changes: 0,
             },
@@ -330,6 +353,8 @@ impl Daemon {
         client: &str,
         cmd: ClientCommand,
     ) -> Result<(), DaemonError> {
+        cmd.validate()
+            .map_err(|(code, reason)| DaemonError::Malformed { code, reason })?;
         let max_held = self.cfg.max_held_per_client;
         let max_groups = self.cfg.max_groups_per_client;
         let c = self
@@ -339,13 +364,17 @@ impl Daemon {
         if c.held_count >= max_held {
             return Err(DaemonError::TooManyHeld { max: max_held });
         }
+        // With something waiting, this command will wait too.
+        let max_bytes = self.cfg.max_held_bytes_per_client;
+        if c.held_count > 0 && c.held_bytes + command_bytes(&cmd) > max_bytes {
+            return Err(DaemonError::TooManyHeldBytes { max_bytes });
+        }
         let not_member = |group: &str| DaemonError::NotMember {
             client: client.to_owned(),
             group: group.to_owned(),
         };
         match &cmd {
             ClientCommand::Join { group, vs } => {
-                check_name(group)?;
                 if c.intent.contains_key(group) {
                     return Err(DaemonError::AlreadyMember {
                         client: client.to_owned(),
@@ -362,27 +391,9 @@ impl Daemon {
                     return Err(not_member(group));
                 }
             }
-            ClientCommand::Multicast {
-                groups, payload, ..
-            } => {
-                if groups.is_empty() || groups.len() > MAX_GROUPS_PER_MESSAGE {
-                    return Err(DaemonError::BadGroupList {
-                        max: MAX_GROUPS_PER_MESSAGE,
-                    });
-                }
-                let mut seen = BTreeSet::new();
-                for group in groups {
-                    if !c.intent.contains_key(group) {
-                        return Err(not_member(group));
-                    }
-                    if !seen.insert(group) {
-                        return Err(DaemonError::BadGroupList {
-                            max: MAX_GROUPS_PER_MESSAGE,
-                        });
-                    }
-                }
-                if payload.len() > MAX_PAYLOAD_BYTES {
-                    return Err(DaemonError::PayloadTooLarge);
+            ClientCommand::Multicast { groups, .. } => {
+                if let Some(g) = groups.iter().find(|g| !c.intent.contains_key(*g)) {
+                    return Err(not_member(g));
                 }
             }
             // A client leaving the group may still have a flush to acknowledge.
@@ -419,24 +430,26 @@ impl Daemon {
         if matches!(cmd, ClientCommand::FlushAck { .. }) {
             c.held_acks += 1;
         }
+        c.held_bytes += command_bytes(&cmd);
         c.held.entry(group).or_default().push_back(cmd);
         c.held_count += 1;
         self.after(now);
         Ok(())
     }
 
-    /// A packet from daemon `from`. Undecodable input is refused with a typed error and changes
-    /// nothing.
+    /// A packet from daemon `from`. Input no correct daemon sends is refused with its reason
+    /// ([`PeerRefusal`]); undecodable input changes nothing.
     pub fn handle_packet(
         &mut self,
         now: u64,
         from: DaemonId,
         bytes: &[u8],
-    ) -> Result<(), DaemonError> {
+    ) -> Result<(), PeerRefusal> {
         let p = Packet::decode(bytes)?;
-        self.ring.handle_packet(now, from, p);
+        let r = self.ring.handle_packet(now, from, p);
+        // What the packet changed before it was found out is followed through.
         self.after(now);
-        Ok(())
+        r
     }
 
     pub fn handle_timeout(&mut self, now: u64) {
@@ -1081,6 +1094,7 @@ impl Daemon {
                 // behind them does not wait (that group's flush may be what they wait for), and
                 // they then go in the next view.
                 let ack = matches!(head, ClientCommand::FlushAck { .. });
+                let bytes = command_bytes(&head);
                 let ack_behind = match &head {
                     ClientCommand::Multicast { groups, .. } if groups.len() == 1 => None,
                     _ => q
@@ -1089,7 +1103,7 @@ impl Daemon {
                 };
                 let head = match self.try_accept(&name, head) {
                     Ok(()) => {
-                        self.accepted(&name, &group, ack);
+                        self.accepted(&name, &group, ack, bytes);
                         any = true;
                         continue;
                     }
@@ -1102,9 +1116,10 @@ impl Daemon {
                 let Some(ack) = ack_behind.and_then(|i| q.remove(i + 1)) else {
                     break;
                 };
+                let ack_bytes = command_bytes(&ack);
                 match self.try_accept(&name, ack) {
                     Ok(()) => {
-                        self.accepted(&name, &group, true);
+                        self.accepted(&name, &group, true, ack_bytes);
                         any = true;
                     }
                     Err(ack) => {
@@ -1124,9 +1139,10 @@ impl Daemon {
     }
 
     /// A command taken from the client's queue for `group` was accepted.
-    fn accepted(&mut self, client: &str, group: &str, ack: bool) {
+    fn accepted(&mut self, client: &str, group: &str, ack: bool, bytes: usize) {
         if let Some(c) = self.clients.get_mut(client) {
             c.held_count -= 1;
+            c.held_bytes -= bytes;
             c.held_acks -= usize::from(ack);
             if c.held.get(group).is_some_and(|q| q.is_empty()) {
                 c.held.remove(group);
@@ -1269,6 +1285,16 @@ impl Daemon {
     fn submit(&mut self, body: Body) {
         let r = self.ring.submit(body);
         debug_assert!(r.is_ok(), "checked before");
+    }
+}
+
+/// What a waiting command holds, roughly: its payload, and room for its names.
+fn command_bytes(cmd: &ClientCommand) -> usize {
+    64 + match cmd {
+        ClientCommand::Multicast {
+            payload, groups, ..
+        } => payload.len() + groups.iter().map(String::len).sum::<usize>(),
+        _ => 0,
     }
 }
 

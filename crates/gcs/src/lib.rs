@@ -12,4 +12,6 @@ pub use groups::{
     LocalEvent, Reason,
 };
 pub use membership::{Configuration, Membership, MembershipConfig, Phase, RingEvent};
-pub use ordering::{Delivered, Dest, Finished, Ordering, OrderingConfig, OrderingError, Transmit};
+pub use ordering::{
+    Delivered, Dest, Finished, Ordering, OrderingConfig, OrderingError, PeerRefusal, Transmit,
+};

@@ -49,7 +49,9 @@
 //! what the group layer's views rest on. While gathering, nothing more of the old ring is
 //! received or delivered.
 
-use crate::ordering::{Delivered, Dest, Ordering, OrderingConfig, OrderingError, Transmit};
+use crate::ordering::{
+    body_bytes, Delivered, Dest, Ordering, OrderingConfig, OrderingError, PeerRefusal, Transmit,
+};
 use conclave_wire::gcs::{
     Body, Commit, CommitEntry, DaemonId, Join, Packet, RingId, MAX_RING_MEMBERS,
 };
@@ -215,8 +217,10 @@ pub struct Membership {
     /// operational, frozen (its messages kept for recovery) from gather until the next one is
     /// installed.
     regular: Option<Box<Ordering>>,
-    /// Messages submitted while no ring may send them.
+    /// Messages submitted while no ring may send them (a ring forming), within the ordering's
+    /// `max_queued` and `max_queued_bytes`.
     waiting: VecDeque<Body>,
+    waiting_bytes: usize,
     max_ring_seq: u64,
     incarnation: u32,
     out: VecDeque<Transmit>,
@@ -246,6 +250,7 @@ impl Membership {
             },
             regular: None,
             waiting: VecDeque::new(),
+            waiting_bytes: 0,
             max_ring_seq: 0,
             incarnation,
             out: VecDeque::new(),
@@ -294,7 +299,10 @@ impl Membership {
     pub fn can_submit(&self) -> bool {
         match (&self.state, &self.regular) {
             (State::Operational { .. }, Some(o)) => o.can_submit(),
-            _ => self.waiting.len() < self.cfg.ordering.max_queued,
+            _ => {
+                self.waiting.len() < self.cfg.ordering.max_queued
+                    && self.waiting_bytes < self.cfg.ordering.max_queued_bytes
+            }
         }
     }
 
@@ -309,6 +317,12 @@ impl Membership {
                 })
             }
             _ => {
+                let n = body_bytes(&body);
+                let max_bytes = self.cfg.ordering.max_queued_bytes;
+                if !self.waiting.is_empty() && self.waiting_bytes + n > max_bytes {
+                    return Err(OrderingError::QueueBytesFull { max_bytes });
+                }
+                self.waiting_bytes += n;
                 self.waiting.push_back(body);
                 Ok(())
             }
@@ -320,7 +334,10 @@ impl Membership {
     pub fn submit_control(&mut self, body: Body) {
         match (&self.state, &mut self.regular) {
             (State::Operational { .. }, Some(o)) => o.submit_control(body),
-            _ => self.waiting.push_back(body),
+            _ => {
+                self.waiting_bytes += body_bytes(&body);
+                self.waiting.push_back(body);
+            }
         }
     }
 
@@ -469,8 +486,9 @@ impl Membership {
             .expect("a member");
         let next = members[(i + 1) % members.len()];
         if next == self.me {
-            // A ring of one: the token is back at once.
-            self.handle_commit(now, commit);
+            // A ring of one: the token is back at once (its own, listing it once).
+            let r = self.handle_commit(now, commit);
+            debug_assert!(r.is_ok(), "its own commit token");
             return;
         }
         self.out.push_back(Transmit {
@@ -509,6 +527,7 @@ impl Membership {
                 // What was accepted while the old ring was installed and never went out on it
                 // is sent now, in that configuration, and delivered in its transitional part.
                 let ring = o.ring();
+                self.waiting_bytes = 0;
                 for body in o.close_unsent(self.waiting.drain(..)) {
                     self.events
                         .push_back(RingEvent::Sent { ring, seq: 0, body });
@@ -580,9 +599,11 @@ impl Membership {
         }
         let mut ordering = ordering;
         ordering.end_recovery();
+        // The queue held no more than the limits before; it holds no more now. Taken as the
+        // daemons' own messages are, so that none (a group state) is lost to the limits.
+        self.waiting_bytes = 0;
         for body in self.waiting.drain(..) {
-            // The queue held no more than the limit before; it holds no more now.
-            let _ = ordering.submit(body);
+            ordering.submit_control(body);
         }
         self.events
             .push_back(RingEvent::Configuration(Configuration {
@@ -597,20 +618,20 @@ impl Membership {
         self.regular = Some(ordering);
     }
 
-    fn handle_commit(&mut self, now: u64, mut c: Commit) {
+    fn handle_commit(&mut self, now: u64, mut c: Commit) -> Result<(), PeerRefusal> {
         // Wire input is hostile: a token that does not list this daemon exactly once is refused.
         let ids: Vec<DaemonId> = c.members.iter().map(|e| e.id).collect();
         let mut sorted = ids.clone();
         sorted.sort_unstable();
         sorted.dedup();
         if sorted.len() != ids.len() || !ids.contains(&self.me) {
-            return;
+            return Err(PeerRefusal::BadCommit);
         }
         self.max_ring_seq = self.max_ring_seq.max(c.ring.seq);
         if c.rotation == 2 && c.ring.rep == self.me && self.running_ring() == Some(c.ring) {
             // The second rotation is back: every member is in the new ring.
             self.start_token(now);
-            return;
+            return Ok(());
         }
         // The token lists the new ring's members from the start; a daemon takes part only in
         // the ring it would have formed itself (TOCS §4.2).
@@ -623,7 +644,7 @@ impl Membership {
             State::Operational { .. } | State::Recovery { .. } => false,
         };
         if !agrees {
-            return;
+            return Ok(());
         }
         let rep = c.ring.rep;
         match c.rotation {
@@ -652,6 +673,7 @@ impl Membership {
             }
             _ => {}
         }
+        Ok(())
     }
 
     fn start_token(&mut self, now: u64) {
@@ -736,7 +758,14 @@ impl Membership {
         }
     }
 
-    pub fn handle_packet(&mut self, now: u64, from: DaemonId, packet: Packet) {
+    /// A packet from daemon `from`. One no correct daemon sends is refused with its reason
+    /// (and changes nothing, or nothing but what it already changed before it was found out).
+    pub fn handle_packet(
+        &mut self,
+        now: u64,
+        from: DaemonId,
+        packet: Packet,
+    ) -> Result<(), PeerRefusal> {
         let seq = match &packet {
             Packet::Join(j) => j.ring_seq,
             Packet::Commit(c) => c.ring.seq,
@@ -745,11 +774,11 @@ impl Membership {
             Packet::Data(d) => d.ring.seq,
         };
         if seq > MAX_RING_SEQ {
-            return;
+            return Err(PeerRefusal::RingSeqOutOfRange);
         }
         match packet {
             Packet::Join(j) => self.on_join(now, from, j),
-            Packet::Commit(c) => self.handle_commit(now, c),
+            Packet::Commit(c) => self.handle_commit(now, c)?,
             Packet::MergeDetect { ring } => {
                 self.max_ring_seq = self.max_ring_seq.max(ring.seq);
                 if let State::Operational { .. } = self.state {
@@ -770,7 +799,7 @@ impl Membership {
                         _,
                     ) => (ordering, last_token),
                     (State::Operational { last_token, .. }, Some(o)) => (o, last_token),
-                    _ => return,
+                    _ => return Ok(()),
                 };
                 if let Packet::Token(t) = &p {
                     if t.ring == ordering.ring() {
@@ -781,6 +810,19 @@ impl Membership {
                 self.drain_ordering(now);
             }
         }
+        self.take_refusal()
+    }
+
+    /// The first refusal the orderings found in the packet just handled.
+    fn take_refusal(&mut self) -> Result<(), PeerRefusal> {
+        let mut all = Vec::new();
+        if let Some(o) = self.regular.as_mut() {
+            all.extend(o.take_refusals());
+        }
+        if let State::Recovery { ordering, .. } = &mut self.state {
+            all.extend(ordering.take_refusals());
+        }
+        all.into_iter().next().map_or(Ok(()), Err)
     }
 
     fn on_join(&mut self, now: u64, from: DaemonId, j: Join) {

@@ -42,6 +42,9 @@ pub struct OrderingConfig {
     pub window: u64,
     /// Most messages a daemon queues before `submit` refuses.
     pub max_queued: usize,
+    /// Most bytes of messages a daemon queues before `submit` refuses (one message always fits
+    /// an empty queue): 10,000 messages of 128 KiB would be 1.3 GB.
+    pub max_queued_bytes: usize,
     /// Most bytes of messages (new and retransmitted) one token visit may send, roughly (at
     /// least one message goes): large messages in a burst of `max_per_visit` would overflow the
     /// receivers' buffers and delay the token behind them.
@@ -61,6 +64,7 @@ impl Default for OrderingConfig {
             max_per_visit: 60,
             window: 600,
             max_queued: 10_000,
+            max_queued_bytes: 64 << 20,
             max_visit_bytes: 1 << 20,
             idle_hold_us: 300,
         }
@@ -76,8 +80,14 @@ impl OrderingConfig {
         if self.idle_hold_us >= self.token_retransmit_ms * 1000 / 2 {
             return Err("idle_hold_us must be well under token_retransmit_ms".into());
         }
-        if self.max_per_visit == 0 || self.window == 0 || self.max_queued == 0 {
-            return Err("max_per_visit, window and max_queued must be above 0".into());
+        if self.max_per_visit == 0
+            || self.window == 0
+            || self.max_queued == 0
+            || self.max_queued_bytes == 0
+        {
+            return Err(
+                "max_per_visit, window, max_queued and max_queued_bytes must be above 0".into(),
+            );
         }
         if self.max_visit_bytes == 0 {
             return Err("max_visit_bytes must be above 0".into());
@@ -86,10 +96,46 @@ impl OrderingConfig {
     }
 }
 
+/// Why a daemon refused a peer's packet as one no correct daemon sends (hostile, corrupt, or
+/// from a daemon that does not know the ring it claims). Packets that are merely late or of
+/// another ring are part of the protocol and are not refusals.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerRefusal {
+    #[error("undecodable: {0}")]
+    Undecodable(#[from] conclave_wire::DecodeError),
+    #[error("a ring sequence number no ring reaches")]
+    RingSeqOutOfRange,
+    #[error("a token whose numbers no ring could produce")]
+    ImplausibleToken,
+    #[error("a message from a daemon that is not a member of its ring")]
+    NotAMember,
+    #[error("a message numbered past what the ring could have sent")]
+    BeyondWindow,
+    #[error("a commit token that does not list this daemon exactly once")]
+    BadCommit,
+}
+
+impl PeerRefusal {
+    /// A short name for counting (metrics, status).
+    pub fn name(&self) -> &'static str {
+        match self {
+            PeerRefusal::Undecodable(_) => "undecodable",
+            PeerRefusal::RingSeqOutOfRange => "ring_seq_out_of_range",
+            PeerRefusal::ImplausibleToken => "implausible_token",
+            PeerRefusal::NotAMember => "not_a_member",
+            PeerRefusal::BeyondWindow => "beyond_window",
+            PeerRefusal::BadCommit => "bad_commit",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OrderingError {
     #[error("{max} messages already wait to be sent")]
     QueueFull { max: usize },
+    #[error("{max_bytes} bytes of messages already wait to be sent")]
+    QueueBytesFull { max_bytes: usize },
 }
 
 /// A packet to send: to one daemon, or to every other daemon of the ring.
@@ -137,7 +183,7 @@ pub struct Finished {
 }
 
 /// A message's size on the wire, roughly (for the visit's byte budget).
-fn body_bytes(b: &Body) -> usize {
+pub(crate) fn body_bytes(b: &Body) -> usize {
     64 + match b {
         Body::Client {
             payload, groups, ..
@@ -180,6 +226,8 @@ pub struct Ordering {
     /// The token as last passed on, and when, for retransmission.
     last_sent: Option<(Token, u64)>,
     queue: VecDeque<Body>,
+    /// Bytes of `queue` (as `body_bytes` counts them).
+    queue_bytes: usize,
     /// Messages accepted while this ring was the installed one but never ordered on it, by
     /// sender and number: this member's own, and others' received during recovery.
     unsequenced: BTreeMap<(DaemonId, u64), Arc<Body>>,
@@ -199,6 +247,8 @@ pub struct Ordering {
     last_backlog: u64,
     started: bool,
     refused: u64,
+    /// The refusals of the packet being handled, for whoever handed it in.
+    refusals: Vec<PeerRefusal>,
     /// An idle token being held, and until when.
     held: Option<(Token, u64)>,
 }
@@ -226,6 +276,7 @@ impl Ordering {
             last_token_seq: 0,
             last_sent: None,
             queue: VecDeque::new(),
+            queue_bytes: 0,
             unsequenced: BTreeMap::new(),
             next_unsequenced: 0,
             recovery: VecDeque::new(),
@@ -238,6 +289,7 @@ impl Ordering {
             last_backlog: 0,
             started: false,
             refused: 0,
+            refusals: Vec::new(),
             held: None,
         }
     }
@@ -264,6 +316,16 @@ impl Ordering {
     /// Packets refused as impossible (hostile or corrupt).
     pub fn refused(&self) -> u64 {
         self.refused
+    }
+
+    fn refuse(&mut self, why: PeerRefusal) {
+        self.refused += 1;
+        self.refusals.push(why);
+    }
+
+    /// The refusals since the last call (of the packets handled meanwhile).
+    pub fn take_refusals(&mut self) -> Vec<PeerRefusal> {
+        std::mem::take(&mut self.refusals)
     }
 
     fn successor(&self) -> DaemonId {
@@ -325,6 +387,7 @@ impl Ordering {
     /// (they are sent now, in this ring's configuration).
     pub fn close_unsent(&mut self, unsent: impl IntoIterator<Item = Body>) -> Vec<Arc<Body>> {
         let mut out = Vec::new();
+        self.queue_bytes = 0;
         for b in self.queue.drain(..).chain(unsent) {
             if self.next_unsequenced >= 2 * self.cfg.max_queued as u64 {
                 // Past what a member may have waiting (see `insert_recovered`): never sent.
@@ -345,7 +408,7 @@ impl Ordering {
         // Only this ring's members sent on it; anything else is hostile, and would let the
         // unsequenced store grow with every sender id.
         if !self.members.contains(&sender) {
-            self.refused += 1;
+            self.refuse(PeerRefusal::NotAMember);
             return;
         }
         if seq & UNSEQUENCED != 0 {
@@ -354,7 +417,7 @@ impl Ordering {
             if k < 2 * self.cfg.max_queued as u64 {
                 self.unsequenced.entry((sender, k)).or_insert(body);
             } else {
-                self.refused += 1;
+                self.refuse(PeerRefusal::BeyondWindow);
             }
             return;
         }
@@ -362,7 +425,7 @@ impl Ordering {
             return;
         }
         if seq > self.horizon() {
-            self.refused += 1;
+            self.refuse(PeerRefusal::BeyondWindow);
             return;
         }
         self.high_seq = self.high_seq.max(seq);
@@ -429,7 +492,7 @@ impl Ordering {
 
     /// Whether [`Ordering::submit`] would take a message now.
     pub fn can_submit(&self) -> bool {
-        self.queue.len() < self.cfg.max_queued
+        self.queue.len() < self.cfg.max_queued && self.queue_bytes < self.cfg.max_queued_bytes
     }
 
     /// Queues a message for the next token visit.
@@ -439,6 +502,13 @@ impl Ordering {
                 max: self.cfg.max_queued,
             });
         }
+        let n = body_bytes(&body);
+        if !self.queue.is_empty() && self.queue_bytes + n > self.cfg.max_queued_bytes {
+            return Err(OrderingError::QueueBytesFull {
+                max_bytes: self.cfg.max_queued_bytes,
+            });
+        }
+        self.queue_bytes += n;
         self.queue.push_back(body);
         self.release_held();
         Ok(())
@@ -455,6 +525,7 @@ impl Ordering {
     /// of a client's departure). Their number is bounded by the groups and clients, not by the
     /// traffic, so they are never refused: a full queue of client messages must not lose them.
     pub fn submit_control(&mut self, body: Body) {
+        self.queue_bytes += body_bytes(&body);
         self.queue.push_back(body);
         self.release_held();
     }
@@ -485,7 +556,7 @@ impl Ordering {
             // A token seen before is a retransmission this member already answered.
             Packet::Token(t) if t.ring == self.ring && t.token_seq > self.last_token_seq => {
                 if !self.plausible(&t) {
-                    self.refused += 1;
+                    self.refuse(PeerRefusal::ImplausibleToken);
                     return;
                 }
                 self.started = true;
@@ -533,11 +604,11 @@ impl Ordering {
             return;
         }
         if !self.members.contains(&d.sender) {
-            self.refused += 1;
+            self.refuse(PeerRefusal::NotAMember);
             return;
         }
         if d.seq > self.horizon() {
-            self.refused += 1;
+            self.refuse(PeerRefusal::BeyondWindow);
             return;
         }
         self.high_seq = self.high_seq.max(d.seq);
@@ -654,6 +725,7 @@ impl Ordering {
             } else if self.hold_queue {
                 break;
             } else if let Some(b) = self.queue.pop_front() {
+                self.queue_bytes -= body_bytes(&b);
                 (None, Arc::new(b))
             } else {
                 break;

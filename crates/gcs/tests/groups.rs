@@ -437,3 +437,37 @@ fn a_message_does_not_overtake_an_earlier_one_that_waits() {
     net.run_until(|n| from_c(n).len() == 2);
     assert_eq!(from_c(&net), vec![b"first".to_vec(), b"second".to_vec()]);
 }
+
+/// While no ring is up every command waits; what one client's waiting commands hold is bounded
+/// in bytes as well as in number.
+#[test]
+fn what_one_client_keeps_waiting_is_bounded_in_bytes() {
+    let cfg = DaemonConfig {
+        max_held_bytes_per_client: 300_000,
+        ..DaemonConfig::default()
+    };
+    let mut d = Daemon::new(cfg, 1, 0, 0);
+    d.connect("c").unwrap();
+    let cmd = |k: u8| ClientCommand::Multicast {
+        service: ServiceType::Agreed,
+        groups: vec!["g".into()],
+        payload: vec![k; 100_000].into(),
+    };
+    let join = ClientCommand::Join {
+        group: "g".into(),
+        vs: false,
+    };
+    assert!(!d.ready());
+    d.handle_client(0, "c", join).unwrap();
+    d.handle_client(0, "c", cmd(1)).unwrap();
+    d.handle_client(0, "c", cmd(2)).unwrap();
+    let e = d.handle_client(0, "c", cmd(3)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            conclave_gcs::DaemonError::TooManyHeldBytes { max_bytes: 300_000 }
+        ),
+        "{e}"
+    );
+    assert_eq!(e.refusal(), conclave_wire::client::Refusal::TooManyHeld);
+}

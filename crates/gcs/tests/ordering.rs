@@ -172,3 +172,32 @@ fn recovered_messages_from_outsiders_or_past_the_limits_are_refused() {
     let finished = n.finish(0);
     assert_eq!(finished.len(), 2, "{finished:?}");
 }
+
+#[test]
+fn a_queue_full_of_bytes_is_a_typed_error_and_one_message_always_fits() {
+    let big = |k: u8| Body::Client {
+        client: "c".into(),
+        groups: vec![("g".into(), 0)],
+        service: ServiceType::Fifo,
+        payload: vec![k; 100_000].into(),
+    };
+    let cfg = OrderingConfig {
+        max_queued_bytes: 200_000,
+        ..OrderingConfig::default()
+    };
+    let mut n = Ordering::new(cfg, 1, ring(), vec![1]);
+    n.submit(big(1)).unwrap();
+    assert_eq!(
+        n.submit(big(2)),
+        Err(OrderingError::QueueBytesFull { max_bytes: 200_000 })
+    );
+    n.submit(msg(ServiceType::Fifo, 3)).unwrap();
+    // An empty queue takes a message larger than the budget.
+    let cfg = OrderingConfig {
+        max_queued_bytes: 10,
+        ..OrderingConfig::default()
+    };
+    let mut n = Ordering::new(cfg, 1, ring(), vec![1]);
+    n.submit(big(4)).unwrap();
+    assert!(!n.can_submit());
+}

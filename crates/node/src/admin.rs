@@ -15,6 +15,7 @@
 //! Each request gets one line back: `{"ok":true,...}` or `{"ok":false,"error":"..."}`.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Longest admin request line, in bytes.
 pub const MAX_ADMIN_LINE: usize = 64 * 1024;
@@ -75,6 +76,10 @@ pub struct Status {
     /// messages waiting for the token.
     #[serde(default)]
     pub progress: Option<(u64, u64, u64, usize)>,
+    /// Input refused from each peer (a daemon's name, or "unknown" for an address that is no
+    /// configured daemon), by reason.
+    #[serde(default)]
+    pub peer_refusals: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,12 +1,16 @@
 //! Counters a daemon exposes in the Prometheus text format (any HTTP GET to the metrics address).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 
 macro_rules! metrics {
     ($($field:ident: $kind:literal, $help:literal;)*) => {
         #[derive(Default, Debug)]
         pub struct Metrics {
             $(pub $field: AtomicU64,)*
+            /// Packets refused, by peer and reason (`conclave_peer_refusals{peer, reason}`).
+            pub peer_refusals: Mutex<BTreeMap<(String, &'static str), u64>>,
         }
 
         impl Metrics {
@@ -22,7 +26,31 @@ macro_rules! metrics {
                     s.push_str(&self.$field.load(Relaxed).to_string());
                     s.push('\n');
                 )*
+                s.push_str(
+                    "# HELP conclave_peer_refusals Packets and datagrams refused, by peer and reason.\n\
+                     # TYPE conclave_peer_refusals counter\n",
+                );
+                for ((peer, reason), n) in self.peer_refusals() {
+                    s.push_str(&format!(
+                        "conclave_peer_refusals{{peer=\"{peer}\",reason=\"{reason}\"}} {n}\n"
+                    ));
+                }
                 s
+            }
+
+            /// Refusals by peer and reason, in order.
+            pub fn peer_refusals(&self) -> BTreeMap<(String, &'static str), u64> {
+                self.peer_refusals
+                    .lock()
+                    .map(|m| m.clone())
+                    .unwrap_or_default()
+            }
+
+            /// Counts a refusal of `peer`'s input.
+            pub fn peer_refused(&self, peer: &str, reason: &'static str) {
+                if let Ok(mut m) = self.peer_refusals.lock() {
+                    *m.entry((peer.to_owned(), reason)).or_default() += 1;
+                }
             }
         }
     };
@@ -62,5 +90,10 @@ mod tests {
             text.matches("# HELP").count(),
             text.matches("# TYPE").count()
         );
+        m.peer_refused("d2", "undecodable");
+        m.peer_refused("d2", "undecodable");
+        assert!(m
+            .render()
+            .contains("conclave_peer_refusals{peer=\"d2\",reason=\"undecodable\"} 2\n"));
     }
 }

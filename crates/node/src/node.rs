@@ -33,7 +33,7 @@ use crate::record::Recorder;
 use crate::session::{next_request, Session, SessionId, SessionOutput};
 use conclave_gcs::{ClientEvent, Daemon, Delivery, Dest, LocalEvent, Phase};
 use conclave_history::{Event, Record};
-use conclave_wire::client::{ClientCommand, Reply, Request};
+use conclave_wire::client::{ClientCommand, Refusal, Reply, Request};
 use conclave_wire::gcs::{DaemonId, Packet, RingId};
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -108,6 +108,8 @@ pub struct Node {
     cfg: Config,
     daemon: Daemon,
     peers: Vec<SocketAddr>,
+    /// The daemons' names, by id from 1 (for counting what each sent).
+    peer_names: Vec<String>,
     by_addr: HashMap<SocketAddr, DaemonId>,
     reassembly: HashMap<DaemonId, Reassembly>,
     frag_id: u32,
@@ -159,6 +161,7 @@ impl Node {
             inc: opts.incarnation,
             daemon: Daemon::new(dcfg, me, opts.incarnation, now_us),
             peers: cfg.daemon.iter().map(|d| d.peer).collect(),
+            peer_names: cfg.daemon.iter().map(|d| d.name.clone()).collect(),
             by_addr: cfg
                 .daemon
                 .iter()
@@ -245,6 +248,7 @@ impl Node {
         m.bytes_received.fetch_add(datagram.len() as u64, Relaxed);
         let Some(&peer) = self.by_addr.get(&from) else {
             m.bad_datagrams.fetch_add(1, Relaxed);
+            m.peer_refused("unknown", "unknown_sender");
             return;
         };
         if !self.faults.accept(self.me, peer) {
@@ -252,6 +256,7 @@ impl Node {
             return;
         }
         let (now, me) = (self.now, self.me);
+        let name = &self.peer_names[(peer - 1) as usize];
         let daemon = &mut self.daemon;
         let r = self
             .reassembly
@@ -265,12 +270,14 @@ impl Node {
                     }
                     Err(e) => {
                         m.bad_datagrams.fetch_add(1, Relaxed);
-                        tracing::debug!(peer, error = %e, "bad packet");
+                        m.peer_refused(name, e.name());
+                        tracing::debug!(peer, error = %e, "packet refused");
                     }
                 }
             });
         if let Err(e) = r {
             m.bad_datagrams.fetch_add(1, Relaxed);
+            m.peer_refused(name, "bad_datagram");
             tracing::debug!(peer, error = %e, "bad datagram");
         }
     }
@@ -310,7 +317,7 @@ impl Node {
             } else {
                 "no connect request in time"
             };
-            self.refuse(id, reason.to_owned());
+            self.refuse_next(id, Refusal::Timeout, reason.to_owned());
             self.close(id, None);
         }
     }
@@ -402,7 +409,11 @@ impl Node {
             .store(self.incomplete_bytes as u64, Relaxed);
         if left > 0 && self.incomplete_bytes > self.cfg.sessions.max_incomplete_bytes {
             self.metrics.closed_limits.fetch_add(1, Relaxed);
-            self.refuse(id, "the daemon holds too many incomplete requests".into());
+            self.refuse_next(
+                id,
+                Refusal::Overloaded,
+                "the daemon holds too many incomplete requests".into(),
+            );
             self.close(id, None);
         }
     }
@@ -416,6 +427,9 @@ impl Node {
                 Ok(None) => return Some(used),
                 Ok(Some((req, n))) => {
                     used += n;
+                    if let Some(s) = self.sessions.get_mut(&id) {
+                        s.requests += 1;
+                    }
                     self.request(id, req);
                     // Its events are framed now: a client's replies keep the order of its
                     // requests (a refusal of the next one comes after them), and a
@@ -426,7 +440,8 @@ impl Node {
                     }
                 }
                 Err(e) => {
-                    self.refuse(id, e.to_string());
+                    // The request that could not be read counts as the connection's next.
+                    self.refuse_next(id, Refusal::BadRequest, e.to_string());
                     self.close(id, None);
                     return None;
                 }
@@ -499,13 +514,13 @@ impl Node {
                 let q = match qualified_name(&name, &self.name) {
                     Ok(q) => q,
                     Err(reason) => {
-                        self.refuse(id, reason);
+                        self.refuse(id, Refusal::BadName, reason);
                         self.close(id, None);
                         return;
                     }
                 };
                 if let Err(e) = self.daemon.connect(&q) {
-                    self.refuse(id, e.to_string());
+                    self.refuse(id, e.refusal(), e.to_string());
                     self.close(id, None);
                     return;
                 }
@@ -519,10 +534,14 @@ impl Node {
                 self.reply(id, Reply::Connected { name: q });
             }
             (Request::Connect { .. }, Some(_)) => {
-                self.refuse(id, "already connected".into());
+                self.refuse(id, Refusal::AlreadyConnected, "already connected".into());
             }
             (_, None) => {
-                self.refuse(id, "the first request must be a connect".into());
+                self.refuse(
+                    id,
+                    Refusal::BadRequest,
+                    "the first request must be a connect".into(),
+                );
                 self.close(id, None);
             }
             (Request::Command(cmd), Some(name)) => {
@@ -533,16 +552,35 @@ impl Node {
                             self.metrics.messages_accepted.fetch_add(1, Relaxed);
                         }
                     }
-                    Err(e) => self.refuse(id, e.to_string()),
+                    Err(e) => self.refuse(id, e.refusal(), e.to_string()),
                 }
             }
             (Request::Disconnect, Some(_)) => self.close(id, None),
         }
     }
 
-    fn refuse(&mut self, id: SessionId, reason: String) {
+    /// Refuses the request of `id` handled last.
+    fn refuse(&mut self, id: SessionId, code: Refusal, reason: String) {
+        let Some(request) = self.sessions.get(&id).map(|s| s.requests) else {
+            return;
+        };
         self.metrics.refusals.fetch_add(1, Relaxed);
-        self.reply(id, Reply::Refused { reason });
+        self.reply(
+            id,
+            Reply::Refused {
+                request,
+                code,
+                reason,
+            },
+        );
+    }
+
+    /// Refuses the request of `id` that did not arrive, or could not be read.
+    fn refuse_next(&mut self, id: SessionId, code: Refusal, reason: String) {
+        if let Some(s) = self.sessions.get_mut(&id) {
+            s.requests += 1;
+        }
+        self.refuse(id, code, reason);
     }
 
     /// Queues a reply, framed at once; the session's replies are handed out together when the
@@ -754,6 +792,15 @@ impl Node {
             connections: self.sessions.len(),
             faults: self.faults.active(),
             progress: ring.progress(),
+            peer_refusals: self.metrics.peer_refusals().into_iter().fold(
+                std::collections::BTreeMap::new(),
+                |mut m, ((peer, reason), n)| {
+                    m.entry(peer)
+                        .or_insert_with(std::collections::BTreeMap::new)
+                        .insert(reason.to_owned(), n);
+                    m
+                },
+            ),
         }
     }
 

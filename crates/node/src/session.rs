@@ -26,6 +26,8 @@ const SPARE_MAX_BYTES: usize = 1 << 20;
 pub(crate) struct Session {
     /// The client's qualified name and incarnation, once connected.
     pub client: Option<(String, u32)>,
+    /// Requests read on this connection (a refusal names the one it refuses by its number).
+    pub requests: u64,
     /// The start of a request that has not fully arrived.
     pub input: Vec<u8>,
     /// When the first byte of the incomplete request arrived (or the connection opened, until
@@ -46,6 +48,7 @@ impl Session {
     pub fn new() -> Session {
         Session {
             client: None,
+            requests: 0,
             input: Vec::new(),
             deadline_us: None,
             pending: Vec::new(),

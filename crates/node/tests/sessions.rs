@@ -2,7 +2,7 @@
 //! time, as the daemon's runtime and the simulator drive it.
 
 use conclave_node::{Config, Node, NodeOptions, SessionOutput};
-use conclave_wire::client::{frame, next_frame, Reply, Request, MAX_REQUEST_BYTES};
+use conclave_wire::client::{frame, next_frame, Refusal, Reply, Request, MAX_REQUEST_BYTES};
 use std::sync::atomic::Ordering::Relaxed;
 
 fn node(edit: impl FnOnce(&mut Config)) -> Node {
@@ -51,10 +51,8 @@ fn refused_and_closed(n: &mut Node, id: u64, needle: &str) {
     let (replies, closed) = outputs(n);
     assert_eq!(closed, vec![id]);
     assert!(
-        replies
-            .iter()
-            .any(|(i, r)| *i == id
-                && matches!(r, Reply::Refused { reason } if reason.contains(needle))),
+        replies.iter().any(|(i, r)| *i == id
+            && matches!(r, Reply::Refused { reason, .. } if reason.contains(needle))),
         "{replies:?}"
     );
 }
@@ -144,8 +142,18 @@ fn requests_split_anywhere_are_read_whole_and_in_order() {
         assert!(matches!(replies[0].1, Reply::Connected { .. }));
         let reasons: Vec<&str> = replies[1..]
             .iter()
-            .map(|(_, r)| match r {
-                Reply::Refused { reason } => reason.as_str(),
+            .enumerate()
+            .map(|(k, (_, r))| match r {
+                Reply::Refused {
+                    request,
+                    code,
+                    reason,
+                } => {
+                    // The connect is request 1; each refusal names its own request.
+                    assert_eq!(*request, k as u64 + 2);
+                    assert_eq!(*code, Refusal::NotMember);
+                    reason.as_str()
+                }
                 r => panic!("{r:?}"),
             })
             .collect();

@@ -15,7 +15,7 @@ use crate::gcs::{
 pub use bytes::Bytes;
 
 /// The client protocol version this build speaks.
-pub const CLIENT_VERSION: u8 = 2;
+pub const CLIENT_VERSION: u8 = 3;
 /// Most members a view lists.
 pub const MAX_VIEW_MEMBERS: usize = 16_384;
 /// Longest refusal text, in bytes.
@@ -123,6 +123,144 @@ pub enum ClientEvent {
     },
 }
 
+/// Why a daemon refused a request; the refusal's text says more. A code this build does not know
+/// (from a newer daemon) decodes as [`Refusal::Other`].
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// Undecodable, over the size limit, or out of place (a command before the connect).
+    BadRequest,
+    /// A second connect on one connection.
+    AlreadyConnected,
+    /// A client of this name is connected already.
+    NameTaken,
+    /// A client or group name that is not valid.
+    BadName,
+    TooManyClients,
+    /// A leave, message or acknowledgement for a group the client is not in.
+    NotMember,
+    /// A join of a group the client is in (or joining).
+    AlreadyMember,
+    TooManyGroups,
+    /// Too many of the client's commands already wait for a view change.
+    TooManyHeld,
+    PayloadTooLarge,
+    /// A message to no group, too many, or one group twice.
+    BadGroupList,
+    /// The connect, or a request begun, did not arrive in time.
+    Timeout,
+    /// The daemon holds as many bytes of incomplete requests as it may.
+    Overloaded,
+    Other(u8),
+}
+
+impl Refusal {
+    pub fn code(self) -> u8 {
+        match self {
+            Refusal::BadRequest => 1,
+            Refusal::AlreadyConnected => 2,
+            Refusal::NameTaken => 3,
+            Refusal::BadName => 4,
+            Refusal::TooManyClients => 5,
+            Refusal::NotMember => 6,
+            Refusal::AlreadyMember => 7,
+            Refusal::TooManyGroups => 8,
+            Refusal::TooManyHeld => 9,
+            Refusal::PayloadTooLarge => 10,
+            Refusal::BadGroupList => 11,
+            Refusal::Timeout => 12,
+            Refusal::Overloaded => 13,
+            Refusal::Other(c) => c,
+        }
+    }
+
+    pub fn from_code(c: u8) -> Refusal {
+        match c {
+            1 => Refusal::BadRequest,
+            2 => Refusal::AlreadyConnected,
+            3 => Refusal::NameTaken,
+            4 => Refusal::BadName,
+            5 => Refusal::TooManyClients,
+            6 => Refusal::NotMember,
+            7 => Refusal::AlreadyMember,
+            8 => Refusal::TooManyGroups,
+            9 => Refusal::TooManyHeld,
+            10 => Refusal::PayloadTooLarge,
+            11 => Refusal::BadGroupList,
+            12 => Refusal::Timeout,
+            13 => Refusal::Overloaded,
+            c => Refusal::Other(c),
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            Refusal::BadRequest => "bad request",
+            Refusal::AlreadyConnected => "already connected",
+            Refusal::NameTaken => "name taken",
+            Refusal::BadName => "bad name",
+            Refusal::TooManyClients => "too many clients",
+            Refusal::NotMember => "not a member",
+            Refusal::AlreadyMember => "already a member",
+            Refusal::TooManyGroups => "too many groups",
+            Refusal::TooManyHeld => "too many commands waiting",
+            Refusal::PayloadTooLarge => "payload too large",
+            Refusal::BadGroupList => "bad group list",
+            Refusal::Timeout => "too late",
+            Refusal::Overloaded => "daemon overloaded",
+            Refusal::Other(c) => return write!(f, "refusal {c}"),
+        };
+        f.write_str(s)
+    }
+}
+
+impl ClientCommand {
+    /// The checks of a command that need no state: names, the group list, the payload's size.
+    /// The client library makes them before a command travels, the daemon again when it
+    /// arrives; one function, so both refuse the same commands for the same reasons.
+    pub fn validate(&self) -> Result<(), (Refusal, String)> {
+        let name = |what: &str, n: &str| {
+            if n.is_empty() || n.len() > MAX_NAME_BYTES {
+                return Err((
+                    Refusal::BadName,
+                    format!("a {what} name is 1 to {MAX_NAME_BYTES} bytes"),
+                ));
+            }
+            Ok(())
+        };
+        match self {
+            ClientCommand::Join { group, .. }
+            | ClientCommand::Leave { group }
+            | ClientCommand::FlushAck { group, .. } => name("group", group),
+            ClientCommand::Multicast {
+                groups, payload, ..
+            } => {
+                if groups.is_empty() || groups.len() > MAX_GROUPS_PER_MESSAGE {
+                    return Err((
+                        Refusal::BadGroupList,
+                        format!("a message goes to 1 to {MAX_GROUPS_PER_MESSAGE} groups"),
+                    ));
+                }
+                for (i, g) in groups.iter().enumerate() {
+                    name("group", g)?;
+                    if groups[..i].contains(g) {
+                        return Err((Refusal::BadGroupList, format!("group {g:?} is named twice")));
+                    }
+                }
+                if payload.len() > MAX_PAYLOAD_BYTES {
+                    return Err((
+                        Refusal::PayloadTooLarge,
+                        format!("a payload is at most {MAX_PAYLOAD_BYTES} bytes"),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// From a client to its daemon.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -145,6 +283,9 @@ pub enum Reply {
     Event(ClientEvent),
     /// A request was refused (the connection goes on unless the daemon closes it).
     Refused {
+        /// Which request of the connection, counting from 1 (the connect).
+        request: u64,
+        code: Refusal,
         reason: String,
     },
 }
@@ -325,8 +466,14 @@ impl Reply {
                 w.u8(1);
                 w.name(name, MAX_NAME_BYTES);
             }
-            Reply::Refused { reason } => {
+            Reply::Refused {
+                request,
+                code,
+                reason,
+            } => {
                 w.u8(2);
+                w.u64(*request);
+                w.u8(code.code());
                 write_text(w, reason);
             }
             Reply::Event(ev) => match ev {
@@ -410,6 +557,8 @@ impl Reply {
                 name: r.name("client name", MAX_NAME_BYTES)?,
             },
             2 => Reply::Refused {
+                request: r.u64("refused request")?,
+                code: Refusal::from_code(r.u8("refusal code")?),
                 reason: read_text(&mut r, "refusal")?,
             },
             3 => ev(ClientEvent::Joined {
@@ -557,6 +706,8 @@ mod frame_into_tests {
                 name: "a#d1".into(),
             },
             Reply::Refused {
+                request: 2,
+                code: Refusal::NotMember,
                 reason: "no".into(),
             },
             Reply::Event(ClientEvent::Left { group: "g".into() }),
@@ -712,7 +863,13 @@ mod tests {
     fn reply() -> impl Strategy<Value = Reply> {
         prop_oneof![
             name().prop_map(|name| Reply::Connected { name }),
-            "[ -~]{0,40}".prop_map(|reason| Reply::Refused { reason }),
+            (any::<u64>(), any::<u8>(), "[ -~]{0,40}").prop_map(|(request, code, reason)| {
+                Reply::Refused {
+                    request,
+                    code: Refusal::from_code(code),
+                    reason,
+                }
+            }),
             event().prop_map(Reply::Event),
         ]
     }
@@ -765,11 +922,47 @@ mod tests {
     }
 
     #[test]
+    fn refusal_codes_round_trip_and_unknown_ones_are_kept() {
+        for c in 0..=255u8 {
+            assert_eq!(Refusal::from_code(c).code(), c);
+        }
+        assert_eq!(Refusal::from_code(200), Refusal::Other(200));
+    }
+
+    #[test]
+    fn the_shared_checks_refuse_malformed_commands() {
+        let msg = |groups: &[&str], n: usize| ClientCommand::Multicast {
+            service: ServiceType::Agreed,
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            payload: Bytes::from(vec![0; n]),
+        };
+        let code = |c: ClientCommand| c.validate().err().map(|e| e.0);
+        assert_eq!(code(msg(&["a", "b"], 10)), None);
+        assert_eq!(code(msg(&[], 1)), Some(Refusal::BadGroupList));
+        assert_eq!(code(msg(&["a", "a"], 1)), Some(Refusal::BadGroupList));
+        assert_eq!(
+            code(msg(&["a"], MAX_PAYLOAD_BYTES + 1)),
+            Some(Refusal::PayloadTooLarge)
+        );
+        let long = "x".repeat(MAX_NAME_BYTES + 1);
+        assert_eq!(code(msg(&[&long], 1)), Some(Refusal::BadName));
+        let join = |g: &str| ClientCommand::Join {
+            group: g.into(),
+            vs: false,
+        };
+        assert_eq!(code(join("")), Some(Refusal::BadName));
+        assert_eq!(code(join("g")), None);
+    }
+
+    #[test]
     fn a_long_refusal_is_cut_at_a_character_boundary() {
         let reason = "é".repeat(MAX_TEXT_BYTES);
-        let Reply::Refused { reason: got } =
-            Reply::decode(&Reply::Refused { reason }.encode()).unwrap()
-        else {
+        let refusal = Reply::Refused {
+            request: 1,
+            code: Refusal::BadName,
+            reason,
+        };
+        let Reply::Refused { reason: got, .. } = Reply::decode(&refusal.encode()).unwrap() else {
             panic!("not a refusal");
         };
         assert!(got.len() <= MAX_TEXT_BYTES && got.chars().all(|c| c == 'é'));

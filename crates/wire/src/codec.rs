@@ -23,6 +23,8 @@ pub enum DecodeError {
     Empty { what: &'static str },
     #[error("{what} has non-zero padding bits")]
     Padding { what: &'static str },
+    #[error("{what} names one member twice")]
+    Duplicate { what: &'static str },
 }
 
 /// Reads fields from a byte slice; every method checks its bounds.

@@ -214,7 +214,12 @@ fn read_ids(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<DaemonId>, Dec
     let n = r.count(what, MAX_RING_MEMBERS)?;
     let mut v = Vec::with_capacity(n.min(r.remaining() / 4));
     for _ in 0..n {
-        v.push(r.u32(what)?);
+        let id = r.u32(what)?;
+        // A set on the wire: a daemon named twice would count twice in consensus.
+        if v.contains(&id) {
+            return Err(DecodeError::Duplicate { what });
+        }
+        v.push(id);
     }
     Ok(v)
 }
@@ -296,7 +301,12 @@ impl Body {
                 }
                 let mut groups = Vec::with_capacity(n.min(r.remaining() / 2));
                 for _ in 0..n {
-                    groups.push((r.name("group", MAX_NAME_BYTES)?, r.u64("view")?));
+                    let g = r.name("group", MAX_NAME_BYTES)?;
+                    // A member of the group would receive the message twice.
+                    if groups.iter().any(|(x, _): &(String, u64)| *x == g) {
+                        return Err(DecodeError::Duplicate { what: "groups" });
+                    }
+                    groups.push((g, r.u64("view")?));
                 }
                 let service = ServiceType::from_u8(r.u8("service type")?)?;
                 let payload = Bytes::copy_from_slice(r.bytes("payload", MAX_PAYLOAD_BYTES)?);
@@ -327,9 +337,16 @@ impl Body {
             7 => {
                 let n = r.count("state entries", MAX_STATE_ENTRIES)?;
                 let mut members = Vec::with_capacity(n.min(r.remaining() / 6));
+                let mut seen = std::collections::HashSet::with_capacity(members.capacity());
                 for _ in 0..n {
                     let client = r.name("client", MAX_NAME_BYTES)?;
                     let group = r.name("group", MAX_NAME_BYTES)?;
+                    // One client's membership of one group, once.
+                    if !seen.insert((client.clone(), group.clone())) {
+                        return Err(DecodeError::Duplicate {
+                            what: "state entries",
+                        });
+                    }
                     let vs = read_bool(r, "vs")?;
                     let view = match r.u8("state view")? {
                         0 => None,
@@ -505,8 +522,14 @@ impl Packet {
                 let n = r.count("commit members", MAX_RING_MEMBERS)?;
                 let mut members = Vec::with_capacity(n.min(r.remaining() / 37));
                 for _ in 0..n {
+                    let id = r.u32("member")?;
+                    if members.iter().any(|m: &CommitEntry| m.id == id) {
+                        return Err(DecodeError::Duplicate {
+                            what: "commit members",
+                        });
+                    }
                     members.push(CommitEntry {
-                        id: r.u32("member")?,
+                        id,
                         old_ring: read_ring(&mut r)?,
                         old_aru: r.u64("old aru")?,
                         high_delivered: r.u64("high delivered")?,
@@ -556,13 +579,13 @@ mod tests {
         prop_oneof![
             (
                 name(),
-                prop::collection::vec((name(), any::<u64>()), 1..4),
+                prop::collection::btree_map(name(), any::<u64>(), 1..4),
                 service(),
                 prop::collection::vec(any::<u8>(), 0..64)
             )
                 .prop_map(|(client, groups, service, payload)| Body::Client {
                     client,
-                    groups,
+                    groups: groups.into_iter().collect(),
                     service,
                     payload: payload.into(),
                 }),
@@ -584,16 +607,20 @@ mod tests {
                 ),
                 0..5
             )
-            .prop_map(|m| Body::GroupState {
-                members: m
-                    .into_iter()
-                    .map(|(client, group, vs, view)| StateEntry {
-                        client,
-                        group,
-                        vs,
-                        view
-                    })
-                    .collect()
+            .prop_map(|mut m| Body::GroupState {
+                members: {
+                    m.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+                    m.dedup_by(|a, b| (&a.0, &a.1) == (&b.0, &b.1));
+                    m
+                }
+                .into_iter()
+                .map(|(client, group, vs, view)| StateEntry {
+                    client,
+                    group,
+                    vs,
+                    view
+                })
+                .collect()
             }),
         ]
     }
@@ -639,29 +666,24 @@ mod tests {
                 any::<u32>(),
                 any::<u32>(),
                 any::<u64>(),
-                prop::collection::vec(any::<u32>(), 0..8),
-                prop::collection::vec(any::<u32>(), 0..8)
+                prop::collection::btree_set(any::<u32>(), 0..8),
+                prop::collection::btree_set(any::<u32>(), 0..8)
             )
                 .prop_map(|(sender, incarnation, ring_seq, procs, failed)| {
                     Packet::Join(Join {
                         sender,
                         incarnation,
                         ring_seq,
-                        procs,
-                        failed,
+                        procs: procs.into_iter().collect(),
+                        failed: failed.into_iter().collect(),
                     })
                 }),
             (
                 ring(),
                 any::<u8>(),
-                prop::collection::vec(
-                    (
-                        any::<u32>(),
-                        ring(),
-                        any::<u64>(),
-                        any::<u64>(),
-                        any::<bool>()
-                    ),
+                prop::collection::btree_map(
+                    any::<u32>(),
+                    (ring(), any::<u64>(), any::<u64>(), any::<bool>()),
                     0..6
                 )
             )
@@ -671,7 +693,7 @@ mod tests {
                     members: m
                         .into_iter()
                         .map(
-                            |(id, old_ring, old_aru, high_delivered, filled)| CommitEntry {
+                            |(id, (old_ring, old_aru, high_delivered, filled))| CommitEntry {
                                 id,
                                 old_ring,
                                 old_aru,
@@ -683,6 +705,67 @@ mod tests {
                 })),
             ring().prop_map(|ring| Packet::MergeDetect { ring }),
         ]
+    }
+
+    #[test]
+    fn member_lists_that_name_one_member_twice_are_refused() {
+        let join = Packet::Join(Join {
+            sender: 1,
+            incarnation: 0,
+            ring_seq: 1,
+            procs: vec![1, 2, 2],
+            failed: vec![],
+        });
+        assert!(matches!(
+            Packet::decode(&join.encode()),
+            Err(DecodeError::Duplicate { what: "procs" })
+        ));
+        let entry = |id| CommitEntry {
+            id,
+            old_ring: RingId {
+                seq: 1,
+                rep: 1,
+                inc: 0,
+            },
+            old_aru: 0,
+            high_delivered: 0,
+            filled: false,
+        };
+        let commit = Packet::Commit(Commit {
+            ring: entry(1).old_ring,
+            rotation: 0,
+            members: vec![entry(1), entry(3), entry(1)],
+        });
+        assert!(matches!(
+            Packet::decode(&commit.encode()),
+            Err(DecodeError::Duplicate { .. })
+        ));
+        let state = |client: &str| StateEntry {
+            client: client.into(),
+            group: "g".into(),
+            vs: false,
+            view: None,
+        };
+        let twice = Body::GroupState {
+            members: vec![state("a"), state("b"), state("a")],
+        };
+        let data = |body| {
+            Packet::Data(Data {
+                ring: entry(1).old_ring,
+                seq: 1,
+                sender: 1,
+                origin: None,
+                body: Arc::new(body),
+            })
+        };
+        assert!(Packet::decode(&data(twice).encode()).is_err());
+        let to_g_twice = Body::Client {
+            client: "c".into(),
+            groups: vec![("g".into(), 1), ("g".into(), 2)],
+            service: ServiceType::Agreed,
+            payload: Default::default(),
+        };
+        assert!(Packet::decode(&data(to_g_twice).encode()).is_err());
     }
 
     proptest! {

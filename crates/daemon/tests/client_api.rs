@@ -1,0 +1,188 @@
+//! The client library against a running daemon, where its old bugs were: a command is checked
+//! before it waits, a refused join is rolled back, and a client whose application does not take
+//! its events is told instead of left hanging.
+
+use conclave_client::{
+    Address, Client, ClientError, ClientEvent, Options as ClientOptions, Refusal, ServiceType,
+};
+use conclave_daemon::{AdminRequest, Config, Options, Running};
+use std::time::Duration;
+
+async fn one_daemon(tweak: impl FnOnce(&mut Config)) -> (Running, Address) {
+    let mut cfg = Config::local_on_free_ports(1).unwrap();
+    tweak(&mut cfg);
+    let d = conclave_daemon::start(cfg.clone(), "d1", Options::default())
+        .await
+        .unwrap();
+    for _ in 0..500 {
+        if d.admin(AdminRequest::Status).await.status.unwrap().ready {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (d, Address::Tcp(cfg.daemon[0].client.unwrap().to_string()))
+}
+
+/// A call that should end: a hang fails the test instead of stalling it.
+async fn ends<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .expect("the call never ended")
+}
+
+/// The next event that is not an acknowledgement of the client's own requests.
+async fn joined(c: &mut Client, group: &str) {
+    loop {
+        match ends(c.receive()).await.unwrap() {
+            ClientEvent::View { group: g, .. } if g == group => return,
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_message_to_more_groups_than_the_window_fails_at_once() {
+    let (d, addr) = one_daemon(|_| {}).await;
+    let mut c = Client::connect_with_window(&addr, "narrow", 2)
+        .await
+        .unwrap();
+    for g in ["a", "b", "c"] {
+        c.join(g).await.unwrap();
+        joined(&mut c, g).await;
+    }
+    // Once this waited for three places of a window of two, for ever.
+    let e = ends(c.multicast(ServiceType::Agreed, &["a", "b", "c"], b"x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::Invalid(_)), "{e}");
+    // Two groups fit.
+    ends(c.multicast(ServiceType::Agreed, &["a", "b"], b"y"))
+        .await
+        .unwrap();
+    c.disconnect().await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_join_the_daemon_refuses_is_rolled_back() {
+    let (d, addr) = one_daemon(|c| c.core.max_groups_per_client = 2).await;
+    let mut c = Client::connect(&addr, "greedy").await.unwrap();
+    for g in ["a", "b"] {
+        c.join(g).await.unwrap();
+        joined(&mut c, g).await;
+    }
+    // Sent (the library cannot know the daemon's limit), and refused there.
+    c.join("c").await.unwrap();
+    let refusal = loop {
+        if let Err(e) = ends(c.receive()).await {
+            break e;
+        }
+    };
+    assert!(
+        matches!(
+            refusal,
+            ClientError::Refused {
+                code: Refusal::TooManyGroups,
+                ..
+            }
+        ),
+        "{refusal}"
+    );
+    // Once the refused join stayed in the library's groups: a message to the group went to the
+    // daemon (and was refused there), and joining again was refused here.
+    let e = c
+        .multicast(ServiceType::Agreed, &["c"], b"x")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::Refused {
+                code: Refusal::NotMember,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    c.leave("a").await.unwrap();
+    c.join("c").await.unwrap();
+    joined(&mut c, "c").await;
+    c.multicast(ServiceType::Agreed, &["c"], b"now")
+        .await
+        .unwrap();
+    c.disconnect().await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
+/// A sender that never takes its events: once it hung for ever when the events it did not take
+/// filled the library's queue (the library stopped reading, so the acknowledgements that make
+/// room in the window never arrived). Now the session ends with a typed error, and the call
+/// waiting returns it.
+#[tokio::test]
+async fn a_client_that_does_not_take_its_events_is_told() {
+    let (d, addr) = one_daemon(|_| {}).await;
+    let opts = ClientOptions {
+        window: 16,
+        event_queue: 100,
+    };
+    let mut c = Client::connect_with(&addr, "deaf", opts).await.unwrap();
+    c.join("g").await.unwrap();
+    let end = ends(async {
+        for k in 0..5_000u32 {
+            if let Err(e) = c
+                .multicast(ServiceType::Agreed, &["g"], &k.to_be_bytes())
+                .await
+            {
+                return e;
+            }
+        }
+        panic!("5,000 messages went out with nobody taking the events");
+    })
+    .await;
+    assert!(matches!(end, ClientError::Overflow { .. }), "{end}");
+    // Every later call fails with the same reason.
+    let again = c.join("h").await.unwrap_err();
+    assert!(matches!(again, ClientError::Overflow { .. }), "{again}");
+    // The events held are still there to take, then the reason.
+    let mut taken = 0;
+    let last = loop {
+        match ends(c.receive()).await {
+            Ok(_) => taken += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(taken > 0);
+    assert!(matches!(last, ClientError::Overflow { .. }), "{last}");
+    d.shutdown().await.unwrap();
+}
+
+/// The same sender that takes its events in a task of its own sends everything.
+#[tokio::test]
+async fn a_split_client_sends_and_receives_without_limit() {
+    let (d, addr) = one_daemon(|_| {}).await;
+    let opts = ClientOptions {
+        window: 16,
+        event_queue: 100,
+    };
+    let mut c = Client::connect_with(&addr, "split", opts).await.unwrap();
+    c.join("g").await.unwrap();
+    joined(&mut c, "g").await;
+    let (mut tx, mut rx) = c.split();
+    let n = 3_000u32;
+    let reader = tokio::spawn(async move {
+        let mut got = 0;
+        while got < n {
+            if let ClientEvent::Message { .. } = rx.receive().await.unwrap() {
+                got += 1;
+            }
+        }
+    });
+    for k in 0..n {
+        ends(tx.multicast(ServiceType::Agreed, &["g"], &k.to_be_bytes()))
+            .await
+            .unwrap();
+    }
+    ends(reader).await.unwrap();
+    tx.disconnect().await.unwrap();
+    d.shutdown().await.unwrap();
+}

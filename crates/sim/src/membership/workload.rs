@@ -1,0 +1,71 @@
+//! What the clients do: join, leave, disconnect and send messages of every service type, as a
+//! seed draws.
+
+use super::*;
+
+impl World {
+    /// One step of client `ci`'s workload.
+    pub(super) fn act(
+        &mut self,
+        ci: usize,
+        rng: &mut ChaCha20Rng,
+        groups: usize,
+        calm: bool,
+        disconnects: bool,
+    ) {
+        let d = self.clients[ci].daemon;
+        let now = self.now;
+        if !self.clients[ci].connected() {
+            if !calm {
+                self.connect(ci);
+            }
+            return;
+        }
+        let roll = rng.next_u32() % 100;
+        // Membership requests wait while the daemon's configuration changes (a client would
+        // see the transitional signal); messages may be sent at any time.
+        let roll = if self.nodes[d].core().ready() {
+            roll
+        } else {
+            100
+        };
+        let joined: Vec<String> = self.clients[ci].core.groups().map(str::to_owned).collect();
+        let pick = format!("g{}", rng.next_u32() as usize % groups.max(1));
+        if (joined.is_empty() && roll < 100) || (!calm && roll < 6) {
+            let vs = rng.next_u32().is_multiple_of(2);
+            // The session core refuses a join of a group the client is in or joining.
+            self.command(ci, ClientCommand::Join { group: pick, vs });
+        } else if !calm && roll < 10 {
+            let g = joined[rng.next_u32() as usize % joined.len()].clone();
+            self.command(ci, ClientCommand::Leave { group: g });
+        } else if !calm && roll < 12 && disconnects {
+            if let Some(sid) = self.clients[ci].session {
+                self.sessions.remove(&sid);
+                self.nodes[d].close_session(now, sid);
+                self.client_gone(ci);
+            }
+        } else if !joined.is_empty() {
+            let k = rng.next_u32() as usize % joined.len();
+            let s = SERVICES[(rng.next_u32() % 6) as usize];
+            let c = &mut self.clients[ci];
+            let msg = format!("{}/{}/{}", c.name, c.inc.unwrap_or(0), c.sent);
+            // Every fifth message of a client in several groups goes to two of them.
+            let mut groups = vec![joined[k].clone()];
+            if self.multi_group && c.sent % 5 == 4 && joined.len() > 1 {
+                groups.push(joined[(k + 1) % joined.len()].clone());
+            }
+            c.sent += 1;
+            // A client whose window is full would wait: this one sends nothing now.
+            if c.core.window_free() < groups.len() {
+                return;
+            }
+            let cmd = ClientCommand::Multicast {
+                service: s,
+                groups,
+                payload: msg.into_bytes().into(),
+            };
+            // A full queue at the daemon refuses; the message was never sent.
+            self.command(ci, cmd);
+        }
+    }
+}
