@@ -100,8 +100,11 @@ pub struct SessionCore {
     /// Joins and leaves sent and not yet confirmed, by request.
     joining: BTreeMap<u64, String>,
     leaving: BTreeMap<u64, String>,
-    /// Messages sent and not yet acknowledged in every group, oldest first: request, groups left.
-    unacked: VecDeque<(u64, Vec<String>)>,
+    /// Messages sent and not yet acknowledged, by group, oldest first (a client's messages to
+    /// one group are accepted in the order it sent them).
+    unacked: BTreeMap<String, VecDeque<u64>>,
+    /// The same messages, oldest first, with the groups that have not acknowledged them yet.
+    pending: VecDeque<(u64, usize)>,
     /// Places in the window, and how many are taken.
     window: usize,
     in_flight: usize,
@@ -118,7 +121,8 @@ impl SessionCore {
             groups: BTreeMap::new(),
             joining: BTreeMap::new(),
             leaving: BTreeMap::new(),
-            unacked: VecDeque::new(),
+            unacked: BTreeMap::new(),
+            pending: VecDeque::new(),
             window: window.max(1),
             in_flight: 0,
             input: ReplyDecoder::default(),
@@ -233,7 +237,15 @@ impl SessionCore {
             }
             ClientCommand::Multicast { groups, .. } => {
                 self.in_flight += groups.len();
-                self.unacked.push_back((k, groups.clone()));
+                for g in groups {
+                    match self.unacked.get_mut(g) {
+                        Some(q) => q.push_back(k),
+                        None => {
+                            self.unacked.insert(g.clone(), VecDeque::from([k]));
+                        }
+                    }
+                }
+                self.pending.push_back((k, groups.len()));
             }
             ClientCommand::FlushAck { .. } => {}
         }
@@ -270,9 +282,12 @@ impl SessionCore {
             } => {
                 self.joining.remove(&request);
                 self.leaving.remove(&request);
-                if let Some(at) = self.unacked.iter().position(|(k, _)| *k == request) {
-                    let (_, groups) = self.unacked.remove(at).expect("found");
-                    self.in_flight -= groups.len();
+                if let Some(at) = self.pending.iter().position(|(k, _)| *k == request) {
+                    let (_, left) = self.pending.remove(at).expect("found");
+                    self.in_flight -= left;
+                    for q in self.unacked.values_mut() {
+                        q.retain(|k| *k != request);
+                    }
                 }
                 Handled::Refused { code, reason }
             }
@@ -312,20 +327,162 @@ impl SessionCore {
     /// The daemon accepted the oldest message in `group` still unacknowledged there (a client's
     /// messages to one group are accepted in the order it sent them).
     fn acknowledged(&mut self, group: &str) {
-        let Some(at) = self
-            .unacked
-            .iter()
-            .position(|(_, gs)| gs.iter().any(|g| g == group))
-        else {
+        let Some(k) = self.unacked.get_mut(group).and_then(VecDeque::pop_front) else {
             return;
         };
-        let gs = &mut self.unacked[at].1;
-        if let Some(i) = gs.iter().position(|g| g == group) {
-            gs.swap_remove(i);
-            self.in_flight -= 1;
+        self.in_flight -= 1;
+        if let Some(at) = self.pending.iter().position(|(p, _)| *p == k) {
+            let left = &mut self.pending[at].1;
+            *left -= 1;
+            if *left == 0 {
+                self.pending.remove(at);
+            }
         }
-        if gs.is_empty() {
-            self.unacked.remove(at);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use conclave_wire::client::{GroupViewId, Reply};
+    use conclave_wire::gcs::{RingId, ServiceType, MAX_PAYLOAD_BYTES};
+
+    fn join(g: &str) -> ClientCommand {
+        ClientCommand::Join {
+            group: g.into(),
+            vs: false,
         }
+    }
+    fn msg(groups: &[&str], n: usize) -> ClientCommand {
+        ClientCommand::Multicast {
+            service: ServiceType::Agreed,
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            payload: vec![0; n].into(),
+        }
+    }
+    fn sent(g: &str) -> Reply {
+        Reply::Event(ClientEvent::Sent {
+            group: g.into(),
+            service: ServiceType::Agreed,
+            payload: Default::default(),
+            view: GroupViewId {
+                ring: RingId {
+                    seq: 1,
+                    rep: 1,
+                    inc: 0,
+                },
+                index: 0,
+            },
+        })
+    }
+    fn refused(request: u64, code: Refusal) -> Reply {
+        Reply::Refused {
+            request,
+            code,
+            reason: "no".into(),
+        }
+    }
+    fn connected() -> SessionCore {
+        let mut s = SessionCore::new(4);
+        s.connect("a");
+        s.handle(Reply::Connected {
+            name: "a#d1".into(),
+        });
+        s
+    }
+
+    #[test]
+    fn replies_split_off_a_stream_in_any_chunking() {
+        let replies = vec![
+            Reply::Connected {
+                name: "a#d1".into(),
+            },
+            Reply::Event(ClientEvent::Left { group: "g".into() }),
+            refused(2, Refusal::NotMember),
+        ];
+        let bytes: Vec<u8> = replies.iter().flat_map(|r| frame(&r.encode())).collect();
+        for chunk in [1, 3, 7, bytes.len()] {
+            let mut d = ReplyDecoder::default();
+            let mut got = Vec::new();
+            for c in bytes.chunks(chunk) {
+                d.buffer().extend_from_slice(c);
+                while let Some(r) = d.next_reply().unwrap() {
+                    got.push(r);
+                }
+            }
+            assert_eq!(got, replies);
+        }
+        let mut d = ReplyDecoder::default();
+        d.buffer().extend_from_slice(&[0, 0, 0, 2, 9, 9]);
+        assert!(d.next_reply().is_err());
+    }
+
+    #[test]
+    fn bad_commands_are_refused_before_they_travel() {
+        let mut s = connected();
+        let code = |s: &SessionCore, c: ClientCommand| match s.check(&c) {
+            Err(ClientError::Refused { code, .. }) => Some(code),
+            Err(e) => panic!("{e}"),
+            Ok(()) => None,
+        };
+        assert_eq!(code(&s, msg(&["g"], 1)), Some(Refusal::NotMember));
+        s.command(join("g")).unwrap();
+        assert_eq!(code(&s, join("g")), Some(Refusal::AlreadyMember));
+        assert_eq!(code(&s, msg(&["g"], 1)), None);
+        assert_eq!(code(&s, msg(&["g", "g"], 1)), Some(Refusal::BadGroupList));
+        assert_eq!(code(&s, msg(&[], 1)), Some(Refusal::BadGroupList));
+        assert_eq!(
+            code(&s, msg(&["g"], MAX_PAYLOAD_BYTES + 1)),
+            Some(Refusal::PayloadTooLarge)
+        );
+        assert_eq!(code(&s, join("")), Some(Refusal::BadName));
+        s.command(ClientCommand::Leave { group: "g".into() })
+            .unwrap();
+        assert_eq!(
+            code(&s, ClientCommand::Leave { group: "g".into() }),
+            Some(Refusal::NotMember)
+        );
+    }
+
+    #[test]
+    fn a_refused_join_is_rolled_back_and_a_confirmed_one_kept() {
+        let mut s = connected();
+        s.command(join("a")).unwrap(); // request 2
+        s.command(join("b")).unwrap(); // request 3
+        s.handle(Reply::Event(ClientEvent::Joined {
+            group: "a".into(),
+            vs: false,
+        }));
+        s.handle(refused(3, Refusal::TooManyGroups));
+        assert_eq!(s.groups().collect::<Vec<_>>(), ["a"]);
+        assert!(s.check(&msg(&["b"], 1)).is_err());
+        assert!(s.check(&join("b")).is_ok());
+        assert!(s.check(&msg(&["a"], 1)).is_ok());
+    }
+
+    #[test]
+    fn the_window_counts_groups_and_refusals_give_places_back() {
+        let mut s = connected();
+        for g in ["a", "b", "c", "d", "e"] {
+            s.command(join(g)).unwrap();
+        }
+        // A message to more groups than the window could ever hold.
+        assert!(matches!(
+            s.check(&msg(&["a", "b", "c", "d", "e"], 1)),
+            Err(ClientError::Invalid(_))
+        ));
+        s.command(msg(&["a", "b"], 1)).unwrap(); // request 7
+        s.command(msg(&["a"], 1)).unwrap(); // request 8
+        assert_eq!(s.window_free(), 1);
+        s.handle(sent("a"));
+        assert_eq!(s.window_free(), 2);
+        // The daemon refused request 8: its place comes back, and request 7 still waits in b.
+        s.handle(refused(8, Refusal::TooManyHeld));
+        assert_eq!(s.window_free(), 3);
+        s.handle(sent("b"));
+        assert_eq!(s.window_free(), 4);
+        // An acknowledgement of nothing changes nothing.
+        s.handle(sent("c"));
+        assert_eq!(s.window_free(), 4);
     }
 }

@@ -45,7 +45,9 @@ use conclave_wire::client::{Bytes, ClientCommand};
 pub use conclave_wire::client::{ClientEvent, GroupViewId, Reason};
 pub use conclave_wire::gcs::ServiceType;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, Semaphore};
@@ -122,6 +124,8 @@ struct Shared {
     core: Mutex<SessionCore>,
     /// Why the session ended, once it has: every later call fails with it.
     ended: Mutex<Option<ClientError>>,
+    /// Whether `ended` is set (read on every call, without the lock).
+    is_ended: AtomicBool,
     /// Places in the window: taken by a message, given back as the daemon acknowledges it.
     window: Semaphore,
 }
@@ -141,10 +145,14 @@ impl Shared {
         if e.is_none() {
             *e = Some(why);
         }
+        self.is_ended.store(true, Release);
         self.window.close();
     }
 
     fn check_open(&self) -> Result<(), ClientError> {
+        if !self.is_ended.load(Acquire) {
+            return Ok(());
+        }
         self.ended().map_or(Ok(()), Err)
     }
 }
@@ -258,6 +266,7 @@ impl Client {
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
             ended: Mutex::new(None),
+            is_ended: AtomicBool::new(false),
             window: Semaphore::new(window),
         });
         let (tx, rx) = mpsc::unbounded_channel();
