@@ -3,25 +3,12 @@
 //! its events is told instead of left hanging.
 
 use conclave_client::{
-    Address, Client, ClientError, ClientEvent, Options as ClientOptions, Refusal, ServiceType,
+    Client, ClientError, ClientEvent, Options as ClientOptions, Refusal, ServiceType,
 };
-use conclave_daemon::{AdminRequest, Config, Options, Running};
 use std::time::Duration;
 
-async fn one_daemon(tweak: impl FnOnce(&mut Config)) -> (Running, Address) {
-    let mut cfg = Config::local_on_free_ports(1).unwrap();
-    tweak(&mut cfg);
-    let d = conclave_daemon::start(cfg.clone(), "d1", Options::default())
-        .await
-        .unwrap();
-    for _ in 0..500 {
-        if d.admin(AdminRequest::Status).await.status.unwrap().ready {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    (d, Address::Tcp(cfg.daemon[0].client.unwrap().to_string()))
-}
+mod common;
+use common::one_daemon;
 
 /// A call that should end: a hang fails the test instead of stalling it.
 async fn ends<T>(f: impl std::future::Future<Output = T>) -> T {
@@ -42,7 +29,7 @@ async fn joined(c: &mut Client, group: &str) {
 
 #[tokio::test]
 async fn a_message_to_more_groups_than_the_window_fails_at_once() {
-    let (d, addr) = one_daemon(|_| {}).await;
+    let (d, addr, _) = one_daemon(|_| {}).await;
     let mut c = Client::connect_with_window(&addr, "narrow", 2)
         .await
         .unwrap();
@@ -65,7 +52,7 @@ async fn a_message_to_more_groups_than_the_window_fails_at_once() {
 
 #[tokio::test]
 async fn a_join_the_daemon_refuses_is_rolled_back() {
-    let (d, addr) = one_daemon(|c| c.core.max_groups_per_client = 2).await;
+    let (d, addr, _) = one_daemon(|c| c.core.max_groups_per_client = 2).await;
     let mut c = Client::connect(&addr, "greedy").await.unwrap();
     for g in ["a", "b"] {
         c.join(g).await.unwrap();
@@ -120,7 +107,7 @@ async fn a_join_the_daemon_refuses_is_rolled_back() {
 /// waiting returns it.
 #[tokio::test]
 async fn a_client_that_does_not_take_its_events_is_told() {
-    let (d, addr) = one_daemon(|_| {}).await;
+    let (d, addr, _) = one_daemon(|_| {}).await;
     let opts = ClientOptions {
         window: 16,
         event_queue: 100,
@@ -159,7 +146,7 @@ async fn a_client_that_does_not_take_its_events_is_told() {
 /// The same sender that takes its events in a task of its own sends everything.
 #[tokio::test]
 async fn a_split_client_sends_and_receives_without_limit() {
-    let (d, addr) = one_daemon(|_| {}).await;
+    let (d, addr, _) = one_daemon(|_| {}).await;
     let opts = ClientOptions {
         window: 16,
         event_queue: 100,

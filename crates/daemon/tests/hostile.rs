@@ -4,29 +4,15 @@
 //! everyone else.
 
 use conclave_client::{Address, Client, ClientError, ClientEvent, ServiceType};
-use conclave_daemon::{AdminRequest, Config, Options, Running};
+use conclave_daemon::AdminRequest;
 use conclave_wire::client::{frame, next_frame, Refusal, Reply, Request};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-async fn one_daemon(tweak: impl FnOnce(&mut Config)) -> (Running, Address, Config) {
-    let mut cfg = Config::local_on_free_ports(1).unwrap();
-    tweak(&mut cfg);
-    let d = conclave_daemon::start(cfg.clone(), "d1", Options::default())
-        .await
-        .unwrap();
-    for _ in 0..500 {
-        let s = d.admin(AdminRequest::Status).await.status.unwrap();
-        if s.ready {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let addr = Address::Tcp(cfg.daemon[0].client.unwrap().to_string());
-    (d, addr, cfg)
-}
+mod common;
+use common::one_daemon;
 
 /// Reads until the daemon closes the connection; the replies it sent before.
 async fn replies_until_closed(s: &mut TcpStream) -> Vec<Reply> {
