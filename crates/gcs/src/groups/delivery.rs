@@ -1,0 +1,232 @@
+//! Delivering a client message to the local members that hold the view it was sent in, framed
+//! from the ring's shared message.
+
+use super::*;
+
+impl Daemon {
+    pub(super) fn on_deliver(
+        &mut self,
+        ring: RingId,
+        sender: DaemonId,
+        body: Arc<Body>,
+        transitional: bool,
+    ) {
+        let current = self.config.as_ref().map(|c| c.0);
+        if self
+            .config
+            .as_ref()
+            .is_some_and(|c| c.0 == ring && !c.1.contains(&sender))
+        {
+            // Wire input is hostile: a daemon outside the configuration speaks for nobody.
+            return;
+        }
+        // Client messages, the bulk, are read where they lie: the ring layer still holds them.
+        if let Body::Client { client, groups, .. } = &*body {
+            for (index, (group, sent_in)) in groups.iter().enumerate() {
+                let Some(view) = self.groups.get(group).and_then(|g| g.view) else {
+                    continue;
+                };
+                if view.ring != ring || view.index != *sent_in {
+                    // Sent in a view this daemon never installed: its ring broke before the
+                    // flush that installs it ended here (the message reaches this daemon
+                    // from the old ring's transitional part, past a hole). Nobody here may
+                    // deliver it in another view.
+                    continue;
+                }
+                let sender_in = self.groups[group]
+                    .members
+                    .iter()
+                    .any(|m| m.name == *client && m.daemon == sender);
+                if !sender_in {
+                    // Not sent in this view: a hostile or stale message.
+                    continue;
+                }
+                self.deliver(&body, index, view, transitional);
+            }
+            return;
+        }
+        match Arc::unwrap_or_clone(body) {
+            Body::Client { .. } => {}
+            Body::GroupState { members } => {
+                if Some(ring) != current || transitional {
+                    return;
+                }
+                let Some(states) = &mut self.syncing else {
+                    return;
+                };
+                states.insert(sender, members);
+                let all = self
+                    .config
+                    .as_ref()
+                    .is_some_and(|c| c.1.iter().all(|d| states.contains_key(d)));
+                if all {
+                    self.finish_sync();
+                }
+            }
+            // Changes in an old ring's transitional part are left to the state exchange.
+            _ if transitional || Some(ring) != current => {}
+            Body::GroupJoin { client, group, vs } => {
+                if check_name(&group).is_ok() {
+                    let m = Member {
+                        name: client,
+                        daemon: sender,
+                        vs,
+                    };
+                    self.queue_change(&group, Change::Join(m));
+                }
+            }
+            Body::GroupLeave { client, group } => {
+                self.queue_change(&group, Change::Leave(client, sender));
+            }
+            Body::ClientGone { client } => {
+                if let Some(backlog) = &mut self.sync_backlog {
+                    backlog.push((None, Change::Gone(client, sender)));
+                    return;
+                }
+                // Every group where it is a member or has a join queued.
+                let gs: Vec<String> = self
+                    .groups
+                    .iter()
+                    .filter(|(_, g)| {
+                        g.members.iter().any(|m| m.name == client)
+                            || g.pending
+                                .iter()
+                                .any(|c| matches!(c, Change::Join(m) if m.name == client))
+                            || g.flush.as_ref().is_some_and(
+                                |f| matches!(&f.change, Change::Join(m) if m.name == client),
+                            )
+                    })
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                for g in gs {
+                    self.queue_change(&g, Change::Gone(client.clone(), sender));
+                }
+            }
+            // A marker of a flush that a configuration change ended is stale.
+            Body::Flushed { .. } if self.syncing.is_some() => {}
+            Body::Flushed { group, view } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    let index = g.view.map(|v| v.index);
+                    if let Some(f) = g.flush.as_mut() {
+                        if index == Some(view) && f.need.contains(&sender) {
+                            f.got.insert(sender);
+                        }
+                    }
+                }
+                self.advance(&group);
+            }
+            Body::RecoveryDone => {}
+        }
+    }
+
+    /// A client message (`body`), for its `index`th group in that group's current view, to the
+    /// local members holding that view.
+    pub(super) fn deliver(
+        &mut self,
+        body: &Arc<Body>,
+        index: usize,
+        view: GroupViewId,
+        transitional: bool,
+    ) {
+        let Body::Client { groups, .. } = &**body else {
+            return;
+        };
+        let Some((group, _)) = groups.get(index) else {
+            return;
+        };
+        // Not through `local_members`: this runs for every message at every member.
+        for client in self.clients.values() {
+            if client.views.get(group) != Some(&view) {
+                continue;
+            }
+            self.events.push_back(LocalEvent::Message(Delivery {
+                client: client.name.clone(),
+                body: body.clone(),
+                index,
+                view,
+                transitional,
+            }));
+        }
+    }
+}
+
+/// An event for one of a daemon's clients. A delivery, the bulk of them, stays in the ring's
+/// shared message: queueing it copies no name and no payload.
+#[derive(Clone, Debug)]
+pub enum LocalEvent {
+    Event(String, ClientEvent),
+    Message(Delivery),
+}
+
+impl LocalEvent {
+    /// The event as the client receives it.
+    pub fn into_event(self) -> (String, ClientEvent) {
+        match self {
+            LocalEvent::Event(c, ev) => (c, ev),
+            LocalEvent::Message(d) => {
+                let m = d.message();
+                let ev = ClientEvent::Message {
+                    group: m.group.to_owned(),
+                    sender: m.sender.to_owned(),
+                    service: m.service,
+                    payload: d.payload().clone(),
+                    view: m.view,
+                    transitional: m.transitional,
+                };
+                (d.client.to_string(), ev)
+            }
+        }
+    }
+}
+
+/// A client message delivered to one local client: the ring's message and which of its groups.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    client: Arc<str>,
+    /// Always a [`Body::Client`] with a group at `index` (checked in `Daemon::deliver`).
+    body: Arc<Body>,
+    index: usize,
+    view: GroupViewId,
+    transitional: bool,
+}
+
+static NO_PAYLOAD: Bytes = Bytes::new();
+
+impl Delivery {
+    pub fn client(&self) -> &str {
+        &self.client
+    }
+
+    fn payload(&self) -> &Bytes {
+        match &*self.body {
+            Body::Client { payload, .. } => payload,
+            _ => &NO_PAYLOAD,
+        }
+    }
+
+    /// The delivery's fields, to frame for the client ([`MessageRef::frame_into`]).
+    pub fn message(&self) -> MessageRef<'_> {
+        let (group, sender, service) = match &*self.body {
+            Body::Client {
+                client,
+                groups,
+                service,
+                ..
+            } => (
+                groups.get(self.index).map_or("", |g| g.0.as_str()),
+                client.as_str(),
+                *service,
+            ),
+            // Never made (see the field's doc).
+            _ => ("", "", ServiceType::Unreliable),
+        };
+        MessageRef {
+            group,
+            sender,
+            service,
+            view: self.view,
+            transitional: self.transitional,
+            payload: self.payload(),
+        }
+    }
+}
