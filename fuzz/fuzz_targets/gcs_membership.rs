@@ -16,7 +16,10 @@ fuzz_target!(|data: &[u8]| {
         rest = tail;
         now += 10_000;
         match Packet::decode(chunk) {
-            Ok(p) => m.handle_packet(now, from, p),
+            // A refusal is an answer like any other: the state machine goes on.
+            Ok(p) => {
+                let _ = m.handle_packet(now, from, p);
+            }
             Err(_) => m.handle_timeout(now),
         }
         while m.poll_transmit().is_some() {}

@@ -2,7 +2,9 @@
 //! what one client can make the daemons keep, and a flush acknowledgement that must not wait for
 //! a full ring.
 
-use conclave_gcs::{ClientCommand, ClientEvent, Daemon, DaemonConfig, Dest, GroupViewId};
+use conclave_gcs::{
+    ClientCommand, ClientEvent, Daemon, DaemonConfig, Dest, GroupViewId, LocalEvent,
+};
 use conclave_wire::gcs::ServiceType;
 
 struct Net {
@@ -46,7 +48,7 @@ impl Net {
                             .expect("a well-formed packet");
                     }
                 }
-                while let Some((c, ev)) = self.nodes[i].poll_event() {
+                while let Some((c, ev)) = self.nodes[i].poll_event().map(LocalEvent::into_event) {
                     self.events.push((i, c, ev));
                 }
             }
@@ -373,7 +375,7 @@ fn a_flush_acknowledgement_goes_while_the_ring_takes_no_more_messages() {
     );
     let mut sent = 0;
     let mut acked = false;
-    while let Some((client, ev)) = net.nodes[0].poll_event() {
+    while let Some((client, ev)) = net.nodes[0].poll_event().map(LocalEvent::into_event) {
         match ev {
             ClientEvent::Sent { .. } if client == "f" => sent += 1,
             ClientEvent::FlushAcked { group } if client == "c" && group == "g" => acked = true,
@@ -397,7 +399,7 @@ fn a_message_does_not_overtake_an_earlier_one_that_waits() {
     net.client(0, "c", multicast_of(&["g", "h"], b"first"));
     net.client(0, "c", multicast_of(&["g"], b"second"));
     let mut sent = 0;
-    while let Some((client, ev)) = net.nodes[0].poll_event() {
+    while let Some((client, ev)) = net.nodes[0].poll_event().map(LocalEvent::into_event) {
         net.events.push((0, client.clone(), ev.clone()));
         if client == "c" && matches!(ev, ClientEvent::Sent { .. }) {
             sent += 1;

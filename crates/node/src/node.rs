@@ -952,7 +952,7 @@ impl Node {
     }
 
     fn client_events(&mut self) {
-        while let Some(ev) = self.daemon.pop_event() {
+        while let Some(ev) = self.daemon.poll_event() {
             match ev {
                 // The bulk: framed from the ring's message, with nothing copied but the frame.
                 LocalEvent::Message(d) if self.recorder.is_none() => self.deliver(&d),

@@ -516,15 +516,11 @@ impl Daemon {
         !self.events.is_empty()
     }
 
-    /// The next event for one of this daemon's clients.
-    pub fn poll_event(&mut self) -> Option<(String, ClientEvent)> {
-        self.events.pop_front().map(LocalEvent::into_event)
-    }
-
-    /// The next event for one of this daemon's clients, with a delivery left in the ring's
-    /// message (for a caller that only reads it, as the daemon process framing it for its
-    /// client does).
-    pub fn pop_event(&mut self) -> Option<LocalEvent> {
+    /// The next event for one of this daemon's clients, in the order the core made them (which
+    /// is each client's order). A delivery stays in the ring's shared message, for a caller that
+    /// only reads it (the node frames it for its client from there);
+    /// [`LocalEvent::into_event`] gives the event as the client receives it.
+    pub fn poll_event(&mut self) -> Option<LocalEvent> {
         self.events.pop_front()
     }
 
