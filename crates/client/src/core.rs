@@ -296,25 +296,11 @@ impl SessionCore {
                 match &ev {
                     ClientEvent::Joined { group, vs } => {
                         self.groups.insert(group.clone(), *vs);
-                        let k = self
-                            .joining
-                            .iter()
-                            .find(|(_, g)| *g == group)
-                            .map(|(k, _)| *k);
-                        if let Some(k) = k {
-                            self.joining.remove(&k);
-                        }
+                        confirmed(&mut self.joining, group);
                     }
                     ClientEvent::Left { group } => {
                         self.groups.remove(group);
-                        let k = self
-                            .leaving
-                            .iter()
-                            .find(|(_, g)| *g == group)
-                            .map(|(k, _)| *k);
-                        if let Some(k) = k {
-                            self.leaving.remove(&k);
-                        }
+                        confirmed(&mut self.leaving, group);
                     }
                     ClientEvent::Sent { group, .. } => self.acknowledged(group),
                     _ => {}
@@ -338,6 +324,13 @@ impl SessionCore {
                 self.pending.remove(at);
             }
         }
+    }
+}
+
+/// The daemon confirmed the oldest join (or leave) of `group` still on its way.
+fn confirmed(asked: &mut BTreeMap<u64, String>, group: &str) {
+    if let Some(k) = asked.iter().find(|(_, g)| *g == group).map(|(k, _)| *k) {
+        asked.remove(&k);
     }
 }
 
