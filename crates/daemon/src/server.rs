@@ -2,7 +2,8 @@
 //!
 //! One task owns the node. Each input (a datagram, bytes from a client connection, an admin
 //! request, a timer) goes in with the time it arrived, together with every other datagram or
-//! client input already waiting (up to 64 and 256); then the node's outputs are drained in the
+//! client input already waiting (up to 64 datagrams; 256 inputs or 256 KiB of client bytes);
+//! then the node's outputs are drained in the
 //! node's order: history records (written and flushed to the file), bytes and closings for the
 //! client connections, datagrams to the other daemons. Accepting connections, reading and writing
 //! clients' streams, the admin and metrics endpoints run in tasks of their own and talk to the
