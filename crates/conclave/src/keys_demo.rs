@@ -63,7 +63,7 @@ pub fn run(args: KeyDemoArgs) -> Result<()> {
             println!(
                 "  view {:>2} {:<9} {} members, {} messages, {} rounds: {agree}, {}",
                 r.view,
-                format!("{:?}", r.event).to_lowercase(),
+                r.event,
                 r.members.len(),
                 r.messages,
                 r.rounds,
@@ -82,7 +82,9 @@ pub fn run(args: KeyDemoArgs) -> Result<()> {
             .iter()
             .filter(|(m, _)| m == gone)
             .map(|(_, k)| k.view_id)
-            .max();
+            .max()
+            // The testbed's view numbers are the indexes on its one ring.
+            .map(|id| id.index);
         println!(
             "  {gone} left; the last key {gone} ever held is view {}'s",
             last.unwrap_or(0)

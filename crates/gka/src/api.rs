@@ -1,38 +1,62 @@
 //! The interface every key agreement protocol implements, and the types that cross it.
 
 use conclave_crypto::{Fingerprint, GroupKey, Meter, PublicIdentity};
+use conclave_wire::client::ClientEvent;
 use conclave_wire::gka::ProtocolId;
 use conclave_wire::DecodeError;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+// The daemons' names for a view and for why it changed: a view here is the view a client session
+// delivers, so that the two layers share one vocabulary.
+pub use conclave_wire::client::{GroupViewId, Reason};
+pub use conclave_wire::gcs::RingId;
+
 /// A member's private name, unique in the system.
 pub type MemberId = String;
 
-/// Why the group's membership changed. Informational: every protocol derives what to do from the
-/// member list and the transitional set, so that cascaded and combined events need no special case.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MembershipEvent {
-    Init,
-    Join,
-    Leave,
-    Merge,
-    Partition,
-}
-
-/// A group view as the group communication layer delivers it.
+/// A group view as the group communication layer delivers it (see [`View::from_event`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct View {
     pub group: String,
-    /// Unique and increasing per group.
-    pub view_id: u64,
+    /// The daemons' id of the view: its ring, then the group's count of views on that ring.
+    /// Unique per group, and increasing at each member for as long as its client session lasts:
+    /// a daemon installs only rings of a higher sequence number than the one it is in, and a
+    /// group's index grows within a ring. A member that connects again (to a restarted or
+    /// another daemon) may see smaller ids, and must start as a new member.
+    pub view_id: GroupViewId,
     /// Members in the order agreed by the group communication layer (the same at every member).
     pub members: Vec<MemberId>,
-    pub event: MembershipEvent,
+    /// Why the view changed. Informational: every protocol derives what to do from the member
+    /// list and the transitional set, so that cascaded and combined events need no special case.
+    pub reason: Reason,
     /// The members of this view that came with this member directly from its previous view,
     /// itself included (the EVS transitional set). Members that move together report equal sets.
     pub transitional: Vec<MemberId>,
+}
+
+impl View {
+    /// The view that a client session's [`ClientEvent::View`] announces, field for field, ready
+    /// for [`KeyAgreement::handle_view`]; `None` for every other event. A secure layer feeds each
+    /// view its session delivers straight through this.
+    pub fn from_event(event: &ClientEvent) -> Option<View> {
+        match event {
+            ClientEvent::View {
+                group,
+                view,
+                members,
+                transitional,
+                reason,
+            } => Some(View {
+                group: group.clone(),
+                view_id: *view,
+                members: members.clone(),
+                reason: *reason,
+                transitional: transitional.clone(),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// Where a protocol message goes. A broadcast reaches every *other* member of the view: the
@@ -58,15 +82,17 @@ pub struct Transmit {
     pub order: Order,
     pub payload: Vec<u8>,
     /// The view the message belongs to; the layer below drops it if that view is gone.
-    pub view_id: u64,
+    pub view_id: GroupViewId,
 }
 
 /// The outcome of a run: the key of one secure view.
 #[derive(Clone, Debug)]
 pub struct SecureView {
     pub group: String,
-    pub view_id: u64,
-    /// Equals `view_id`: a key's epoch changes exactly when the secure view changes.
+    pub view_id: GroupViewId,
+    /// How many keys this member has agreed in this group, this one included (1 for the first):
+    /// a local count, one up with every key, that names a key more briefly than its view id. It
+    /// is not agreed: members that joined at different times count the same key differently.
     pub epoch: u64,
     pub members: Vec<MemberId>,
     pub key: GroupKey,
@@ -109,12 +135,16 @@ pub enum GkaError {
     },
     #[error("message is for group {0:?}")]
     ForeignGroup(String),
-    #[error("message of view {got} is stale (current view {current})")]
-    Stale { got: u64, current: u64 },
-    #[error("message of view {got} is from the future (current view {current})")]
-    Future { got: u64, current: u64 },
-    #[error("message epoch {got} does not match the run's epoch {expected}")]
-    WrongEpoch { expected: u64, got: u64 },
+    #[error("message of view {got:?} is stale (current view {current:?})")]
+    Stale {
+        got: GroupViewId,
+        current: GroupViewId,
+    },
+    #[error("message of view {got:?} is from the future (current view {current:?})")]
+    Future {
+        got: GroupViewId,
+        current: GroupViewId,
+    },
     #[error("sender {claimed:?} in the message, but it came from {actual:?}")]
     SenderMismatch { claimed: String, actual: String },
     #[error("sender {0:?} is not a member of the current view")]
@@ -171,5 +201,44 @@ pub trait KeyAgreement: Send {
     /// Height of the key tree of the current run (TGDH, STR), for cost reports.
     fn tree_height(&self) -> Option<usize> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_view_event_is_a_view_and_nothing_else_is() {
+        let view_id = GroupViewId {
+            ring: RingId {
+                seq: 12,
+                rep: 2,
+                inc: 1,
+            },
+            index: 3,
+        };
+        let event = ClientEvent::View {
+            group: "g".into(),
+            view: view_id,
+            members: vec!["a#d1".into(), "b#d2".into()],
+            transitional: vec!["a#d1".into()],
+            reason: Reason::Network,
+        };
+        assert_eq!(
+            View::from_event(&event),
+            Some(View {
+                group: "g".into(),
+                view_id,
+                members: vec!["a#d1".into(), "b#d2".into()],
+                reason: Reason::Network,
+                transitional: vec!["a#d1".into()],
+            })
+        );
+        let flush = ClientEvent::FlushRequest {
+            group: "g".into(),
+            view: view_id,
+        };
+        assert_eq!(View::from_event(&flush), None);
     }
 }

@@ -36,7 +36,9 @@ macro_rules! forward_to_core {
     };
 }
 
-use crate::api::{Dest, GkaError, MemberId, Order, SecureView, SharedDirectory, Transmit, View};
+use crate::api::{
+    Dest, GkaError, GroupViewId, MemberId, Order, SecureView, SharedDirectory, Transmit, View,
+};
 use conclave_crypto::{GroupKey, Identity, Meter};
 use conclave_wire::gka::{Envelope, ProtocolId, MAX_MEMBERS, MAX_NAME_BYTES};
 use sha2::{Digest, Sha256};
@@ -69,6 +71,8 @@ pub(crate) struct Core {
     /// Messages applied from each sender in the current run, against [`MAX_MESSAGES_PER_SENDER`].
     per_sender: std::collections::HashMap<MemberId, u32>,
     pub in_progress: bool,
+    /// Keys agreed so far (the last key's [`SecureView::epoch`]).
+    epoch: u64,
 }
 
 /// A checked, authenticated envelope of the current run.
@@ -110,6 +114,7 @@ impl Core {
             seen: HashSet::new(),
             per_sender: Default::default(),
             in_progress: false,
+            epoch: 0,
         }
     }
 
@@ -168,10 +173,6 @@ impl Core {
         self.view.as_ref().ok_or(GkaError::NoView)
     }
 
-    pub fn view_id(&self) -> u64 {
-        self.view.as_ref().map(|v| v.view_id).unwrap_or(0)
-    }
-
     /// True when every member of the view shares our secure state: no merge is needed.
     pub fn single_side(&self) -> bool {
         self.view
@@ -187,12 +188,11 @@ impl Core {
         kind: u8,
         body: Vec<u8>,
     ) -> Result<(), GkaError> {
-        let view_id = self.view_id();
+        let view_id = self.view()?.view_id;
         let mut env = Envelope {
             protocol: self.protocol,
             group: self.group.clone(),
-            view_id,
-            epoch: view_id,
+            view: view_id,
             sender: self.me.clone(),
             kind,
             body,
@@ -226,22 +226,16 @@ impl Core {
         if env.group != self.group {
             return Err(GkaError::ForeignGroup(env.group));
         }
-        if env.view_id < view.view_id {
+        if env.view < view.view_id {
             return Err(GkaError::Stale {
-                got: env.view_id,
+                got: env.view,
                 current: view.view_id,
             });
         }
-        if env.view_id > view.view_id {
+        if env.view > view.view_id {
             return Err(GkaError::Future {
-                got: env.view_id,
+                got: env.view,
                 current: view.view_id,
-            });
-        }
-        if env.epoch != view.view_id {
-            return Err(GkaError::WrongEpoch {
-                expected: view.view_id,
-                got: env.epoch,
             });
         }
         if env.sender != from {
@@ -303,10 +297,11 @@ impl Core {
         let view = self.view()?.clone();
         let key = derive_group_key(self.protocol, &view, secret, key_context);
         let secret_fp = GroupKey::from_bytes(Sha256::digest(secret).into()).fingerprint();
+        self.epoch += 1;
         self.keys.push_back(SecureView {
             group: view.group.clone(),
             view_id: view.view_id,
-            epoch: view.view_id,
+            epoch: self.epoch,
             members: view.members.clone(),
             key,
             secret_fingerprint: secret_fp,
@@ -341,12 +336,24 @@ pub(crate) fn derive_group_key(
         b"conclave group key v1",
         &[protocol as u8],
         view.group.as_bytes(),
-        &view.view_id.to_be_bytes(),
+        &view_id_bytes(&view.view_id),
         &members,
         ctx,
     ]);
     let okm = conclave_crypto::kdf::derive::<32>(b"conclave", secret, &info);
     GroupKey::from_bytes(*okm)
+}
+
+/// A view id as the key derivation binds it: ring seq, rep and incarnation, then index, each
+/// fixed-width big-endian, so that two ids never give the same bytes. Written out here rather than
+/// borrowed from the wire codec, so that a change of wire format can never change a key.
+fn view_id_bytes(id: &GroupViewId) -> [u8; 24] {
+    let mut b = [0u8; 24];
+    b[..8].copy_from_slice(&id.ring.seq.to_be_bytes());
+    b[8..12].copy_from_slice(&id.ring.rep.to_be_bytes());
+    b[12..16].copy_from_slice(&id.ring.inc.to_be_bytes());
+    b[16..].copy_from_slice(&id.index.to_be_bytes());
+    b
 }
 
 /// Signs an envelope as `identity` and encodes it: what `Core::send` does, available to tests
@@ -371,4 +378,70 @@ pub(crate) fn signing_digest(signed_part: &[u8]) -> [u8; 32] {
 /// Position of `m` in `list`.
 pub(crate) fn index_of(list: &[MemberId], m: &str) -> Option<usize> {
     list.iter().position(|x| x == m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{Reason, RingId};
+    use conclave_crypto::SigScheme;
+    use rand_chacha::rand_core::SeedableRng;
+
+    fn view(seq: u64, index: u64) -> View {
+        View {
+            group: "g".into(),
+            view_id: GroupViewId {
+                ring: RingId {
+                    seq,
+                    rep: 1,
+                    inc: 1,
+                },
+                index,
+            },
+            members: vec!["a".into()],
+            reason: Reason::Network,
+            transitional: vec!["a".into()],
+        }
+    }
+
+    /// The daemons restart a group's index on every new ring; a view of a newer ring is newer
+    /// whatever its index, and the same view or an older one is refused.
+    #[test]
+    fn views_are_ordered_by_ring_then_index() {
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(1);
+        let identity = Identity::generate(SigScheme::Ed25519, &mut rng).unwrap();
+        let mut core = Core::new(
+            "a".into(),
+            "g".into(),
+            ProtocolId::Bd,
+            identity,
+            Default::default(),
+        );
+        core.install_view(view(4, 7)).unwrap();
+        core.install_view(view(4, 8)).unwrap();
+        core.install_view(view(8, 0)).unwrap();
+        for stale in [view(8, 0), view(4, 9)] {
+            assert_eq!(
+                core.install_view(stale),
+                Err(GkaError::InvalidView("view id does not increase"))
+            );
+        }
+    }
+
+    #[test]
+    fn the_key_binds_every_part_of_the_view_id() {
+        let changes: [fn(&mut GroupViewId); 4] = [
+            |id| id.ring.seq += 1,
+            |id| id.ring.rep += 1,
+            |id| id.ring.inc += 1,
+            |id| id.index += 1,
+        ];
+        let key = |v: &View| derive_group_key(ProtocolId::Bd, v, b"secret", b"").fingerprint();
+        let mut keys = BTreeSet::from([key(&view(4, 7)).to_string()]);
+        for change in changes {
+            let mut v = view(4, 7);
+            change(&mut v.view_id);
+            assert!(keys.insert(key(&v).to_string()));
+        }
+    }
 }

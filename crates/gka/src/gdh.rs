@@ -68,6 +68,8 @@ struct Run<G: Group> {
     stage: Stage<G>,
 }
 
+// Each stage is named by the message it waits for.
+#[allow(clippy::enum_variant_names)]
 enum Stage<G: Group> {
     /// Waiting for the upflow token (members of the chain but the first).
     ExpectUpflow,

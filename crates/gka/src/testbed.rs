@@ -13,9 +13,13 @@
 //! (operations counted by the sender's meter, and measured compute time, each maximized
 //! separately over incoming chains); a view's critical path is the longest chain that ends at a
 //! member's key. This is the serial cost Table II of paper 000 counts.
+//!
+//! Views are numbered 1, 2, ... in the order they are installed; the protocols see view `n` as
+//! [`view_id_of`]`(n)`, the `n`th view on one daemon ring ([`RING`]).
 
 use crate::api::{
-    Dest, GkaError, KeyAgreement, MemberId, MembershipEvent, SecureView, SharedDirectory, View,
+    Dest, GkaError, GroupViewId, KeyAgreement, MemberId, Reason, RingId, SecureView,
+    SharedDirectory, View,
 };
 use crate::script::{Action, Step};
 use crate::{bd, ckd, gdh, str_proto, tgdh};
@@ -26,6 +30,31 @@ use rand_chacha::ChaCha20Rng;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
+
+/// The one ring the testbed's views are on. Nothing in the protocols depends on whether a view
+/// starts a new ring: they only compare view ids and bind them into keys.
+pub const RING: RingId = RingId {
+    seq: 1,
+    rep: 1,
+    inc: 1,
+};
+
+/// The view id of the testbed's view number `n`.
+pub fn view_id_of(n: u64) -> GroupViewId {
+    GroupViewId {
+        ring: RING,
+        index: n,
+    }
+}
+
+/// What made a view: the script's verb, which `conclave gka run` prints, and the reason the
+/// daemons would give, which is all the protocols see.
+type Cause = (&'static str, Reason);
+const INIT: Cause = ("init", Reason::Join);
+const JOIN: Cause = ("join", Reason::Join);
+const LEAVE: Cause = ("leave", Reason::Leave);
+const PARTITION: Cause = ("partition", Reason::Network);
+const MERGE: Cause = ("merge", Reason::Network);
 
 /// Creates one member's protocol state machine.
 pub fn new_member<G: Group>(
@@ -65,7 +94,7 @@ impl Path {
 
 struct Member {
     ka: Box<dyn KeyAgreement>,
-    /// The view this member is in.
+    /// The number of the view this member is in (0 before its first).
     view_id: u64,
     path: Path,
 }
@@ -81,8 +110,10 @@ struct Packet {
 /// What happened in one view, as `conclave gka run` prints it.
 #[derive(Clone, Debug, Serialize)]
 pub struct ViewRecord {
+    /// The view's number (its id is [`view_id_of`]`(view)`).
     pub view: u64,
-    pub event: MembershipEvent,
+    /// What made the view: `init`, `join`, `leave`, `merge` or `partition`.
+    pub event: &'static str,
     pub members: Vec<MemberId>,
     /// Key fingerprint per member.
     pub keys: BTreeMap<MemberId, String>,
@@ -108,7 +139,7 @@ pub struct ViewRecord {
 
 #[derive(Default)]
 struct ViewStats {
-    event: Option<MembershipEvent>,
+    event: &'static str,
     members: Vec<MemberId>,
     keys: BTreeMap<MemberId, SecureView>,
     unicasts: u64,
@@ -137,7 +168,7 @@ pub struct Testbed<G: Group> {
     directory: SharedDirectory,
     identities: BTreeMap<MemberId, Identity>,
     members: BTreeMap<MemberId, Member>,
-    /// Component views: view id -> members in agreed order.
+    /// Component views: view number -> members in agreed order.
     components: BTreeMap<u64, Vec<MemberId>>,
     queue: VecDeque<Packet>,
     next_view_id: u64,
@@ -204,7 +235,7 @@ impl<G: Group> Testbed<G> {
         Ok(())
     }
 
-    /// Members of every component, by view id.
+    /// Members of every component, by view number.
     pub fn components(&self) -> &BTreeMap<u64, Vec<MemberId>> {
         &self.components
     }
@@ -297,11 +328,10 @@ impl<G: Group> Testbed<G> {
             if set.len() != names.len() {
                 return Err("a member is named twice".into());
             }
-            Ok(
-                if let Some(n) = names.iter().find(|n| me.members.contains_key(*n)) {
-                    return Err(format!("{n} is already a member"));
-                },
-            )
+            if let Some(n) = names.iter().find(|n| me.members.contains_key(*n)) {
+                return Err(format!("{n} is already a member"));
+            }
+            Ok(())
         };
         match action {
             Action::Init(names) => {
@@ -312,7 +342,7 @@ impl<G: Group> Testbed<G> {
                 for n in names {
                     self.create(n).map_err(|e| e.to_string())?;
                 }
-                self.install(BTreeMap::from([(0, names.clone())]), MembershipEvent::Init);
+                self.install(BTreeMap::from([(0, names.clone())]), INIT);
             }
             Action::Join(name) => {
                 fresh(self, std::slice::from_ref(name))?;
@@ -322,7 +352,7 @@ impl<G: Group> Testbed<G> {
                 self.create(name).map_err(|e| e.to_string())?;
                 let mut members = self.components[&main].clone();
                 members.push(name.clone());
-                self.install(BTreeMap::from([(main, members)]), MembershipEvent::Join);
+                self.install(BTreeMap::from([(main, members)]), JOIN);
             }
             Action::Leave(name) => {
                 let comp = self
@@ -333,7 +363,7 @@ impl<G: Group> Testbed<G> {
                     .filter(|m| *m != name)
                     .cloned()
                     .collect();
-                self.install(BTreeMap::from([(comp, members)]), MembershipEvent::Leave);
+                self.install(BTreeMap::from([(comp, members)]), LEAVE);
                 self.members.remove(name);
             }
             Action::Partition(names) => {
@@ -359,7 +389,7 @@ impl<G: Group> Testbed<G> {
                 let mut views: BTreeMap<u64, Vec<MemberId>> =
                     changes.into_iter().filter(|(_, m)| !m.is_empty()).collect();
                 views.insert(0, split);
-                self.install(views, MembershipEvent::Partition);
+                self.install(views, PARTITION);
             }
             Action::Merge(names) => {
                 let main = self
@@ -378,7 +408,7 @@ impl<G: Group> Testbed<G> {
                     for n in &new {
                         self.create(n).map_err(|e| e.to_string())?;
                     }
-                    self.install(BTreeMap::from([(0, new.clone())]), MembershipEvent::Init);
+                    self.install(BTreeMap::from([(0, new.clone())]), INIT);
                     self.run_until_quiet();
                 }
                 let set: BTreeSet<&MemberId> = names.iter().collect();
@@ -402,7 +432,7 @@ impl<G: Group> Testbed<G> {
                 views.insert(main, members);
                 let views = views.into_iter().filter(|(_, m)| !m.is_empty()).collect();
                 // Components emptied by the merge disappear.
-                self.install(views, MembershipEvent::Merge);
+                self.install(views, MERGE);
             }
         }
         Ok(())
@@ -438,9 +468,9 @@ impl<G: Group> Testbed<G> {
         }
     }
 
-    /// Replaces the given components (old view id -> new member list; 0 for a new component) by
+    /// Replaces the given components (old view number -> new member list; 0 for a new component) by
     /// new views, after the flush.
-    fn install(&mut self, views: BTreeMap<u64, Vec<MemberId>>, event: MembershipEvent) {
+    fn install(&mut self, views: BTreeMap<u64, Vec<MemberId>>, (event, reason): Cause) {
         // Which new component each member of an affected component ends up in.
         let mut new_comp_of: BTreeMap<MemberId, u64> = BTreeMap::new();
         for (i, (_, ms)) in views.iter().enumerate() {
@@ -468,7 +498,7 @@ impl<G: Group> Testbed<G> {
         for c in &affected {
             self.components.remove(c);
         }
-        // Components that go on get their view ids first; a split-off group (key 0) comes last,
+        // Components that go on get their view numbers first; a split-off group (key 0) comes last,
         // so that on a tie the group's events keep applying to the part that went on.
         let mut ordered: Vec<(u64, Vec<MemberId>)> = views.into_iter().collect();
         ordered.sort_by_key(|(k, _)| (*k == 0, *k));
@@ -476,13 +506,13 @@ impl<G: Group> Testbed<G> {
             if members.is_empty() {
                 continue;
             }
-            let view_id = self.next_view_id;
+            let number = self.next_view_id;
             self.next_view_id += 1;
-            self.components.insert(view_id, members.clone());
+            self.components.insert(number, members.clone());
             self.stats.insert(
-                view_id,
+                number,
                 ViewStats {
-                    event: Some(event),
+                    event,
                     members: members.clone(),
                     ..Default::default()
                 },
@@ -503,13 +533,13 @@ impl<G: Group> Testbed<G> {
                 }
                 let view = View {
                     group: self.group.clone(),
-                    view_id,
+                    view_id: view_id_of(number),
                     members: members.clone(),
-                    event,
+                    reason,
                     transitional,
                 };
                 let member = self.members.get_mut(m).expect("member exists");
-                member.view_id = view_id;
+                member.view_id = number;
                 member.path = Path::default();
                 self.step(m, |ka, rng| ka.handle_view(rng, view));
             }
@@ -581,7 +611,7 @@ impl<G: Group> Testbed<G> {
         {
             let members = self.components.get(&view_id).cloned().unwrap_or_default();
             for t in out {
-                if t.view_id != view_id {
+                if t.view_id != view_id_of(view_id) {
                     continue;
                 }
                 let (to, unicast) = match t.dest {
@@ -610,7 +640,8 @@ impl<G: Group> Testbed<G> {
         }
         for k in keys {
             self.key_log.push((name.to_owned(), k.clone()));
-            if let Some(s) = self.stats.get_mut(&k.view_id) {
+            // The testbed's view numbers are the indexes on its one ring.
+            if let Some(s) = self.stats.get_mut(&k.view_id.index) {
                 if final_path.meter.weight() > s.critical.meter.weight() {
                     s.critical.meter = final_path.meter;
                 }
@@ -631,7 +662,7 @@ impl<G: Group> Testbed<G> {
         s.done = true;
         let rec = ViewRecord {
             view: view_id,
-            event: s.event.unwrap_or(MembershipEvent::Init),
+            event: s.event,
             members: s.members.clone(),
             keys: s
                 .keys

@@ -75,6 +75,9 @@ fn refresh<G: Group>(
     (path, bk)
 }
 
+/// Blinded keys by node path, as a sponsor broadcasts them.
+type PathBks<G> = Vec<(NodePath, Bk<G>)>;
+
 /// Computes keys up `me`'s path as far as the known blinded keys allow. Returns the blinded keys
 /// this member must broadcast (those it newly computed, when it is the rightmost member under
 /// the lowest of them), and whether the root key is known.
@@ -83,7 +86,7 @@ fn advance<G: Group>(
     me: &str,
     meter: &mut conclave_crypto::Meter,
     top_bk: bool,
-) -> Result<(Vec<(NodePath, Bk<G>)>, bool), GkaError> {
+) -> Result<(PathBks<G>, bool), GkaError> {
     let path = tree
         .find(me)
         .ok_or(GkaError::Misplaced("member missing from its tree"))?;
@@ -150,11 +153,7 @@ impl<G: Group> Tgdh<G> {
     }
 
     /// Computes on `tree`, sends what this member is sponsor for, and commits it as the run's tree.
-    fn compute(
-        &mut self,
-        mut tree: Node<G>,
-        mut extra: Vec<(NodePath, Bk<G>)>,
-    ) -> Result<(), GkaError> {
+    fn compute(&mut self, mut tree: Node<G>, mut extra: PathBks<G>) -> Result<(), GkaError> {
         let (bks, root) = advance(&mut tree, &self.core.me, &mut self.core.meter, false)?;
         extra.extend(bks);
         if !extra.is_empty() {

@@ -69,13 +69,22 @@ fn hostile_messages_are_typed_errors_and_change_nothing() {
         expect(&mut tb, &from, &foreign, "foreign", |e| {
             matches!(e, GkaError::ForeignGroup(_))
         });
-        let future = reencode(&bytes, |e| e.view_id += 5);
+        let future = reencode(&bytes, |e| e.view.index += 5);
         expect(&mut tb, &from, &future, "future", |e| {
             matches!(e, GkaError::Future { .. })
         });
-        let epoch = reencode(&bytes, |e| e.epoch += 1);
-        expect(&mut tb, &from, &epoch, "epoch", |e| {
-            matches!(e, GkaError::WrongEpoch { .. })
+        // The ring orders first: an older ring is stale whatever its index, and a ring of another
+        // representative is not this view's.
+        let older_ring = reencode(&bytes, |e| {
+            e.view.ring.seq -= 1;
+            e.view.index += 100;
+        });
+        expect(&mut tb, &from, &older_ring, "older ring", |e| {
+            matches!(e, GkaError::Stale { .. })
+        });
+        let other_ring = reencode(&bytes, |e| e.view.ring.rep += 1);
+        expect(&mut tb, &from, &other_ring, "other ring", |e| {
+            matches!(e, GkaError::Future { .. })
         });
         expect(&mut tb, "mallory", &bytes, "spoofed sender", |e| {
             matches!(e, GkaError::SenderMismatch { .. })

@@ -25,6 +25,30 @@ fn join_then_leave_never_restores_a_key() {
 }
 
 #[test]
+fn a_members_epochs_count_its_keys() {
+    for p in ALL {
+        let tb = run(p, "init a b c\njoin d\nleave b\npartition c\nmerge c\n", 6);
+        for m in ["a", "c", "d"] {
+            let epochs: Vec<u64> = tb
+                .key_log
+                .iter()
+                .filter(|(who, _)| who == m)
+                .map(|(_, k)| k.epoch)
+                .collect();
+            let want: Vec<u64> = (1..=epochs.len() as u64).collect();
+            assert_eq!(epochs, want, "{p:?} {m}");
+        }
+        // d's first key is the group's second: epochs are not agreed, view ids are.
+        let first_of_d = tb.key_log.iter().find(|(who, _)| who == "d").unwrap();
+        assert_eq!(first_of_d.1.epoch, 1);
+        assert!(tb
+            .key_log
+            .iter()
+            .any(|(who, k)| who == "a" && k.view_id == first_of_d.1.view_id && k.epoch == 2));
+    }
+}
+
+#[test]
 fn controller_and_sponsor_leave() {
     // First member (CKD controller), last member (GDH controller), rightmost (TGDH/STR sponsors).
     for p in ALL {

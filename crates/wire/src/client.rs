@@ -290,12 +290,14 @@ pub enum Reply {
     },
 }
 
-fn write_view(w: &mut Writer, v: &GroupViewId) {
+/// A view id on the wire: the ring (seq u64, rep u32, inc u32), then the index (u64), big-endian.
+/// Key agreement envelopes (`gka`) name their view with it too.
+pub(crate) fn write_view(w: &mut Writer, v: &GroupViewId) {
     write_ring(w, &v.ring);
     w.u64(v.index);
 }
 
-fn read_view(r: &mut Reader<'_>) -> Result<GroupViewId, DecodeError> {
+pub(crate) fn read_view(r: &mut Reader<'_>) -> Result<GroupViewId, DecodeError> {
     Ok(GroupViewId {
         ring: read_ring(r)?,
         index: r.u64("view index")?,

@@ -1,14 +1,17 @@
 //! Key agreement messages: one signed envelope, and a body per protocol and step.
 //!
-//! The envelope names protocol, group, view id, epoch and sender, so that a message of another
-//! group, another run or another member cannot be mistaken for one of this run (paper 000 §3.2);
-//! the signature covers every byte before it. Group elements travel as opaque byte strings here;
+//! The envelope names protocol, group, view and sender, so that a message of another group,
+//! another run or another member cannot be mistaken for one of this run (paper 000 §3.2); the
+//! view is the daemons' group view id, encoded as the client protocol encodes it. The signature
+//! covers every byte before it. Group elements travel as opaque byte strings here;
 //! the `gka` crate decodes them into its group and checks membership.
 
+use crate::client::{read_view, write_view, GroupViewId};
 use crate::codec::{DecodeError, Reader, Writer};
 
-/// The envelope format version this build speaks.
-pub const VERSION: u8 = 1;
+/// The envelope format version this build speaks (2: the view is a group view id, ring and
+/// index, and the epoch, which always equalled the view, is gone).
+pub const VERSION: u8 = 2;
 /// Longest member or group name, in bytes.
 pub const MAX_NAME_BYTES: usize = 64;
 /// Most members a message may list (and so the largest group a run supports).
@@ -57,8 +60,8 @@ impl ProtocolId {
 pub struct Envelope {
     pub protocol: ProtocolId,
     pub group: String,
-    pub view_id: u64,
-    pub epoch: u64,
+    /// The view of the run the message belongs to.
+    pub view: GroupViewId,
     pub sender: String,
     /// The body's step tag, also inside the signed part.
     pub kind: u8,
@@ -78,8 +81,7 @@ impl Envelope {
         w.u8(VERSION);
         w.u8(self.protocol as u8);
         w.name(&self.group, MAX_NAME_BYTES);
-        w.u64(self.view_id);
-        w.u64(self.epoch);
+        write_view(w, &self.view);
         w.name(&self.sender, MAX_NAME_BYTES);
         w.u8(self.kind);
         w.bytes(&self.body, MAX_BODY_BYTES);
@@ -99,8 +101,7 @@ impl Envelope {
         }
         let protocol = ProtocolId::from_u8(r.u8("protocol")?)?;
         let group = r.name("group", MAX_NAME_BYTES)?;
-        let view_id = r.u64("view id")?;
-        let epoch = r.u64("epoch")?;
+        let view = read_view(&mut r)?;
         let sender = r.name("sender", MAX_NAME_BYTES)?;
         let kind = r.u8("kind")?;
         let body = r.bytes("body", MAX_BODY_BYTES)?.to_vec();
@@ -111,8 +112,7 @@ impl Envelope {
             Envelope {
                 protocol,
                 group,
-                view_id,
-                epoch,
+                view,
                 sender,
                 kind,
                 body,

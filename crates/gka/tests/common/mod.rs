@@ -85,7 +85,7 @@ pub fn check(p: ProtocolId, tb: &Testbed<Ristretto255>, what: &str) {
     for (m, k) in &tb.key_log {
         assert!(
             k.members.contains(m),
-            "{p:?} {what}: {m} got the key of view {} {:?}",
+            "{p:?} {what}: {m} got the key of view {:?} {:?}",
             k.view_id,
             k.members
         );
