@@ -7,14 +7,14 @@ use conclave_wire::gcs::{RingId, ServiceType};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let mut d = Daemon::new(DaemonConfig::default(), 2, 0, 0);
-    let _ = d.connect("a");
-    let _ = d.connect("b");
-    let _ = d.handle_client(0, "a", ClientCommand::Join { group: "g".into(), vs: true });
+    let mut d = Daemon::new(DaemonConfig::default(), 2, 0, conclave_gcs::Time::ZERO);
+    let _ = d.connect(1, "a");
+    let _ = d.connect(2, "b");
+    let _ = d.handle_client(conclave_gcs::Time::ZERO, 1, ClientCommand::Join { group: "g".into(), vs: true });
     let mut rest = data;
-    let mut now = 0u64;
+    let mut now = conclave_gcs::Time::ZERO;
     while let Some((&head, tail)) = rest.split_first() {
-        now += 5_000;
+        now += std::time::Duration::from_micros(5_000);
         rest = tail;
         match head >> 6 {
             // A packet from daemon 1 or 3.
@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
             }
             // A client command.
             2 => {
-                let who = if head & 1 == 0 { "a" } else { "b" };
+                let who = if head & 1 == 0 { 1 } else { 2 };
                 let group = if head & 2 == 0 { "g" } else { "h" };
                 let cmd = match (head >> 2) & 3 {
                     0 => ClientCommand::Join { group: group.into(), vs: head & 16 != 0 },
@@ -51,8 +51,8 @@ fuzz_target!(|data: &[u8]| {
                 if head & 1 == 0 {
                     d.handle_timeout(now);
                 } else {
-                    let _ = d.disconnect(now, "b");
-                    let _ = d.connect("b");
+                    let _ = d.disconnect(now, 2);
+                    let _ = d.connect(2, "b");
                 }
             }
         }

@@ -13,12 +13,12 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut n = Ordering::new(OrderingConfig::default(), 2, ring, vec![1, 2, 3]);
     let mut rest = data;
-    let mut now = 0u64;
+    let mut now = conclave_gcs::Time::ZERO;
     while let Some((&len, tail)) = rest.split_first() {
         let len = (len as usize).min(tail.len());
         let (chunk, tail) = tail.split_at(len);
         rest = tail;
-        now += 1_000;
+        now += std::time::Duration::from_micros(1_000);
         if let Ok(p) = Packet::decode(chunk) {
             n.handle_packet(now, p);
         } else {

@@ -9,10 +9,10 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let cfg = Config::local(2, 4800);
     let peer = cfg.daemon[1].peer;
-    let Ok(mut node) = Node::new(cfg, "d1", NodeOptions::default(), 0) else {
+    let Ok(mut node) = Node::new(cfg, "d1", NodeOptions::default(), conclave_node::Time::ZERO) else {
         return;
     };
-    let mut now = 0u64;
+    let mut now = conclave_node::Time::ZERO;
     // Each step: an op byte, a two-byte length, that many bytes.
     let mut rest = data;
     while rest.len() >= 3 {
@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
             3 => node.close_session(now, session),
             4 | 5 => node.handle_datagram(now, peer, bytes),
             _ => {
-                now += 1_000 * u64::from(bytes.first().copied().unwrap_or(1));
+                now += std::time::Duration::from_millis(u64::from(bytes.first().copied().unwrap_or(1)));
                 node.handle_timeout(now);
             }
         }

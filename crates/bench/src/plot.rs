@@ -186,7 +186,7 @@ fn linear_axis((mut lo, mut hi): (f64, f64)) -> Axis {
             let n = last - first + 1.0;
             // Anything in 5..=8 is fine; otherwise get as close as possible.
             let score = (n - 6.5).abs().max(1.5) - 1.5;
-            if best.map_or(true, |b| score < b.0) {
+            if best.is_none_or(|b| score < b.0) {
                 best = Some((score, step, first, last));
             }
         }

@@ -295,7 +295,7 @@ mod tests {
             Err(GroupError::NotInGroup)
         );
         assert_eq!(
-            Modp1024::decode(&vec![0u8; 128], false),
+            Modp1024::decode(&[0u8; 128], false),
             Err(GroupError::NotInGroup)
         );
     }

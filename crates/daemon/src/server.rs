@@ -16,7 +16,7 @@ use crate::metrics::Metrics;
 use crate::record::HistoryFile;
 use crate::session::{self, Written};
 use anyhow::Context;
-use conclave_node::{Node, NodeOptions, SessionId, SessionOutput};
+use conclave_node::{Node, NodeOptions, SessionId, SessionOutput, Time};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -157,7 +157,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         clock_base_us: crate::record::wall_us(),
         client_incarnation_floor: 0,
     };
-    let node = Node::new(cfg, name, node_opts, 0)?;
+    let node = Node::new(cfg, name, node_opts, Time::ZERO)?;
     let metrics = node.metrics().clone();
     let (tx, rx) = mpsc::channel(CORE_QUEUE);
     let (written_tx, written_rx) = mpsc::unbounded_channel();
@@ -353,8 +353,9 @@ struct Pump {
 
 impl Pump {
     /// The node's clock: microseconds since the daemon started.
-    fn now(&self) -> u64 {
-        self.start.elapsed().as_micros() as u64
+    /// The node's clock: time since this daemon started.
+    fn now(&self) -> Time {
+        Time::from_micros(self.start.elapsed().as_micros() as u64)
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<ToCore>) -> anyhow::Result<()> {
@@ -362,12 +363,13 @@ impl Pump {
         let mut buf = vec![0u8; 65_536];
         while !self.node.is_stopping() {
             if let Some(until) = self.node.take_pause() {
-                tokio::time::sleep_until(self.start + Duration::from_micros(until)).await;
+                tokio::time::sleep_until(self.start + Duration::from_micros(until.as_micros()))
+                    .await;
             }
             let wake = self
                 .node
                 .poll_timeout()
-                .map(|us| self.start + Duration::from_micros(us))
+                .map(|t| self.start + Duration::from_micros(t.as_micros()))
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             let woke = tokio::select! {
                 r = udp.recv_from(&mut buf) => match r {
@@ -423,7 +425,7 @@ impl Pump {
     }
 
     /// Hands one input to the node; the bytes it carried.
-    fn input(&mut self, now: u64, m: ToCore) -> usize {
+    fn input(&mut self, now: Time, m: ToCore) -> usize {
         let mut size = 0;
         match m {
             ToCore::Open { id, tx } => match self.node.open_session(now, id) {

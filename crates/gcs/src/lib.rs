@@ -6,12 +6,14 @@
 pub mod groups;
 pub mod membership;
 pub mod ordering;
+pub mod time;
 
 pub use groups::{
-    ClientCommand, ClientEvent, Daemon, DaemonConfig, DaemonError, Delivery, GroupViewId,
+    ClientCommand, ClientEvent, ClientId, Daemon, DaemonConfig, DaemonError, Delivery, GroupViewId,
     LocalEvent, Reason,
 };
 pub use membership::{Configuration, Membership, MembershipConfig, Phase, RingEvent};
 pub use ordering::{
     Delivered, Dest, Finished, Ordering, OrderingConfig, OrderingError, PeerRefusal, Transmit,
 };
+pub use time::Time;

@@ -25,9 +25,11 @@
 //! retransmit timeout) and otherwise left to the membership's token-loss timeout; messages are not
 //! batched into packets.
 
+use crate::time::Time;
 use conclave_wire::gcs::{Body, DaemonId, Data, Packet, RingId, ServiceType, Token, MAX_RTR};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Tunables of the ring's ordering, as deployed by default (the daemon's configuration file
 /// sets them as `[core.membership.ordering]`; docs/daemon.md).
@@ -224,7 +226,7 @@ pub struct Ordering {
     aru_prev: u64,
     last_token_seq: u64,
     /// The token as last passed on, and when, for retransmission.
-    last_sent: Option<(Token, u64)>,
+    last_sent: Option<(Token, Time)>,
     queue: VecDeque<Body>,
     /// Bytes of `queue` (as `body_bytes` counts them).
     queue_bytes: usize,
@@ -250,7 +252,7 @@ pub struct Ordering {
     /// The refusals of the packet being handled, for whoever handed it in.
     refusals: Vec<PeerRefusal>,
     /// An idle token being held, and until when.
-    held: Option<(Token, u64)>,
+    held: Option<(Token, Time)>,
 }
 
 impl Ordering {
@@ -517,7 +519,7 @@ impl Ordering {
     /// A message to send: a held token goes at once (at the next `handle_timeout`).
     fn release_held(&mut self) {
         if let Some((_, until)) = &mut self.held {
-            *until = 0;
+            *until = Time::ZERO;
         }
     }
 
@@ -531,7 +533,7 @@ impl Ordering {
     }
 
     /// The representative (the first member) creates the first token.
-    pub fn start(&mut self, now: u64) {
+    pub fn start(&mut self, now: Time) {
         if self.started {
             return;
         }
@@ -551,7 +553,7 @@ impl Ordering {
         }
     }
 
-    pub fn handle_packet(&mut self, now: u64, packet: Packet) {
+    pub fn handle_packet(&mut self, now: Time, packet: Packet) {
         match packet {
             // A token seen before is a retransmission this member already answered.
             Packet::Token(t) if t.ring == self.ring && t.token_seq > self.last_token_seq => {
@@ -568,7 +570,7 @@ impl Ordering {
                     return;
                 }
                 if self.idle(&t) {
-                    self.held = Some((t, now + self.cfg.idle_hold_us));
+                    self.held = Some((t, now + Duration::from_micros(self.cfg.idle_hold_us)));
                     return;
                 }
                 self.held = None;
@@ -646,7 +648,7 @@ impl Ordering {
         }
     }
 
-    fn on_token(&mut self, now: u64, mut t: Token) {
+    fn on_token(&mut self, now: Time, mut t: Token) {
         self.last_token_seq = t.token_seq;
         self.aru_prev = self.aru_now;
         self.aru_now = t.aru;
@@ -792,13 +794,14 @@ impl Ordering {
     }
 
     /// The token retransmission timer, and the end of a token's hold.
-    pub fn handle_timeout(&mut self, now: u64) {
+    pub fn handle_timeout(&mut self, now: Time) {
         if self.held.as_ref().is_some_and(|(_, until)| *until <= now) {
             let (t, _) = self.held.take().expect("held");
             self.on_token(now, t);
         }
+        let retransmit_after = self.retransmit_after();
         if let Some((t, at)) = &mut self.last_sent {
-            if now >= *at + self.cfg.token_retransmit_ms * 1000 {
+            if now >= *at + retransmit_after {
                 *at = now;
                 let t = t.clone();
                 let to = self.successor();
@@ -810,12 +813,16 @@ impl Ordering {
         }
     }
 
-    /// When `handle_timeout` wants to run next (microseconds).
-    pub fn poll_timeout(&self) -> Option<u64> {
+    fn retransmit_after(&self) -> Duration {
+        Duration::from_millis(self.cfg.token_retransmit_ms)
+    }
+
+    /// When `handle_timeout` wants to run next.
+    pub fn poll_timeout(&self) -> Option<Time> {
         let retransmit = self
             .last_sent
             .as_ref()
-            .map(|(_, at)| at + self.cfg.token_retransmit_ms * 1000);
+            .map(|(_, at)| *at + self.retransmit_after());
         let hold = self.held.as_ref().map(|(_, until)| *until);
         match (retransmit, hold) {
             (Some(a), Some(b)) => Some(a.min(b)),

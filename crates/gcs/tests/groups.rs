@@ -3,25 +3,32 @@
 //! a full ring.
 
 use conclave_gcs::{
-    ClientCommand, ClientEvent, Daemon, DaemonConfig, Dest, GroupViewId, LocalEvent,
+    ClientCommand, ClientEvent, ClientId, Daemon, DaemonConfig, Dest, GroupViewId, LocalEvent, Time,
 };
 use conclave_wire::gcs::ServiceType;
+use std::collections::HashMap;
+use std::time::Duration;
 
 struct Net {
     nodes: Vec<Daemon>,
-    now: u64,
+    now: Time,
     events: Vec<(usize, String, ClientEvent)>,
+    /// Each client's name and id (names are unique across the network's daemons here).
+    ids: HashMap<String, ClientId>,
+    names: HashMap<ClientId, String>,
 }
 
 impl Net {
     fn new(n: usize, cfg: DaemonConfig) -> Net {
         let nodes = (1..=n as u32)
-            .map(|id| Daemon::new(cfg.clone(), id, 0, 0))
+            .map(|id| Daemon::new(cfg.clone(), id, 0, Time::ZERO))
             .collect();
         let mut net = Net {
             nodes,
-            now: 0,
+            now: Time::ZERO,
             events: Vec::new(),
+            ids: HashMap::new(),
+            names: HashMap::new(),
         };
         net.run_until(|net| net.nodes.iter().all(|d| d.ready()));
         net
@@ -48,16 +55,17 @@ impl Net {
                             .expect("a well-formed packet");
                     }
                 }
-                while let Some((c, ev)) = self.nodes[i].poll_event().map(LocalEvent::into_event) {
+                while let Some((c, ev)) = self.next_event(i) {
                     self.events.push((i, c, ev));
                 }
             }
             // A hop takes 10 us; with nothing in flight, time jumps to the next timeout.
             let next = self.nodes.iter().filter_map(|d| d.poll_timeout()).min();
             self.now = if moved {
-                self.now + 10
+                self.now + Duration::from_micros(10)
             } else {
-                next.unwrap_or(self.now).max(self.now + 1)
+                next.unwrap_or(self.now)
+                    .max(self.now + Duration::from_micros(1))
             };
             for d in &mut self.nodes {
                 if d.poll_timeout().is_some_and(|t| t <= self.now) {
@@ -69,10 +77,23 @@ impl Net {
         panic!("the network never got there; last events: {tail:#?}");
     }
 
+    fn connect(&mut self, d: usize, name: &str) {
+        let id = self.ids.len() as ClientId;
+        self.nodes[d].connect(id, name).expect("connected");
+        self.ids.insert(name.to_owned(), id);
+        self.names.insert(id, name.to_owned());
+    }
+
     fn client(&mut self, d: usize, name: &str, cmd: ClientCommand) {
         self.nodes[d]
-            .handle_client(self.now, name, cmd)
+            .handle_client(self.now, self.ids[name], cmd)
             .expect("accepted");
+    }
+
+    /// The next event of a client of daemon `d`, with the client's name.
+    fn next_event(&mut self, d: usize) -> Option<(String, ClientEvent)> {
+        let (id, ev) = self.nodes[d].poll_event().map(LocalEvent::into_event)?;
+        Some((self.names[&id].clone(), ev))
     }
 
     fn views_of(&self, name: &str, group: &str) -> Vec<(GroupViewId, Vec<String>)> {
@@ -136,10 +157,10 @@ fn a_client_joining_and_leaving_in_a_loop_cannot_grow_the_queue_of_changes() {
     };
     let mut net = Net::new(2, cfg);
     // A VS member on d2 that does not acknowledge flushes yet: every change waits.
-    net.nodes[1].connect("slow").unwrap();
+    net.connect(1, "slow");
     net.client(1, "slow", join("g", true));
     net.run_until(|n| n.views_of("slow", "g").len() == 1);
-    net.nodes[0].connect("loop").unwrap();
+    net.connect(0, "loop");
     for _ in 0..20 {
         net.client(0, "loop", join("g", false));
         net.client(0, "loop", leave("g"));
@@ -148,7 +169,7 @@ fn a_client_joining_and_leaving_in_a_loop_cannot_grow_the_queue_of_changes() {
         |n: &Net| n.count("slow", |e| matches!(e, ClientEvent::FlushRequest { .. })) == 1;
     net.run_until(flush_asked);
     // Let everything in flight arrive; the flush still waits for "slow".
-    let settle = net.now + 50_000;
+    let settle = net.now + Duration::from_millis(50);
     net.run_until(|n| n.now >= settle);
     let accepted =
         |e: &ClientEvent| matches!(e, ClientEvent::Joined { .. } | ClientEvent::Left { .. });
@@ -166,11 +187,11 @@ fn a_client_joining_and_leaving_in_a_loop_cannot_grow_the_queue_of_changes() {
         net.run_until(|n| n.events.len() > seen || n.count("loop", accepted) > before);
     }
     let last = net.views_of("slow", "g").last().cloned().unwrap();
-    let settle = net.now + 50_000;
+    let settle = net.now + Duration::from_millis(50);
     loop {
         net.ack_flushes(1, "slow", "g", &mut acked);
         let seen = net.events.len();
-        let deadline = net.now + 50_000;
+        let deadline = net.now + Duration::from_millis(50);
         net.run_until(|n| n.events.len() > seen || n.now >= deadline);
         if net.now >= settle && net.events.len() == seen {
             break;
@@ -193,8 +214,8 @@ fn a_client_joining_and_leaving_in_a_loop_cannot_grow_the_queue_of_changes() {
 #[test]
 fn empty_groups_are_forgotten_and_view_ids_are_never_reused() {
     let mut net = Net::new(2, DaemonConfig::default());
-    net.nodes[0].connect("a").unwrap();
-    net.nodes[1].connect("b").unwrap();
+    net.connect(0, "a");
+    net.connect(1, "b");
     for round in 0..3 {
         for i in 0..20 {
             let g = format!("g{i}");
@@ -317,23 +338,23 @@ fn a_flush_of_h_held_up(max_queued: usize) -> (Net, GroupViewId) {
     cfg.membership.ordering.max_queued = max_queued;
     let mut net = Net::new(2, cfg);
     // "c" (VS) is in g and h; "v" (VS) is in h and will not acknowledge the next flush of h.
-    net.nodes[0].connect("c").unwrap();
+    net.connect(0, "c");
     net.client(0, "c", join("g", true));
     net.settle_view(0, "c", "g", 1);
     net.client(0, "c", join("h", true));
     net.settle_view(0, "c", "h", 1);
-    net.nodes[1].connect("x").unwrap();
+    net.connect(1, "x");
     net.client(1, "x", join("g", false));
     net.settle_view(0, "c", "g", 2);
-    net.nodes[1].connect("v").unwrap();
+    net.connect(1, "v");
     net.client(1, "v", join("h", true));
     net.settle_view(0, "c", "h", 2);
-    net.nodes[0].connect("f").unwrap();
+    net.connect(0, "f");
     net.client(0, "f", join("k", false));
     net.run_until(|n| n.views_of("f", "k").len() == 1);
 
     // A flush of h that "c" acknowledges and "v" holds up: c's messages to h now wait.
-    net.nodes[1].connect("y").unwrap();
+    net.connect(1, "y");
     net.client(1, "y", join("h", false));
     let h_flushes = net.flush_requests("c", "h").len();
     net.run_until(|n| n.flush_requests("c", "h").len() > h_flushes);
@@ -347,7 +368,7 @@ fn a_flush_of_h_held_up(max_queued: usize) -> (Net, GroupViewId) {
         },
     );
     // A flush of g, not yet acknowledged.
-    net.nodes[1].connect("z").unwrap();
+    net.connect(1, "z");
     net.client(1, "z", join("g", false));
     let g_flushes = net.flush_requests("c", "g").len();
     net.run_until(|n| n.flush_requests("c", "g").len() > g_flushes);
@@ -375,7 +396,7 @@ fn a_flush_acknowledgement_goes_while_the_ring_takes_no_more_messages() {
     );
     let mut sent = 0;
     let mut acked = false;
-    while let Some((client, ev)) = net.nodes[0].poll_event().map(LocalEvent::into_event) {
+    while let Some((client, ev)) = net.next_event(0) {
         match ev {
             ClientEvent::Sent { .. } if client == "f" => sent += 1,
             ClientEvent::FlushAcked { group } if client == "c" && group == "g" => acked = true,
@@ -399,7 +420,7 @@ fn a_message_does_not_overtake_an_earlier_one_that_waits() {
     net.client(0, "c", multicast_of(&["g", "h"], b"first"));
     net.client(0, "c", multicast_of(&["g"], b"second"));
     let mut sent = 0;
-    while let Some((client, ev)) = net.nodes[0].poll_event().map(LocalEvent::into_event) {
+    while let Some((client, ev)) = net.next_event(0) {
         net.events.push((0, client.clone(), ev.clone()));
         if client == "c" && matches!(ev, ClientEvent::Sent { .. }) {
             sent += 1;
@@ -448,8 +469,8 @@ fn what_one_client_keeps_waiting_is_bounded_in_bytes() {
         max_held_bytes_per_client: 300_000,
         ..DaemonConfig::default()
     };
-    let mut d = Daemon::new(cfg, 1, 0, 0);
-    d.connect("c").unwrap();
+    let mut d = Daemon::new(cfg, 1, 0, Time::ZERO);
+    d.connect(1, "c").unwrap();
     let cmd = |k: u8| ClientCommand::Multicast {
         service: ServiceType::Agreed,
         groups: vec!["g".into()],
@@ -460,10 +481,10 @@ fn what_one_client_keeps_waiting_is_bounded_in_bytes() {
         vs: false,
     };
     assert!(!d.ready());
-    d.handle_client(0, "c", join).unwrap();
-    d.handle_client(0, "c", cmd(1)).unwrap();
-    d.handle_client(0, "c", cmd(2)).unwrap();
-    let e = d.handle_client(0, "c", cmd(3)).unwrap_err();
+    d.handle_client(Time::ZERO, 1, join).unwrap();
+    d.handle_client(Time::ZERO, 1, cmd(1)).unwrap();
+    d.handle_client(Time::ZERO, 1, cmd(2)).unwrap();
+    let e = d.handle_client(Time::ZERO, 1, cmd(3)).unwrap_err();
     assert!(
         matches!(
             e,

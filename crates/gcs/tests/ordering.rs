@@ -1,7 +1,8 @@
 //! The ordering state machine alone: three members passing packets by hand.
 
-use conclave_gcs::{Dest, Ordering, OrderingConfig, OrderingError};
+use conclave_gcs::{Dest, Ordering, OrderingConfig, OrderingError, Time};
 use conclave_wire::gcs::{Body, Data, Packet, RingId, ServiceType, Token};
+use std::time::Duration;
 
 fn ring() -> RingId {
     RingId {
@@ -22,7 +23,7 @@ fn msg(service: ServiceType, tag: u8) -> Body {
 
 /// Hands every packet to its destination, `rounds` times over (the token circulates forever).
 fn pump(nodes: &mut [Ordering], rounds: usize) {
-    let mut now = 0;
+    let mut now = Time::ZERO;
     for _ in 0..rounds {
         for i in 0..nodes.len() {
             while let Some(t) = nodes[i].poll_transmit() {
@@ -31,7 +32,7 @@ fn pump(nodes: &mut [Ordering], rounds: usize) {
                     Dest::AllOthers => (0..nodes.len()).filter(|j| *j != i).collect(),
                 };
                 for j in to {
-                    now += 1;
+                    now += Duration::from_micros(1);
                     nodes[j].handle_packet(now, t.packet.clone());
                 }
             }
@@ -59,7 +60,7 @@ fn every_member_delivers_the_same_sequence() {
                 .unwrap();
         }
     }
-    nodes[0].start(0);
+    nodes[0].start(Time::ZERO);
     pump(&mut nodes, 30);
     let seqs: Vec<Vec<(u64, Body)>> = nodes
         .iter_mut()
@@ -80,7 +81,7 @@ fn every_member_delivers_the_same_sequence() {
 fn a_safe_message_waits_until_every_member_has_it() {
     let mut nodes = three();
     nodes[0].submit(msg(ServiceType::Safe, 1)).unwrap();
-    nodes[0].start(0);
+    nodes[0].start(Time::ZERO);
     // The holder sent it and passed the token on: it has it, but may not deliver it yet.
     assert!(nodes[0].poll_delivery().is_none());
     pump(&mut nodes, 1);
@@ -119,9 +120,9 @@ fn impossible_tokens_and_far_messages_are_refused() {
         backlog: 0,
         rtr: vec![],
     };
-    n.handle_packet(1, Packet::Token(bad.clone()));
+    n.handle_packet(Time::from_micros(1), Packet::Token(bad.clone()));
     n.handle_packet(
-        2,
+        Time::from_micros(2),
         Packet::Token(Token {
             token_seq: 5,
             aru: 10,
@@ -130,7 +131,7 @@ fn impossible_tokens_and_far_messages_are_refused() {
         }),
     );
     n.handle_packet(
-        3,
+        Time::from_micros(3),
         Packet::Data(Data {
             ring: ring(),
             seq: u64::MAX,

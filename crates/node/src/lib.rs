@@ -15,6 +15,7 @@ pub mod record;
 pub mod session;
 
 pub use admin::{AdminReply, AdminRequest, Status};
+pub use conclave_gcs::Time;
 pub use config::{Config, ConfigError};
 pub use node::{Node, NodeError, NodeOptions};
 pub use session::{SessionId, SessionOutput};

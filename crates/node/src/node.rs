@@ -4,7 +4,7 @@
 //! runtime only moves bytes between sockets and a node; the simulator drives the same nodes with
 //! a simulated network and clock, so what its seeds prove is the daemon that is deployed.
 //!
-//! Inputs (`now_us` is the node's clock, microseconds, never going back):
+//! Inputs (`now` is the node's clock, a [`Time`], never going back):
 //! - [`Node::handle_datagram`]: a datagram from a peer address;
 //! - [`Node::open_session`], [`Node::handle_session_bytes`], [`Node::handle_session_written`],
 //!   [`Node::close_session`]: a client connection opened, sent bytes, had output written, ended;
@@ -31,7 +31,7 @@ use crate::frag::{pack, Reassembly};
 use crate::metrics::Metrics;
 use crate::record::Recorder;
 use crate::session::{next_request, Session, SessionId, SessionOutput};
-use conclave_gcs::{ClientEvent, Daemon, Delivery, Dest, LocalEvent, Phase};
+use conclave_gcs::{ClientEvent, Daemon, Delivery, Dest, LocalEvent, Phase, Time};
 use conclave_history::{Event, Record};
 use conclave_wire::client::{ClientCommand, Refusal, Reply, Request};
 use conclave_wire::gcs::{DaemonId, Packet, RingId};
@@ -42,6 +42,7 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Most bytes queued for one client before it is disconnected for not reading.
 pub const MAX_UNREAD_BYTES: usize = 64 << 20;
@@ -66,7 +67,7 @@ fn missing(input: &[u8]) -> usize {
 }
 
 /// Gauges that are sums over every session or group are refreshed at most this often.
-const GAUGE_PERIOD_US: u64 = 100_000;
+const GAUGE_PERIOD: Duration = Duration::from_millis(100);
 
 /// How a node starts, beyond its configuration.
 #[derive(Clone, Debug, Default)]
@@ -99,7 +100,7 @@ pub enum NodeError {
 }
 
 /// A datagram held back by an injected delay: when it goes, a tie-breaker, to whom, what.
-type Delayed = (u64, u64, DaemonId, Vec<u8>);
+type Delayed = (Time, u64, DaemonId, Vec<u8>);
 
 pub struct Node {
     me: DaemonId,
@@ -120,9 +121,8 @@ pub struct Node {
     sessions: HashMap<SessionId, Session>,
     /// Sessions with replies framed and not yet handed out.
     dirty: Vec<SessionId>,
-    by_name: HashMap<String, SessionId>,
     /// Handshake and request deadlines, by time.
-    deadlines: BTreeSet<(u64, SessionId)>,
+    deadlines: BTreeSet<(Time, SessionId)>,
     /// Bytes of incomplete requests held for all sessions together.
     incomplete_bytes: usize,
     metrics: Arc<Metrics>,
@@ -131,18 +131,18 @@ pub struct Node {
     session_out: VecDeque<(SessionId, SessionOutput)>,
     /// Inputs were handled since the outputs were last prepared.
     unprepared: bool,
-    paused_until: Option<u64>,
+    paused_until: Option<Time>,
     clock_base_us: u64,
     last_client_inc: u32,
     last_ring: Option<RingId>,
     stopping: bool,
-    gauges_at: Option<u64>,
-    now: u64,
+    gauges_at: Option<Time>,
+    now: Time,
 }
 
 impl Node {
-    /// The node of daemon `name` of the configuration, starting at `now_us`.
-    pub fn new(cfg: Config, name: &str, opts: NodeOptions, now_us: u64) -> Result<Node, NodeError> {
+    /// The node of daemon `name` of the configuration, starting at `now`.
+    pub fn new(cfg: Config, name: &str, opts: NodeOptions, now: Time) -> Result<Node, NodeError> {
         cfg.validate()?;
         let me = cfg
             .id_of(name)
@@ -159,7 +159,7 @@ impl Node {
             me,
             name: name.to_owned(),
             inc: opts.incarnation,
-            daemon: Daemon::new(dcfg, me, opts.incarnation, now_us),
+            daemon: Daemon::new(dcfg, me, opts.incarnation, now),
             peers: cfg.daemon.iter().map(|d| d.peer).collect(),
             peer_names: cfg.daemon.iter().map(|d| d.name.clone()).collect(),
             by_addr: cfg
@@ -176,7 +176,6 @@ impl Node {
             delayed_seq: 0,
             sessions: HashMap::new(),
             dirty: Vec::new(),
-            by_name: HashMap::new(),
             deadlines: BTreeSet::new(),
             incomplete_bytes: 0,
             metrics: Arc::new(Metrics::default()),
@@ -190,7 +189,7 @@ impl Node {
             last_ring: None,
             stopping: false,
             gauges_at: None,
-            now: now_us,
+            now,
             cfg,
         })
     }
@@ -228,13 +227,13 @@ impl Node {
     }
 
     /// An admin `pause`: until when the driver should handle nothing.
-    pub fn take_pause(&mut self) -> Option<u64> {
+    pub fn take_pause(&mut self) -> Option<Time> {
         self.paused_until.take()
     }
 
-    fn input(&mut self, now_us: u64) {
-        debug_assert!(now_us >= self.now, "the node's clock went back");
-        self.now = self.now.max(now_us);
+    fn input(&mut self, now: Time) {
+        debug_assert!(now >= self.now, "the node's clock went back");
+        self.now = self.now.max(now);
         self.unprepared = true;
     }
 
@@ -242,8 +241,8 @@ impl Node {
 
     /// A datagram from `from`. One from an address that is no configured daemon, or that does not
     /// decode, is dropped and counted.
-    pub fn handle_datagram(&mut self, now_us: u64, from: SocketAddr, datagram: &[u8]) {
-        self.input(now_us);
+    pub fn handle_datagram(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        self.input(now);
         let m = &self.metrics;
         m.bytes_received.fetch_add(datagram.len() as u64, Relaxed);
         let Some(&peer) = self.by_addr.get(&from) else {
@@ -285,15 +284,15 @@ impl Node {
     // ---- timers ----
 
     /// When [`Node::handle_timeout`] should next be called.
-    pub fn poll_timeout(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<Time> {
         let core = self.daemon.poll_timeout();
         let delayed = self.delayed.peek().map(|Reverse((t, ..))| *t);
         let session = self.deadlines.first().map(|(t, _)| *t);
         [core, delayed, session].into_iter().flatten().min()
     }
 
-    pub fn handle_timeout(&mut self, now_us: u64) {
-        self.input(now_us);
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.input(now);
         let now = self.now;
         while self
             .delayed
@@ -326,8 +325,8 @@ impl Node {
 
     /// A client connection opened; it must connect within the handshake time. Past the
     /// connection limit it is refused, and the driver closes it.
-    pub fn open_session(&mut self, now_us: u64, id: SessionId) -> Result<(), NodeError> {
-        self.input(now_us);
+    pub fn open_session(&mut self, now: Time, id: SessionId) -> Result<(), NodeError> {
+        self.input(now);
         let max = self.cfg.sessions.max_connections;
         if self.sessions.len() >= max {
             return Err(NodeError::TooManyConnections { max });
@@ -339,7 +338,7 @@ impl Node {
         self.metrics
             .connections
             .store(self.sessions.len() as u64, Relaxed);
-        let deadline = self.now + self.cfg.sessions.handshake_ms * 1000;
+        let deadline = self.now + Duration::from_millis(self.cfg.sessions.handshake_ms);
         self.set_deadline(id, Some(deadline));
         Ok(())
     }
@@ -348,8 +347,8 @@ impl Node {
     /// before the next is handled; the start of an incomplete one is kept, within a request's
     /// size and the node's budget for incomplete requests, and must complete within
     /// `request_ms`.
-    pub fn handle_session_bytes(&mut self, now_us: u64, id: SessionId, bytes: &[u8]) {
-        self.input(now_us);
+    pub fn handle_session_bytes(&mut self, now: Time, id: SessionId, bytes: &[u8]) {
+        self.input(now);
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };
@@ -401,7 +400,10 @@ impl Node {
                 self.set_deadline(id, None);
             } else if had == 0 || used > 0 {
                 // A new request began: it has `request_ms` to arrive whole.
-                self.set_deadline(id, Some(now + self.cfg.sessions.request_ms * 1000));
+                self.set_deadline(
+                    id,
+                    Some(now + Duration::from_millis(self.cfg.sessions.request_ms)),
+                );
             }
         }
         self.metrics
@@ -470,14 +472,14 @@ impl Node {
 
     /// The connection ended (the client closed it, or writing to it failed): its client leaves
     /// every group.
-    pub fn close_session(&mut self, now_us: u64, id: SessionId) {
-        self.input(now_us);
+    pub fn close_session(&mut self, now: Time, id: SessionId) {
+        self.input(now);
         self.close(id, None);
     }
 
     /// Every client is told, and its session closed (an admin `shutdown`).
-    pub fn shutdown(&mut self, now_us: u64) {
-        self.input(now_us);
+    pub fn shutdown(&mut self, now: Time) {
+        self.input(now);
         let mut ids: Vec<SessionId> = self.sessions.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
@@ -485,21 +487,21 @@ impl Node {
         }
     }
 
-    fn set_deadline(&mut self, id: SessionId, at: Option<u64>) {
+    fn set_deadline(&mut self, id: SessionId, at: Option<Time>) {
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };
-        if let Some(old) = s.deadline_us.take() {
+        if let Some(old) = s.deadline.take() {
             self.deadlines.remove(&(old, id));
         }
         if let Some(at) = at {
-            s.deadline_us = Some(at);
+            s.deadline = Some(at);
             self.deadlines.insert((at, id));
         }
     }
 
     fn next_client_inc(&mut self) -> u32 {
-        let stamp = crate::stamp(self.clock_base_us + self.now);
+        let stamp = crate::stamp(self.clock_base_us + self.now.as_micros());
         self.last_client_inc = stamp.max(self.last_client_inc + 1);
         self.last_client_inc
     }
@@ -509,8 +511,8 @@ impl Node {
             return;
         };
         let now = self.now;
-        match (req, s.client.as_ref().map(|c| c.0.clone())) {
-            (Request::Connect { name }, None) => {
+        match (req, s.client.is_some()) {
+            (Request::Connect { name }, false) => {
                 let q = match qualified_name(&name, &self.name) {
                     Ok(q) => q,
                     Err(reason) => {
@@ -519,7 +521,7 @@ impl Node {
                         return;
                     }
                 };
-                if let Err(e) = self.daemon.connect(&q) {
+                if let Err(e) = self.daemon.connect(id, &q) {
                     self.refuse(id, e.refusal(), e.to_string());
                     self.close(id, None);
                     return;
@@ -529,14 +531,13 @@ impl Node {
                     s.client = Some((q.clone(), inc));
                 }
                 self.set_deadline(id, None);
-                self.by_name.insert(q.clone(), id);
                 self.metrics.clients.fetch_add(1, Relaxed);
                 self.reply(id, Reply::Connected { name: q });
             }
-            (Request::Connect { .. }, Some(_)) => {
+            (Request::Connect { .. }, true) => {
                 self.refuse(id, Refusal::AlreadyConnected, "already connected".into());
             }
-            (_, None) => {
+            (_, false) => {
                 self.refuse(
                     id,
                     Refusal::BadRequest,
@@ -544,9 +545,9 @@ impl Node {
                 );
                 self.close(id, None);
             }
-            (Request::Command(cmd), Some(name)) => {
+            (Request::Command(cmd), true) => {
                 let is_msg = matches!(cmd, ClientCommand::Multicast { .. });
-                match self.daemon.handle_client(now, &name, cmd) {
+                match self.daemon.handle_client(now, id, cmd) {
                     Ok(()) => {
                         if is_msg {
                             self.metrics.messages_accepted.fetch_add(1, Relaxed);
@@ -555,7 +556,7 @@ impl Node {
                     Err(e) => self.refuse(id, e.refusal(), e.to_string()),
                 }
             }
-            (Request::Disconnect, Some(_)) => self.close(id, None),
+            (Request::Disconnect, true) => self.close(id, None),
         }
     }
 
@@ -670,10 +671,8 @@ impl Node {
             .store(self.sessions.len() as u64, Relaxed);
         self.session_out.push_back((id, SessionOutput::Close));
         if let Some((name, inc)) = s.client {
-            self.by_name.remove(&name);
             self.metrics.clients.fetch_sub(1, Relaxed);
-            // Already gone from the core if the core closed it.
-            let _ = self.daemon.disconnect(self.now, &name);
+            let _ = self.daemon.disconnect(self.now, id);
             if let Some(r) = self.recorder.as_mut() {
                 r.push(self.now, &name, inc, Event::Crash);
             }
@@ -682,8 +681,8 @@ impl Node {
 
     // ---- admin ----
 
-    pub fn handle_admin(&mut self, now_us: u64, req: AdminRequest) -> AdminReply {
-        self.input(now_us);
+    pub fn handle_admin(&mut self, now: Time, req: AdminRequest) -> AdminReply {
+        self.input(now);
         let r = self.admin(req);
         match r {
             Err(e) => AdminReply::error(e),
@@ -758,7 +757,7 @@ impl Node {
                 if ms > MAX_PAUSE_MS {
                     return Err(format!("a pause is at most {MAX_PAUSE_MS} ms"));
                 }
-                self.paused_until = Some(self.now + ms * 1000);
+                self.paused_until = Some(self.now + Duration::from_millis(ms));
             }
             AdminRequest::Clear => self.faults = Faults::default(),
             AdminRequest::Shutdown => self.stopping = true,
@@ -787,7 +786,7 @@ impl Node {
             ring: ring.ring().map(|r| format!("{}@{}", r.seq, name(r.rep))),
             members: ring.ring_members().into_iter().map(name).collect(),
             ready: self.daemon.ready(),
-            clients: self.by_name.len(),
+            clients: self.daemon.client_count(),
             groups: self.daemon.group_count(),
             connections: self.sessions.len(),
             faults: self.faults.active(),
@@ -824,12 +823,9 @@ impl Node {
         self.datagrams.pop_front()
     }
 
-    /// Gauges that are sums over every session or group, at most every [`GAUGE_PERIOD_US`].
+    /// Gauges that are sums over every session or group, at most every [`GAUGE_PERIOD`].
     fn refresh_gauges(&mut self) {
-        if self
-            .gauges_at
-            .is_some_and(|t| self.now < t + GAUGE_PERIOD_US)
-        {
+        if self.gauges_at.is_some_and(|t| self.now < t + GAUGE_PERIOD) {
             return;
         }
         self.gauges_at = Some(self.now);
@@ -837,6 +833,8 @@ impl Node {
         self.metrics.unread_bytes.store(unread as u64, Relaxed);
         let groups = self.daemon.group_count() as u64;
         self.metrics.groups.store(groups, Relaxed);
+        let dropped = self.daemon.sync_changes_dropped();
+        self.metrics.sync_changes_dropped.store(dropped, Relaxed);
     }
 
     /// The core's outputs after the inputs since the last call: ring events recorded, client
@@ -934,7 +932,7 @@ impl Node {
                         self.send_datagram(peer, copy);
                     } else {
                         self.delayed_seq += 1;
-                        let at = self.now + delay_ms * 1000;
+                        let at = self.now + Duration::from_millis(delay_ms);
                         self.delayed
                             .push(Reverse((at, self.delayed_seq, peer, copy)));
                     }
@@ -965,25 +963,18 @@ impl Node {
     }
 
     fn deliver(&mut self, d: &Delivery) {
-        let Some(&id) = self.by_name.get(d.client()) else {
-            return;
-        };
+        let id = d.client();
         self.metrics.messages_delivered.fetch_add(1, Relaxed);
         self.frame(id, |out| d.message().frame_into(out));
     }
 
-    fn client_event(&mut self, client: String, ev: ClientEvent) {
-        let Some(&id) = self.by_name.get(&client) else {
+    fn client_event(&mut self, id: SessionId, ev: ClientEvent) {
+        let Some((client, inc)) = self.sessions.get(&id).and_then(|s| s.client.as_ref()) else {
             return;
         };
-        let inc = self
-            .sessions
-            .get(&id)
-            .and_then(|s| s.client.as_ref())
-            .map_or(0, |c| c.1);
         if let Some(r) = self.recorder.as_mut() {
-            if let Some(e) = r.client_event(&client, &ev) {
-                r.push(self.now, &client, inc, e);
+            if let Some(e) = r.client_event(client, &ev) {
+                r.push(self.now, client, *inc, e);
             }
         }
         let ev = match ev {
@@ -1013,7 +1004,6 @@ impl Node {
                 if let Some(s) = self.sessions.get_mut(&id) {
                     s.client = None;
                 }
-                self.by_name.remove(&client);
                 self.metrics.clients.fetch_sub(1, Relaxed);
                 self.close(id, None);
                 return;

@@ -62,9 +62,9 @@ impl Recorder {
         )
     }
 
-    pub fn push(&mut self, now_us: u64, p: &str, inc: u32, ev: Event) {
+    pub fn push(&mut self, now: conclave_gcs::Time, p: &str, inc: u32, ev: Event) {
         self.out.push_back(Record {
-            t: self.base_us + now_us,
+            t: self.base_us + now.as_micros(),
             p: p.to_owned(),
             inc,
             ev,

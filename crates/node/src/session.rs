@@ -6,8 +6,9 @@
 use conclave_wire::client::{next_frame_within, Request, MAX_REQUEST_BYTES};
 use conclave_wire::DecodeError;
 
-/// A connection, as the driver numbers it.
-pub type SessionId = u64;
+/// A connection, as its driver numbers it; once it has connected, also its client's id in the
+/// core ([`conclave_gcs::ClientId`]).
+pub type SessionId = conclave_gcs::ClientId;
 
 /// What the node hands a driver for one connection.
 #[derive(Debug, PartialEq, Eq)]
@@ -32,7 +33,7 @@ pub(crate) struct Session {
     pub input: Vec<u8>,
     /// When the first byte of the incomplete request arrived (or the connection opened, until
     /// it has connected): the deadline runs from here.
-    pub deadline_us: Option<u64>,
+    pub deadline: Option<conclave_gcs::Time>,
     /// Replies framed since the node last handed this session's output out.
     pub pending: Vec<u8>,
     pub pending_replies: usize,
@@ -50,7 +51,7 @@ impl Session {
             client: None,
             requests: 0,
             input: Vec::new(),
-            deadline_us: None,
+            deadline: None,
             pending: Vec::new(),
             pending_replies: 0,
             unwritten_bytes: 0,

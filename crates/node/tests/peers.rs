@@ -2,7 +2,7 @@
 //! an admin asks for: no refusal is a silent drop.
 
 use conclave_node::frag::split;
-use conclave_node::{AdminRequest, Config, Node, NodeOptions};
+use conclave_node::{AdminRequest, Config, Node, NodeOptions, Time};
 use conclave_wire::gcs::{Join, Packet};
 use std::net::SocketAddr;
 
@@ -10,13 +10,17 @@ use std::net::SocketAddr;
 fn refused_peer_input_is_counted_by_peer_and_reason() {
     let cfg = Config::local(2, 4800);
     let d2 = cfg.daemon[1].peer;
-    let mut n = Node::new(cfg, "d1", NodeOptions::default(), 0).unwrap();
+    let mut n = Node::new(cfg, "d1", NodeOptions::default(), Time::ZERO).unwrap();
     let stranger: SocketAddr = "127.0.0.1:9".parse().unwrap();
-    n.handle_datagram(1, stranger, &[1, 0, 7]);
+    n.handle_datagram(Time::from_micros(1), stranger, &[1, 0, 7]);
     // Not a datagram at all.
-    n.handle_datagram(2, d2, &[0xff]);
+    n.handle_datagram(Time::from_micros(2), d2, &[0xff]);
     // A datagram carrying a packet that does not decode.
-    n.handle_datagram(3, d2, &split(&[0xff, 0xee], 0).unwrap()[0]);
+    n.handle_datagram(
+        Time::from_micros(3),
+        d2,
+        &split(&[0xff, 0xee], 0).unwrap()[0],
+    );
     // A join of a ring no ring reaches.
     let join = Packet::Join(Join {
         sender: 2,
@@ -26,9 +30,16 @@ fn refused_peer_input_is_counted_by_peer_and_reason() {
         failed: vec![],
     });
     for t in 4..6 {
-        n.handle_datagram(t, d2, &split(&join.encode(), 0).unwrap()[0]);
+        n.handle_datagram(
+            Time::from_micros(t),
+            d2,
+            &split(&join.encode(), 0).unwrap()[0],
+        );
     }
-    let status = n.handle_admin(6, AdminRequest::Status).status.unwrap();
+    let status = n
+        .handle_admin(Time::from_micros(6), AdminRequest::Status)
+        .status
+        .unwrap();
     let counts = &status.peer_refusals;
     assert_eq!(counts["unknown"]["unknown_sender"], 1, "{counts:?}");
     assert_eq!(counts["d2"]["bad_datagram"], 1, "{counts:?}");

@@ -1,14 +1,20 @@
 //! What one connection can make a node hold, and when the node closes it: driven with bytes and
 //! time, as the daemon's runtime and the simulator drive it.
 
-use conclave_node::{Config, Node, NodeOptions, SessionOutput};
+use conclave_node::{Config, Node, NodeOptions, SessionOutput, Time};
 use conclave_wire::client::{frame, next_frame, Refusal, Reply, Request, MAX_REQUEST_BYTES};
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+/// A point of the node's clock, microseconds after its start.
+fn t(us: u64) -> Time {
+    Time::from_micros(us)
+}
 
 fn node(edit: impl FnOnce(&mut Config)) -> Node {
     let mut cfg = Config::local(1, 4800);
     edit(&mut cfg);
-    Node::new(cfg, "d1", NodeOptions::default(), 0).unwrap()
+    Node::new(cfg, "d1", NodeOptions::default(), Time::ZERO).unwrap()
 }
 
 /// Everything the node has for its connections: replies by session, and which it closed.
@@ -32,6 +38,7 @@ fn outputs(n: &mut Node) -> (Vec<(u64, Reply)>, Vec<u64>) {
 }
 
 fn connect(n: &mut Node, now: u64, id: u64, name: &str) {
+    let now = t(now);
     n.open_session(now, id).unwrap();
     let hello = frame(
         &Request::Connect {
@@ -60,13 +67,13 @@ fn refused_and_closed(n: &mut Node, id: u64, needle: &str) {
 #[test]
 fn a_connection_that_does_not_connect_in_time_is_closed() {
     let mut n = node(|_| {});
-    n.open_session(0, 1).unwrap();
-    n.handle_session_bytes(10, 1, &[0, 0]);
-    let handshake_us = n.config().sessions.handshake_ms * 1000;
-    assert!(n.poll_timeout().unwrap() <= handshake_us);
-    n.handle_timeout(handshake_us - 1);
+    n.open_session(t(0), 1).unwrap();
+    n.handle_session_bytes(t(10), 1, &[0, 0]);
+    let handshake = Time::ZERO + Duration::from_millis(n.config().sessions.handshake_ms);
+    assert!(n.poll_timeout().unwrap() <= handshake);
+    n.handle_timeout(t(handshake.as_micros() - 1));
     assert!(outputs(&mut n).1.is_empty());
-    n.handle_timeout(handshake_us);
+    n.handle_timeout(handshake);
     refused_and_closed(&mut n, 1, "no connect request in time");
 }
 
@@ -78,15 +85,15 @@ fn a_request_that_stops_arriving_is_dropped_with_its_connection() {
     let mut bytes = (MAX_REQUEST_BYTES as u32).to_be_bytes().to_vec();
     bytes.resize(4 + MAX_REQUEST_BYTES - 1, 0);
     for (k, chunk) in bytes.chunks(64 * 1024).enumerate() {
-        n.handle_session_bytes(k as u64, 1, chunk);
+        n.handle_session_bytes(t(k as u64), 1, chunk);
     }
     assert!(outputs(&mut n).1.is_empty());
     let held = n.metrics().incomplete_bytes.load(Relaxed) as usize;
     assert_eq!(held, bytes.len());
     let deadline = n.config().sessions.request_ms * 1000;
-    n.handle_timeout(deadline - 1);
+    n.handle_timeout(t(deadline - 1));
     assert!(outputs(&mut n).1.is_empty());
-    n.handle_timeout(deadline);
+    n.handle_timeout(t(deadline));
     refused_and_closed(&mut n, 1, "did not arrive in time");
     assert_eq!(n.metrics().incomplete_bytes.load(Relaxed), 0);
 }
@@ -95,7 +102,7 @@ fn a_request_that_stops_arriving_is_dropped_with_its_connection() {
 fn a_frame_longer_than_any_request_is_refused_before_its_body_arrives() {
     let mut n = node(|_| {});
     connect(&mut n, 0, 1, "alice");
-    n.handle_session_bytes(1, 1, &(MAX_REQUEST_BYTES as u32 + 1).to_be_bytes());
+    n.handle_session_bytes(t(1), 1, &(MAX_REQUEST_BYTES as u32 + 1).to_be_bytes());
     refused_and_closed(&mut n, 1, "bad frame");
 }
 
@@ -109,9 +116,9 @@ fn incomplete_requests_of_all_connections_share_one_budget() {
         b.resize(len, 0);
         b
     };
-    n.handle_session_bytes(1, 1, &partial(600));
+    n.handle_session_bytes(t(1), 1, &partial(600));
     assert!(outputs(&mut n).1.is_empty());
-    n.handle_session_bytes(2, 2, &partial(600));
+    n.handle_session_bytes(t(2), 2, &partial(600));
     refused_and_closed(&mut n, 2, "too many incomplete requests");
     assert_eq!(n.metrics().incomplete_bytes.load(Relaxed), 600);
     assert_eq!(n.metrics().closed_limits.load(Relaxed), 1);
@@ -133,9 +140,9 @@ fn requests_split_anywhere_are_read_whole_and_in_order() {
     }
     for chunk in [1, 2, 3, 4, 5, 7, 11, 64, bytes.len()] {
         let mut n = node(|_| {});
-        n.open_session(0, 1).unwrap();
+        n.open_session(t(0), 1).unwrap();
         for b in bytes.chunks(chunk) {
-            n.handle_session_bytes(1, 1, b);
+            n.handle_session_bytes(t(1), 1, b);
         }
         let (replies, closed) = outputs(&mut n);
         assert!(closed.is_empty());
@@ -175,9 +182,9 @@ fn requests_split_anywhere_are_read_whole_and_in_order() {
 #[test]
 fn past_the_connection_limit_a_connection_is_refused() {
     let mut n = node(|c| c.sessions.max_connections = 2);
-    n.open_session(0, 1).unwrap();
-    n.open_session(0, 2).unwrap();
-    assert!(n.open_session(0, 3).is_err());
-    n.close_session(1, 1);
-    n.open_session(2, 3).unwrap();
+    n.open_session(t(0), 1).unwrap();
+    n.open_session(t(0), 2).unwrap();
+    assert!(n.open_session(t(0), 3).is_err());
+    n.close_session(t(1), 1);
+    n.open_session(t(2), 3).unwrap();
 }

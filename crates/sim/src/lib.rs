@@ -15,7 +15,7 @@ pub use membership::{
     run_membership, Action, FaultChoice, FaultSet, MembershipSimConfig, Trigger, FAULT_NAMES,
 };
 
-use conclave_gcs::{Dest, Ordering, OrderingConfig};
+use conclave_gcs::{Dest, Ordering, OrderingConfig, Time};
 use conclave_history::{Event, Record, ViewId};
 use conclave_wire::gcs::{Body, DaemonId, Packet, RingId, ServiceType};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -332,7 +332,7 @@ impl Sim {
                 );
             }
         }
-        if let Some(t) = self.nodes[i].poll_timeout() {
+        if let Some(t) = self.nodes[i].poll_timeout().map(Time::as_micros) {
             // A deadline already past fires now (time never runs backwards).
             let t = t.max(self.now);
             if self.timers[i] != Some(t) {
@@ -429,7 +429,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
         }
     }
     for i in 0..n {
-        sim.nodes[i].start(0);
+        sim.nodes[i].start(Time::ZERO);
         sim.drain(i);
     }
     let total = (n * cfg.messages * n) as u64;
@@ -459,14 +459,14 @@ pub fn run(cfg: &SimConfig) -> SimResult {
                     if to == 0 && matches!(p, Packet::Token(_)) {
                         sim.token_visits.push(t);
                     }
-                    sim.nodes[to].handle_packet(t, p);
+                    sim.nodes[to].handle_packet(Time::from_micros(t), p);
                 }
                 sim.drain(to);
             }
             What::Timer { node } => {
                 if sim.timers[node] == Some(t) {
                     sim.timers[node] = None;
-                    sim.nodes[node].handle_timeout(t);
+                    sim.nodes[node].handle_timeout(Time::from_micros(t));
                     sim.drain(node);
                 }
             }

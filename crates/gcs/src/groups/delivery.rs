@@ -79,8 +79,8 @@ impl Daemon {
                 self.queue_change(&group, Change::Leave(client, sender));
             }
             Body::ClientGone { client } => {
-                if let Some(backlog) = &mut self.sync_backlog {
-                    backlog.push((None, Change::Gone(client, sender)));
+                if self.sync_backlog.is_some() {
+                    self.wait_for_sync(None, Change::Gone(client, sender));
                     return;
                 }
                 // Every group where it is a member or has a join queued.
@@ -140,7 +140,7 @@ impl Daemon {
                 continue;
             }
             self.events.push_back(LocalEvent::Message(Delivery {
-                client: client.name.clone(),
+                client: client.id,
                 body: body.clone(),
                 index,
                 view,
@@ -154,13 +154,13 @@ impl Daemon {
 /// shared message: queueing it copies no name and no payload.
 #[derive(Clone, Debug)]
 pub enum LocalEvent {
-    Event(String, ClientEvent),
+    Event(ClientId, ClientEvent),
     Message(Delivery),
 }
 
 impl LocalEvent {
     /// The event as the client receives it.
-    pub fn into_event(self) -> (String, ClientEvent) {
+    pub fn into_event(self) -> (ClientId, ClientEvent) {
         match self {
             LocalEvent::Event(c, ev) => (c, ev),
             LocalEvent::Message(d) => {
@@ -173,7 +173,7 @@ impl LocalEvent {
                     view: m.view,
                     transitional: m.transitional,
                 };
-                (d.client.to_string(), ev)
+                (d.client, ev)
             }
         }
     }
@@ -182,7 +182,7 @@ impl LocalEvent {
 /// A client message delivered to one local client: the ring's message and which of its groups.
 #[derive(Clone, Debug)]
 pub struct Delivery {
-    client: Arc<str>,
+    client: ClientId,
     /// Always a [`Body::Client`] with a group at `index` (checked in `Daemon::deliver`).
     body: Arc<Body>,
     index: usize,
@@ -193,8 +193,8 @@ pub struct Delivery {
 static NO_PAYLOAD: Bytes = Bytes::new();
 
 impl Delivery {
-    pub fn client(&self) -> &str {
-        &self.client
+    pub fn client(&self) -> ClientId {
+        self.client
     }
 
     fn payload(&self) -> &Bytes {

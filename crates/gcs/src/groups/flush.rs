@@ -5,8 +5,8 @@ use super::*;
 impl Daemon {
     pub(super) fn queue_change(&mut self, group: &str, change: Change) {
         // During the state exchange, changes wait for the new group map.
-        if let Some(backlog) = &mut self.sync_backlog {
-            backlog.push((Some(group.to_owned()), change));
+        if self.sync_backlog.is_some() {
+            self.wait_for_sync(Some(group.to_owned()), change);
             return;
         }
         // Only groups that exist (a join creates one); a bounded number per client is enforced
@@ -59,7 +59,8 @@ impl Daemon {
                     acked: BTreeSet::new(),
                     marker_sent: false,
                     change,
-                    deadline: self.now + self.cfg.flush_timeout_ms * 1000,
+                    deadline: self.now
+                        + std::time::Duration::from_millis(self.cfg.flush_timeout_ms),
                 });
                 // The VS clients here that hold the view being closed (a member of the same name
                 // that has not installed it is a later connection, or one that left and joined
@@ -121,6 +122,22 @@ impl Daemon {
     }
 
     /// A join or leave has been applied to a view, or dropped: its client may send another.
+    /// Keeps a change delivered during the state exchange for the new group map, within
+    /// [`MAX_SYNC_BACKLOG`]. Past it the change is dropped, as it is at every daemon: they all
+    /// deliver the same changes in the same order, so they all drop the same ones and their
+    /// group maps stay equal.
+    pub(super) fn wait_for_sync(&mut self, group: Option<String>, change: Change) {
+        let Some(backlog) = &mut self.sync_backlog else {
+            return;
+        };
+        if backlog.len() < MAX_SYNC_BACKLOG {
+            backlog.push((group, change));
+        } else {
+            self.sync_dropped += 1;
+            self.consumed(&change);
+        }
+    }
+
     pub(super) fn consumed(&mut self, change: &Change) {
         let client = match change {
             Change::Join(m) if m.daemon == self.me => &m.name,

@@ -40,13 +40,14 @@
 
 use crate::membership::{Membership, MembershipConfig, RingEvent};
 use crate::ordering::{PeerRefusal, Transmit};
+use crate::time::Time;
 use conclave_wire::client::Bytes;
 pub use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, Reason};
 use conclave_wire::client::{MessageRef, Refusal, MAX_VIEW_MEMBERS};
 use conclave_wire::gcs::{
     Body, DaemonId, Packet, RingId, ServiceType, StateEntry, MAX_NAME_BYTES, MAX_STATE_ENTRIES,
 };
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 mod clients;
@@ -57,6 +58,19 @@ mod views;
 
 use clients::command_bytes;
 pub use delivery::{Delivery, LocalEvent};
+
+/// How the core knows a connected client: an id its driver picks at [`Daemon::connect`] (the
+/// node uses the connection's), so that a command and an event reach their client without a
+/// lookup by name. Names are what the daemons tell each other and what views list.
+pub type ClientId = u64;
+
+/// Most group changes kept while the daemons exchange their group states after a configuration
+/// change. Correct daemons come nowhere near it: the exchange lasts a rotation or two of the
+/// token, and each client has at most `max_changes_per_client` joins and leaves on their way,
+/// with `max_clients × max_groups_per_client` held to [`MAX_STATE_ENTRIES`] per daemon. Past it,
+/// a flood from a faulty daemon is dropped (the same changes at every daemon, see
+/// `Daemon::wait_for_sync`) instead of growing without bound.
+pub const MAX_SYNC_BACKLOG: usize = 4 * MAX_STATE_ENTRIES;
 
 /// Limits and timeouts of a daemon's core, as deployed by default (`[core]` in the daemon's
 /// configuration file).
@@ -128,10 +142,12 @@ impl DaemonConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DaemonError {
-    #[error("no client {0:?} is connected")]
-    UnknownClient(String),
+    #[error("no client {0} is connected")]
+    UnknownClient(ClientId),
     #[error("client {0:?} is already connected")]
     AlreadyConnected(String),
+    #[error("client id {0} is in use")]
+    ClientIdInUse(ClientId),
     #[error("{max} clients are already connected")]
     TooManyClients { max: usize },
     #[error("a name must be 1 to {MAX_NAME_BYTES} bytes")]
@@ -156,7 +172,7 @@ impl DaemonError {
     /// The code a client is refused with.
     pub fn refusal(&self) -> Refusal {
         match self {
-            DaemonError::UnknownClient(_) => Refusal::BadRequest,
+            DaemonError::UnknownClient(_) | DaemonError::ClientIdInUse(_) => Refusal::BadRequest,
             DaemonError::AlreadyConnected(_) => Refusal::NameTaken,
             DaemonError::TooManyClients { .. } => Refusal::TooManyClients,
             DaemonError::BadName => Refusal::BadName,
@@ -197,7 +213,7 @@ struct Flush {
     marker_sent: bool,
     change: Change,
     /// Local VS members that have not acknowledged by then are disconnected.
-    deadline: u64,
+    deadline: Time,
 }
 
 #[derive(Default)]
@@ -212,8 +228,7 @@ struct Group {
 }
 
 struct Client {
-    /// Its name, shared by every delivery queued for it.
-    name: Arc<str>,
+    id: ClientId,
     /// Groups joined, as accepted (with the VS flag).
     groups: BTreeMap<String, bool>,
     /// Groups as they will be once every waiting command is accepted.
@@ -247,16 +262,20 @@ pub struct Daemon {
     /// Changes delivered during the state exchange, applied to the new group map (a group name,
     /// or none for a client gone from every group).
     sync_backlog: Option<Vec<(Option<String>, Change)>>,
+    /// Changes dropped past [`MAX_SYNC_BACKLOG`], since this daemon started.
+    sync_dropped: u64,
     groups: BTreeMap<String, Group>,
     /// A group is forgotten once it has no members and nothing queued; one created again on
     /// the same ring numbers its views from here, past every view a forgotten group had, so a
     /// view id is never used twice.
     first_count: u64,
     clients: BTreeMap<String, Client>,
+    /// The name of each connected client, by the id its connection gave it.
+    names: HashMap<ClientId, Arc<str>>,
     events: VecDeque<LocalEvent>,
     ring_log: VecDeque<RingEvent>,
     /// The time of the input being handled.
-    now: u64,
+    now: Time,
 }
 
 fn check_name(s: &str) -> Result<(), DaemonError> {
@@ -268,7 +287,7 @@ fn check_name(s: &str) -> Result<(), DaemonError> {
 
 impl Daemon {
     /// A daemon starting (or restarting as `incarnation`, see [`Membership::new`]).
-    pub fn new(mut cfg: DaemonConfig, me: DaemonId, incarnation: u32, now: u64) -> Daemon {
+    pub fn new(mut cfg: DaemonConfig, me: DaemonId, incarnation: u32, now: Time) -> Daemon {
         // Every membership of every client must fit in one group state.
         cfg.max_groups_per_client = cfg.max_groups_per_client.clamp(1, MAX_STATE_ENTRIES);
         cfg.max_clients = cfg
@@ -282,9 +301,11 @@ impl Daemon {
             config: None,
             syncing: None,
             sync_backlog: None,
+            sync_dropped: 0,
             groups: BTreeMap::new(),
             first_count: 0,
             clients: BTreeMap::new(),
+            names: HashMap::new(),
             events: VecDeque::new(),
             ring_log: VecDeque::new(),
             now,
@@ -302,16 +323,31 @@ impl Daemon {
         self.groups.len()
     }
 
+    /// Clients connected.
+    pub fn client_count(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// Group changes dropped past [`MAX_SYNC_BACKLOG`] since this daemon started.
+    pub fn sync_changes_dropped(&self) -> u64 {
+        self.sync_dropped
+    }
+
     /// Whether client commands are being accepted: the ring is operational and the group
     /// states of the current configuration are all in.
     pub fn ready(&self) -> bool {
         self.ring.is_operational() && self.syncing.is_none() && self.config.is_some()
     }
 
-    pub fn connect(&mut self, client: &str) -> Result<(), DaemonError> {
+    /// A client connects as `client`, known from now on by `id` (which the caller picks, and
+    /// may reuse once the client has disconnected).
+    pub fn connect(&mut self, id: ClientId, client: &str) -> Result<(), DaemonError> {
         check_name(client)?;
         if self.clients.contains_key(client) {
             return Err(DaemonError::AlreadyConnected(client.to_owned()));
+        }
+        if self.names.contains_key(&id) {
+            return Err(DaemonError::ClientIdInUse(id));
         }
         if self.clients.len() >= self.cfg.max_clients {
             return Err(DaemonError::TooManyClients {
@@ -321,7 +357,7 @@ impl Daemon {
         self.clients.insert(
             client.to_owned(),
             Client {
-                name: Arc::from(client),
+                id,
                 groups: BTreeMap::new(),
                 intent: BTreeMap::new(),
                 views: BTreeMap::new(),
@@ -332,17 +368,23 @@ impl Daemon {
                 changes: 0,
             },
         );
+        self.names.insert(id, Arc::from(client));
         Ok(())
     }
 
     /// The client's connection ended: it leaves every group; what it had not had accepted is
     /// dropped.
-    pub fn disconnect(&mut self, now: u64, client: &str) -> Result<(), DaemonError> {
+    pub fn disconnect(&mut self, now: Time, id: ClientId) -> Result<(), DaemonError> {
         self.now = now;
+        let name = self
+            .names
+            .remove(&id)
+            .ok_or(DaemonError::UnknownClient(id))?;
+        let client = &*name;
         let c = self
             .clients
             .remove(client)
-            .ok_or_else(|| DaemonError::UnknownClient(client.to_owned()))?;
+            .ok_or(DaemonError::UnknownClient(id))?;
         for g in c.groups.keys() {
             if let Some(f) = self.groups.get_mut(g).and_then(|g| g.flush.as_mut()) {
                 f.awaiting.remove(client);
@@ -362,18 +404,24 @@ impl Daemon {
 
     pub fn handle_client(
         &mut self,
-        now: u64,
-        client: &str,
+        now: Time,
+        id: ClientId,
         cmd: ClientCommand,
     ) -> Result<(), DaemonError> {
         cmd.validate()
             .map_err(|(code, reason)| DaemonError::Malformed { code, reason })?;
+        let name = self
+            .names
+            .get(&id)
+            .cloned()
+            .ok_or(DaemonError::UnknownClient(id))?;
+        let client = &*name;
         let max_held = self.cfg.max_held_per_client;
         let max_groups = self.cfg.max_groups_per_client;
         let c = self
             .clients
             .get_mut(client)
-            .ok_or_else(|| DaemonError::UnknownClient(client.to_owned()))?;
+            .ok_or(DaemonError::UnknownClient(id))?;
         if c.held_count >= max_held {
             return Err(DaemonError::TooManyHeld { max: max_held });
         }
@@ -431,7 +479,7 @@ impl Daemon {
             cmd
         };
         let Some(c) = self.clients.get_mut(client) else {
-            return Err(DaemonError::UnknownClient(client.to_owned()));
+            return Err(DaemonError::UnknownClient(id));
         };
         let group = match &cmd {
             ClientCommand::Join { group, .. }
@@ -454,7 +502,7 @@ impl Daemon {
     /// ([`PeerRefusal`]); undecodable input changes nothing.
     pub fn handle_packet(
         &mut self,
-        now: u64,
+        now: Time,
         from: DaemonId,
         bytes: &[u8],
     ) -> Result<(), PeerRefusal> {
@@ -465,7 +513,7 @@ impl Daemon {
         r
     }
 
-    pub fn handle_timeout(&mut self, now: u64) {
+    pub fn handle_timeout(&mut self, now: Time) {
         self.now = now;
         self.ring.handle_timeout(now);
         // VS clients that let a flush wait too long are closed.
@@ -477,18 +525,23 @@ impl Daemon {
             .flat_map(|f| f.awaiting.iter().cloned())
             .collect();
         for c in late {
+            let Some(id) = self.clients.get(&c).map(|c| c.id) else {
+                continue;
+            };
+            // The core closes the client itself (once, though it may be late in several groups);
+            // its `Closed` event is the last it gets.
             self.emit(
                 &c,
                 ClientEvent::Closed {
                     reason: "no flush acknowledgement in time".into(),
                 },
             );
-            let _ = self.disconnect(now, &c);
+            let _ = self.disconnect(now, id);
         }
         self.after(now);
     }
 
-    pub fn poll_timeout(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<Time> {
         let flush = self
             .groups
             .values()
@@ -526,7 +579,7 @@ impl Daemon {
 
     /// The daemon-level events of the ring (configurations, deliveries) are consumed here; this
     /// runs after every input.
-    fn after(&mut self, now: u64) {
+    fn after(&mut self, now: Time) {
         self.now = now;
         loop {
             while let Some(ev) = self.ring.poll_event() {
@@ -542,8 +595,9 @@ impl Daemon {
     }
 
     fn emit(&mut self, client: &str, ev: ClientEvent) {
-        self.events
-            .push_back(LocalEvent::Event(client.to_owned(), ev));
+        if let Some(c) = self.clients.get(client) {
+            self.events.push_back(LocalEvent::Event(c.id, ev));
+        }
     }
 
     /// Submits a message after [`Membership::can_submit`] said it would be taken.

@@ -23,7 +23,7 @@ impl Membership {
         }
     }
 
-    pub(super) fn forward_commit(&mut self, now: u64, commit: Commit, members: &[DaemonId]) {
+    pub(super) fn forward_commit(&mut self, now: Time, commit: Commit, members: &[DaemonId]) {
         let i = members
             .iter()
             .position(|m| *m == self.me)
@@ -44,7 +44,7 @@ impl Membership {
     /// Starts recovery on the ring of a commit token; refuses (returns false) a token that
     /// would not move this daemon forward from the ring it is in: an older ring, or one whose
     /// first rotation saw this daemon in another ring (a stale token).
-    pub(super) fn install(&mut self, now: u64, commit: &Commit) -> bool {
+    pub(super) fn install(&mut self, now: Time, commit: &Commit) -> bool {
         let members: Vec<DaemonId> = commit.members.iter().map(|e| e.id).collect();
         let my_old = self.placeholder();
         let Some(mine) = commit.members.iter().find(|e| e.id == self.me) else {
@@ -95,12 +95,13 @@ impl Membership {
             done: BTreeSet::new(),
             done_at: None,
             early: Vec::new(),
-            last_token: now,
         };
+        self.timers
+            .reset(&[(Timer::TokenLoss, now + ms(self.cfg.token_loss_ms))]);
         true
     }
 
-    pub(super) fn handle_commit(&mut self, now: u64, mut c: Commit) -> Result<(), PeerRefusal> {
+    pub(super) fn handle_commit(&mut self, now: Time, mut c: Commit) -> Result<(), PeerRefusal> {
         // Wire input is hostile: a token that does not list this daemon exactly once is refused.
         let ids: Vec<DaemonId> = c.members.iter().map(|e| e.id).collect();
         let mut sorted = ids.clone();
@@ -123,7 +124,7 @@ impl Membership {
                 let live: Vec<DaemonId> = procs.difference(failed).copied().collect();
                 c.rotation == 1 && live == ids && live.first() == Some(&c.ring.rep)
             }
-            State::Operational { .. } | State::Recovery { .. } => false,
+            State::Operational | State::Recovery { .. } => false,
         };
         if !agrees {
             return Ok(());
@@ -143,11 +144,7 @@ impl Membership {
                 if let Some(e) = c.members.iter_mut().find(|e| e.id == self.me) {
                     *e = mine;
                 }
-                self.state = State::Commit {
-                    ring: c.ring,
-                    members: ids.clone(),
-                    by: now + ms(self.cfg.commit_ms),
-                };
+                self.enter_commit(now, c.ring, ids.clone());
                 self.forward_commit(now, c, &ids);
             }
             2 if rep != self.me && c.members.iter().all(|e| e.filled) && self.install(now, &c) => {
@@ -158,7 +155,13 @@ impl Membership {
         Ok(())
     }
 
-    pub(super) fn start_token(&mut self, now: u64) {
+    pub(super) fn enter_commit(&mut self, now: Time, ring: RingId, members: Vec<DaemonId>) {
+        self.state = State::Commit { ring, members };
+        self.timers
+            .reset(&[(Timer::Commit, now + ms(self.cfg.commit_ms))]);
+    }
+
+    pub(super) fn start_token(&mut self, now: Time) {
         if let State::Recovery { ordering, .. } = &mut self.state {
             ordering.start(now);
         }

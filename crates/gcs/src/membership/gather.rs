@@ -4,7 +4,7 @@
 use super::*;
 
 impl Membership {
-    pub(super) fn gather(&mut self, now: u64, also: BTreeSet<DaemonId>) {
+    pub(super) fn gather(&mut self, now: Time, also: BTreeSet<DaemonId>) {
         let mut procs: BTreeSet<DaemonId> = self.members_of_ring().into_iter().collect();
         procs.insert(self.me);
         if procs.union(&also).count() <= MAX_RING_MEMBERS {
@@ -16,23 +16,19 @@ impl Membership {
             heard: BTreeMap::new(),
             heard_at: BTreeMap::new(),
             timeouts: 0,
-            next_join: now,
-            consensus_by: now + ms(self.cfg.consensus_ms),
         };
+        self.timers.reset(&[
+            (Timer::Join, now),
+            (Timer::Consensus, now + ms(self.cfg.consensus_ms)),
+        ]);
         self.send_join(now);
     }
 
-    pub(super) fn send_join(&mut self, now: u64) {
-        let State::Gather {
-            procs,
-            failed,
-            next_join,
-            ..
-        } = &mut self.state
-        else {
+    pub(super) fn send_join(&mut self, now: Time) {
+        let State::Gather { procs, failed, .. } = &self.state else {
             return;
         };
-        *next_join = now + ms(self.cfg.join_ms);
+        self.timers.set(Timer::Join, now + ms(self.cfg.join_ms));
         if procs.len() > MAX_RING_MEMBERS || failed.len() > MAX_RING_MEMBERS {
             // Not encodable; joins past the limit are refused, so only a merge detector's
             // sender could get here, and it is left out.
@@ -52,7 +48,7 @@ impl Membership {
     }
 
     /// Consensus: every live daemon of `procs` sent this daemon's own two sets.
-    pub(super) fn try_consensus(&mut self, now: u64) {
+    pub(super) fn try_consensus(&mut self, now: Time) {
         let State::Gather {
             procs,
             failed,
@@ -97,15 +93,11 @@ impl Membership {
                 })
                 .collect(),
         };
-        self.state = State::Commit {
-            ring,
-            members: live.clone(),
-            by: now + ms(self.cfg.commit_ms),
-        };
+        self.enter_commit(now, ring, live.clone());
         self.forward_commit(now, commit, &live);
     }
 
-    pub(super) fn on_join(&mut self, now: u64, from: DaemonId, j: Join) {
+    pub(super) fn on_join(&mut self, now: Time, from: DaemonId, j: Join) {
         // A join that has not seen the newest ring this daemon knows of belongs to an older
         // round: its sender will learn of that ring (from our joins, the commit token or the
         // merge detector) and send a current one. Acting on stale joins makes rings flap.
@@ -127,9 +119,7 @@ impl Membership {
             return;
         }
         self.max_ring_seq = j.ring_seq;
-        if let State::Operational { .. } | State::Commit { .. } | State::Recovery { .. } =
-            self.state
-        {
+        if let State::Operational | State::Commit { .. } | State::Recovery { .. } = self.state {
             // A join from a member of this ring that predates the ring is a late one.
             let stale = self
                 .running_ring()
@@ -172,6 +162,46 @@ impl Membership {
         if changed {
             self.send_join(now);
         }
+        self.try_consensus(now);
+    }
+
+    /// The consensus timeout of a gather round.
+    pub(super) fn give_up_on_silent(&mut self, now: Time) {
+        let State::Gather {
+            procs,
+            failed,
+            heard,
+            heard_at,
+            timeouts,
+        } = &mut self.state
+        else {
+            return;
+        };
+        // Give up first on those not heard from in the last period: the daemons still talking
+        // converge on their own, as their sets only grow. Giving up at once on every daemon that
+        // has not agreed yet made the daemons of one side fail each other differently when an
+        // unreachable daemon held up everyone's consensus, and split the side into rings that
+        // never merged (seen with real daemons: four daemons re-forming {d1,d3} and {d2,d4}
+        // every 400 ms). At the second timeout of a round, those that have still not agreed go
+        // too.
+        let mine = (procs.clone(), failed.clone());
+        let period = ms(self.cfg.consensus_ms);
+        let first = *timeouts == 0;
+        *timeouts += 1;
+        let silent: Vec<DaemonId> = procs
+            .difference(failed)
+            .filter(|p| {
+                let quiet = !matches!(
+                    heard_at.get(*p),
+                    Some(t) if now.saturating_since(*t) < period
+                );
+                **p != self.me && heard.get(*p) != Some(&mine) && (quiet || !first)
+            })
+            .copied()
+            .collect();
+        failed.extend(silent);
+        self.timers.set(Timer::Consensus, now + period);
+        self.send_join(now);
         self.try_consensus(now);
     }
 }

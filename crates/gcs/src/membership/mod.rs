@@ -54,15 +54,19 @@
 use crate::ordering::{
     body_bytes, Delivered, Dest, Ordering, OrderingConfig, OrderingError, PeerRefusal, Transmit,
 };
+use crate::time::Time;
 use conclave_wire::gcs::{
     Body, Commit, CommitEntry, DaemonId, Join, Packet, RingId, MAX_RING_MEMBERS,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
+use timers::{Timer, TimerTable};
 
 mod commit;
 mod gather;
 mod recovery;
+mod timers;
 
 /// Timeouts of the daemons' membership, as deployed by default (`[core.membership]` in the
 /// daemon's configuration file).
@@ -183,16 +187,13 @@ enum State {
         /// The last join each daemon sent: its procs and failed sets.
         heard: BTreeMap<DaemonId, (BTreeSet<DaemonId>, BTreeSet<DaemonId>)>,
         /// When each daemon's last join arrived.
-        heard_at: BTreeMap<DaemonId, u64>,
+        heard_at: BTreeMap<DaemonId, Time>,
         /// Consensus timeouts in this round so far.
         timeouts: u32,
-        next_join: u64,
-        consensus_by: u64,
     },
     Commit {
         ring: RingId,
         members: Vec<DaemonId>,
-        by: u64,
     },
     /// The new ring runs, carrying the old rings' messages (TOCS §4.3).
     Recovery {
@@ -207,12 +208,8 @@ enum State {
         done_at: Option<u64>,
         /// New messages of members that installed the new ring before this one did.
         early: Vec<Delivered>,
-        last_token: u64,
     },
-    Operational {
-        last_token: u64,
-        next_merge_detect: u64,
-    },
+    Operational,
 }
 
 pub struct Membership {
@@ -229,6 +226,7 @@ pub struct Membership {
     waiting_bytes: usize,
     max_ring_seq: u64,
     incarnation: u32,
+    timers: TimerTable,
     out: VecDeque<Transmit>,
     events: VecDeque<RingEvent>,
 }
@@ -237,8 +235,8 @@ pub struct Membership {
 /// 146,000 years), and refusing them keeps `seq + 4` from overflowing on hostile input.
 pub const MAX_RING_SEQ: u64 = 1 << 62;
 
-fn ms(x: u64) -> u64 {
-    x * 1000
+fn ms(x: u64) -> Duration {
+    Duration::from_millis(x)
 }
 
 impl Membership {
@@ -246,19 +244,17 @@ impl Membership {
     /// grow with every start of this daemon (a boot counter, or the boot time in seconds): it
     /// keeps no state across a crash, and its incarnation in the ids of the rings it creates
     /// keeps them apart from its earlier incarnations' rings.
-    pub fn new(cfg: MembershipConfig, me: DaemonId, incarnation: u32, now: u64) -> Membership {
+    pub fn new(cfg: MembershipConfig, me: DaemonId, incarnation: u32, now: Time) -> Membership {
         let mut m = Membership {
             cfg,
             me,
-            state: State::Operational {
-                last_token: now,
-                next_merge_detect: now,
-            },
+            state: State::Operational,
             regular: None,
             waiting: VecDeque::new(),
             waiting_bytes: 0,
             max_ring_seq: 0,
             incarnation,
+            timers: TimerTable::default(),
             out: VecDeque::new(),
             events: VecDeque::new(),
         };
@@ -271,7 +267,7 @@ impl Membership {
         self.regular.as_ref().map(|o| o.ring())
     }
     pub fn is_operational(&self) -> bool {
-        matches!(self.state, State::Operational { .. })
+        matches!(self.state, State::Operational)
     }
 
     /// Where the daemon is in the membership protocol.
@@ -280,7 +276,7 @@ impl Membership {
             State::Gather { .. } => Phase::Gather,
             State::Commit { .. } => Phase::Commit,
             State::Recovery { .. } => Phase::Recovery,
-            State::Operational { .. } => Phase::Operational,
+            State::Operational => Phase::Operational,
         }
     }
 
@@ -296,7 +292,7 @@ impl Membership {
 
     pub fn ring_members(&self) -> Vec<DaemonId> {
         match (&self.state, &self.regular) {
-            (State::Operational { .. }, Some(o)) => o.members().to_vec(),
+            (State::Operational, Some(o)) => o.members().to_vec(),
             _ => Vec::new(),
         }
     }
@@ -304,7 +300,7 @@ impl Membership {
     /// Whether [`Membership::submit`] would take a message now.
     pub fn can_submit(&self) -> bool {
         match (&self.state, &self.regular) {
-            (State::Operational { .. }, Some(o)) => o.can_submit(),
+            (State::Operational, Some(o)) => o.can_submit(),
             _ => {
                 self.waiting.len() < self.cfg.ordering.max_queued
                     && self.waiting_bytes < self.cfg.ordering.max_queued_bytes
@@ -316,7 +312,7 @@ impl Membership {
     /// (reported by [`RingEvent::Sent`]).
     pub fn submit(&mut self, body: Body) -> Result<(), OrderingError> {
         match (&self.state, &mut self.regular) {
-            (State::Operational { .. }, Some(o)) => o.submit(body),
+            (State::Operational, Some(o)) => o.submit(body),
             _ if self.waiting.len() >= self.cfg.ordering.max_queued => {
                 Err(OrderingError::QueueFull {
                     max: self.cfg.ordering.max_queued,
@@ -339,7 +335,7 @@ impl Membership {
     /// [`Ordering::submit_control`]).
     pub fn submit_control(&mut self, body: Body) {
         match (&self.state, &mut self.regular) {
-            (State::Operational { .. }, Some(o)) => o.submit_control(body),
+            (State::Operational, Some(o)) => o.submit_control(body),
             _ => {
                 self.waiting_bytes += body_bytes(&body);
                 self.waiting.push_back(body);
@@ -349,27 +345,20 @@ impl Membership {
 
     /// The members of the ring this daemon runs (the new one while recovering).
     fn members_of_ring(&self) -> Vec<DaemonId> {
-        match (&self.state, &self.regular) {
-            (State::Operational { .. }, Some(o)) => o.members().to_vec(),
-            (State::Recovery { ordering, .. }, _) => ordering.members().to_vec(),
-            _ => Vec::new(),
-        }
+        self.running_ordering()
+            .map_or_else(Vec::new, |o| o.members().to_vec())
     }
 
     /// The ring this daemon runs, if any.
     fn running_ring(&self) -> Option<RingId> {
-        match (&self.state, &self.regular) {
-            (State::Operational { .. }, Some(o)) => Some(o.ring()),
-            (State::Recovery { ordering, .. }, _) => Some(ordering.ring()),
-            _ => None,
-        }
+        self.running_ordering().map(|o| o.ring())
     }
 
     /// A packet from daemon `from`. One no correct daemon sends is refused with its reason
     /// (and changes nothing, or nothing but what it already changed before it was found out).
     pub fn handle_packet(
         &mut self,
-        now: u64,
+        now: Time,
         from: DaemonId,
         packet: Packet,
     ) -> Result<(), PeerRefusal> {
@@ -388,7 +377,7 @@ impl Membership {
             Packet::Commit(c) => self.handle_commit(now, c)?,
             Packet::MergeDetect { ring } => {
                 self.max_ring_seq = self.max_ring_seq.max(ring.seq);
-                if let State::Operational { .. } = self.state {
+                if let State::Operational = self.state {
                     if Some(ring) != self.running_ring() && ring.rep != self.me {
                         // Another ring can hear us: merge.
                         self.gather(now, [ring.rep].into_iter().collect());
@@ -396,24 +385,15 @@ impl Membership {
                 }
             }
             p @ (Packet::Token(_) | Packet::Data(_)) => {
-                let (ordering, last_token) = match (&mut self.state, &mut self.regular) {
-                    (
-                        State::Recovery {
-                            ordering,
-                            last_token,
-                            ..
-                        },
-                        _,
-                    ) => (ordering, last_token),
-                    (State::Operational { last_token, .. }, Some(o)) => (o, last_token),
-                    _ => return Ok(()),
+                let loss = now + ms(self.cfg.token_loss_ms);
+                let Some(ordering) = self.running_ordering_mut() else {
+                    return Ok(());
                 };
-                if let Packet::Token(t) = &p {
-                    if t.ring == ordering.ring() {
-                        *last_token = now;
-                    }
-                }
+                let token_of_ring = matches!(&p, Packet::Token(t) if t.ring == ordering.ring());
                 ordering.handle_packet(now, p);
+                if token_of_ring {
+                    self.timers.set(Timer::TokenLoss, loss);
+                }
                 self.drain_ordering(now);
             }
         }
@@ -432,134 +412,57 @@ impl Membership {
         all.into_iter().next().map_or(Ok(()), Err)
     }
 
-    pub fn handle_timeout(&mut self, now: u64) {
-        match (&mut self.state, &mut self.regular) {
-            (
-                State::Recovery {
-                    ordering,
-                    last_token,
-                    ..
-                },
-                _,
-            ) => {
-                if now >= *last_token + ms(self.cfg.token_loss_ms) {
-                    self.gather(now, BTreeSet::new());
-                    return;
-                }
-                ordering.handle_timeout(now);
-                self.drain_ordering(now);
+    pub fn handle_timeout(&mut self, now: Time) {
+        if self.timers.expired(Timer::TokenLoss, now) || self.timers.expired(Timer::Commit, now) {
+            self.gather(now, BTreeSet::new());
+            return;
+        }
+        if self.timers.expired(Timer::Consensus, now) {
+            self.give_up_on_silent(now);
+        } else if self.timers.expired(Timer::Join, now) {
+            self.send_join(now);
+        }
+        let Some(ordering) = self.running_ordering_mut() else {
+            return;
+        };
+        ordering.handle_timeout(now);
+        let (ring, rep) = (ordering.ring(), ordering.members().first().copied());
+        if self.timers.expired(Timer::MergeDetect, now) {
+            self.timers
+                .set(Timer::MergeDetect, now + ms(self.cfg.merge_detect_ms));
+            if rep == Some(self.me) {
+                self.out.push_back(Transmit {
+                    to: Dest::AllOthers,
+                    packet: Packet::MergeDetect { ring },
+                });
             }
-            (
-                State::Operational {
-                    last_token,
-                    next_merge_detect,
-                },
-                Some(ordering),
-            ) => {
-                if now >= *last_token + ms(self.cfg.token_loss_ms) {
-                    self.gather(now, BTreeSet::new());
-                    return;
-                }
-                ordering.handle_timeout(now);
-                if now >= *next_merge_detect {
-                    *next_merge_detect = now + ms(self.cfg.merge_detect_ms);
-                    if ordering.members().first() == Some(&self.me) {
-                        let ring = ordering.ring();
-                        self.out.push_back(Transmit {
-                            to: Dest::AllOthers,
-                            packet: Packet::MergeDetect { ring },
-                        });
-                    }
-                }
-                self.drain_ordering(now);
-            }
-            (State::Operational { .. }, None) => {}
-            (State::Commit { by, .. }, _) => {
-                if now >= *by {
-                    self.gather(now, BTreeSet::new());
-                }
-            }
-            (
-                State::Gather {
-                    procs,
-                    failed,
-                    heard,
-                    heard_at,
-                    timeouts,
-                    next_join,
-                    consensus_by,
-                },
-                _,
-            ) => {
-                if now >= *consensus_by {
-                    // Give up first on those not heard from in the last period: the daemons
-                    // still talking converge on their own, as their sets only grow. Giving up at
-                    // once on every daemon that has not agreed yet made the daemons of one side
-                    // fail each other differently when an unreachable daemon held up everyone's
-                    // consensus, and split the side into rings that never merged (seen with real
-                    // daemons: four daemons re-forming {d1,d3} and {d2,d4} every 400 ms). At the
-                    // second timeout of a round, those that have still not agreed go too.
-                    let mine = (procs.clone(), failed.clone());
-                    let period = ms(self.cfg.consensus_ms);
-                    let first = *timeouts == 0;
-                    *timeouts += 1;
-                    let silent: Vec<DaemonId> = procs
-                        .difference(failed)
-                        .filter(|p| {
-                            let quiet = !matches!(
-                                heard_at.get(*p),
-                                Some(t) if now.saturating_sub(*t) < period
-                            );
-                            **p != self.me && heard.get(*p) != Some(&mine) && (quiet || !first)
-                        })
-                        .copied()
-                        .collect();
-                    failed.extend(silent);
-                    *consensus_by = now + ms(self.cfg.consensus_ms);
-                    self.send_join(now);
-                    self.try_consensus(now);
-                } else if now >= *next_join {
-                    self.send_join(now);
-                }
-            }
+        }
+        self.drain_ordering(now);
+    }
+
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let ring = self.running_ordering().and_then(|o| o.poll_timeout());
+        match (self.timers.next(), ring) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
-    pub fn poll_timeout(&self) -> Option<u64> {
-        let loss = |last_token: u64| last_token + ms(self.cfg.token_loss_ms);
+    /// The ring this daemon runs: the new one while recovering, the regular one while
+    /// operational; none while it gathers or commits (the regular ring is frozen then).
+    fn running_ordering(&self) -> Option<&Ordering> {
         match (&self.state, &self.regular) {
-            (
-                State::Recovery {
-                    ordering,
-                    last_token,
-                    ..
-                },
-                _,
-            ) => Some(
-                ordering
-                    .poll_timeout()
-                    .map_or(loss(*last_token), |o| o.min(loss(*last_token))),
-            ),
-            (
-                State::Operational {
-                    last_token,
-                    next_merge_detect,
-                },
-                Some(ordering),
-            ) => {
-                let t = loss(*last_token).min(*next_merge_detect);
-                Some(ordering.poll_timeout().map_or(t, |o| o.min(t)))
-            }
-            (State::Operational { .. }, None) => None,
-            (State::Commit { by, .. }, _) => Some(*by),
-            (
-                State::Gather {
-                    next_join,
-                    consensus_by,
-                    ..
-                },
-                _,
-            ) => Some((*next_join).min(*consensus_by)),
+            (State::Recovery { ordering, .. }, _) => Some(ordering),
+            (State::Operational, Some(o)) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn running_ordering_mut(&mut self) -> Option<&mut Ordering> {
+        match (&mut self.state, &mut self.regular) {
+            (State::Recovery { ordering, .. }, _) => Some(ordering),
+            (State::Operational, Some(o)) => Some(o),
+            _ => None,
         }
     }
 

@@ -6,23 +6,21 @@ use super::*;
 impl Membership {
     /// Every member's recovery marker is in: the old ring's last messages, the transitional
     /// configuration, and the new regular configuration (TOCS §4.4).
-    pub(super) fn end_recovery(&mut self, now: u64) {
+    pub(super) fn end_recovery(&mut self, now: Time) {
         let State::Recovery {
             ordering,
             transitional,
             max_delivered,
             early,
             ..
-        } = std::mem::replace(
-            &mut self.state,
-            State::Operational {
-                last_token: now,
-                next_merge_detect: now + ms(self.cfg.merge_detect_ms),
-            },
-        )
+        } = std::mem::replace(&mut self.state, State::Operational)
         else {
             return;
         };
+        self.timers.reset(&[
+            (Timer::TokenLoss, now + ms(self.cfg.token_loss_ms)),
+            (Timer::MergeDetect, now + ms(self.cfg.merge_detect_ms)),
+        ]);
         if let Some(old) = &mut self.regular {
             let ring = old.ring();
             let mut signalled = false;
@@ -67,12 +65,12 @@ impl Membership {
     }
 
     /// The running ring's packets, sends and deliveries; deliveries during recovery feed it.
-    pub(super) fn drain_ordering(&mut self, now: u64) {
+    pub(super) fn drain_ordering(&mut self, now: Time) {
         loop {
             let (ring, d, from_member, members) = {
                 let ordering = match (&mut self.state, &mut self.regular) {
                     (State::Recovery { ordering, .. }, _) => ordering,
-                    (State::Operational { .. }, Some(o)) => o,
+                    (State::Operational, Some(o)) => o,
                     _ => return,
                 };
                 let ring = ordering.ring();

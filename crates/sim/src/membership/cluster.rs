@@ -65,8 +65,13 @@ impl World {
             // grow across restarts of its daemon.
             client_incarnation_floor: self.dinc[i] * 1_000_000,
         };
-        Node::new(self.cfg.clone(), &name(i as DaemonId + 1), opts, self.now)
-            .expect("the simulated configuration is valid")
+        Node::new(
+            self.cfg.clone(),
+            &name(i as DaemonId + 1),
+            opts,
+            Time::from_micros(self.now),
+        )
+        .expect("the simulated configuration is valid")
     }
 
     /// Drains what node `i` has for the history, its clients and the network; clients answer at
@@ -112,7 +117,7 @@ impl World {
             if answers.is_empty() {
                 return;
             }
-            let now = self.now;
+            let now = Time::from_micros(self.now);
             for (sid, bytes) in answers {
                 self.nodes[i].handle_session_bytes(now, sid, &bytes);
             }
@@ -144,7 +149,7 @@ impl World {
         let Ok(bytes) = c.core.command(cmd) else {
             return;
         };
-        let now = self.now;
+        let now = Time::from_micros(self.now);
         self.nodes[c.daemon].handle_session_bytes(now, sid, &bytes);
     }
 
@@ -152,7 +157,7 @@ impl World {
         let d = self.clients[ci].daemon;
         let sid = self.next_session;
         self.next_session += 1;
-        let now = self.now;
+        let now = Time::from_micros(self.now);
         if self.nodes[d].open_session(now, sid).is_err() {
             return;
         }

@@ -14,7 +14,7 @@ use crate::{Network, SimResult, Stats, SERVICES};
 use conclave_client::core::{Handled, SessionCore};
 use conclave_gcs::Phase;
 use conclave_history::{Event, Record};
-use conclave_node::{Config, Node, NodeOptions, SessionId, SessionOutput};
+use conclave_node::{Config, Node, NodeOptions, SessionId, SessionOutput, Time};
 use conclave_wire::client::{ClientCommand, ClientEvent};
 use conclave_wire::gcs::DaemonId;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -319,7 +319,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 continue;
             }
             w.drain(i, &mut wire, &mut rng, faulty);
-            if let Some(t) = w.nodes[i].poll_timeout() {
+            if let Some(t) = w.nodes[i].poll_timeout().map(Time::as_micros) {
                 // A deadline already past fires now (time never runs backwards).
                 let t = t.max(w.now);
                 if armed[i] != Some(t) {
@@ -512,7 +512,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             } else if alive[to] {
                 // The wire is hostile even here: a packet that does not decode is refused.
                 let from = wire.peers[from];
-                w.nodes[to].handle_datagram(now, from, &bytes);
+                w.nodes[to].handle_datagram(Time::from_micros(now), from, &bytes);
                 touched.push(to);
             }
         } else if next_timer == Some(t) {
@@ -522,7 +522,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 armed[i] = Some(wire.paused_until[i]);
             } else if armed[i] == Some(t) && alive[i] {
                 armed[i] = None;
-                w.nodes[i].handle_timeout(now);
+                w.nodes[i].handle_timeout(Time::from_micros(now));
                 touched.push(i);
             }
         }

@@ -14,7 +14,7 @@ impl World {
         disconnects: bool,
     ) {
         let d = self.clients[ci].daemon;
-        let now = self.now;
+        let now = Time::from_micros(self.now);
         if !self.clients[ci].connected() {
             if !calm {
                 self.connect(ci);
