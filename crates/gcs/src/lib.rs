@@ -6,6 +6,7 @@
 pub mod groups;
 pub mod membership;
 pub mod ordering;
+pub mod testnet;
 pub mod time;
 
 pub use groups::{

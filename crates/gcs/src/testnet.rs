@@ -169,14 +169,18 @@ impl<P: Peer, L: Links> TestNet<P, L> {
     /// timer.
     pub fn send(&mut self, i: usize) {
         let from = i as DaemonId + 1;
+        let n = self.peers.len();
         while let Some(t) = self.peers[i].poll_transmit() {
             let bytes = t.packet.encode();
             let to: Vec<usize> = match t.to {
                 Dest::One(d) => vec![(d as usize).wrapping_sub(1)],
-                Dest::AllOthers => (0..self.peers.len()).filter(|j| *j != i).collect(),
+                Dest::AllOthers => (0..n).filter(|j| *j != i).collect(),
             };
-            for j in to.into_iter().filter(|j| *j < self.peers.len()) {
-                for at in self.links.carry(self.now, from, j as DaemonId + 1, &t.packet) {
+            for j in to.into_iter().filter(|j| *j < n) {
+                for at in self
+                    .links
+                    .carry(self.now, from, j as DaemonId + 1, &t.packet)
+                {
                     let bytes = bytes.clone();
                     self.schedule(at, Pending::Arrive { to: j, from, bytes });
                 }
@@ -255,5 +259,63 @@ impl<P: Peer, L: Links> TestNet<P, L> {
             self.step();
         }
         self.advance_to(t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MembershipConfig;
+
+    /// A perfect network with one daemon that can be cut off from the others (not from itself:
+    /// a ring of one passes its token to itself).
+    struct Isolate {
+        hop: Hop,
+        cut: Option<DaemonId>,
+    }
+
+    impl Links for Isolate {
+        fn carry(&mut self, now: Time, from: DaemonId, to: DaemonId, p: &Packet) -> Vec<Time> {
+            if from != to && self.cut.is_some_and(|c| c == from || c == to) {
+                return Vec::new();
+            }
+            self.hop.carry(now, from, to, p)
+        }
+    }
+
+    fn rings(net: &TestNet<Membership, Isolate>) -> Vec<Vec<DaemonId>> {
+        net.peers.iter().map(|m| m.ring_members()).collect()
+    }
+
+    #[test]
+    fn daemons_form_a_ring_split_when_one_is_cut_off_and_merge_when_it_returns() {
+        let peers = (1..=3)
+            .map(|id| Membership::new(MembershipConfig::default(), id, 0, Time::ZERO))
+            .collect();
+        let links = Isolate {
+            hop: Hop::default(),
+            cut: None,
+        };
+        let mut net = TestNet::new(peers, links);
+        let all = vec![vec![1, 2, 3]; 3];
+        assert!(
+            net.run_until(100_000, |n| rings(n) == all),
+            "{:?}",
+            rings(&net)
+        );
+        net.links.cut = Some(3);
+        let split = vec![vec![1, 2], vec![1, 2], vec![3]];
+        assert!(
+            net.run_until(100_000, |n| rings(n) == split),
+            "{:?}",
+            rings(&net)
+        );
+        net.links.cut = None;
+        assert!(
+            net.run_until(100_000, |n| rings(n) == all),
+            "{:?}",
+            rings(&net)
+        );
+        assert!(net.refusals.is_empty(), "{:?}", net.refusals);
     }
 }

@@ -2,16 +2,16 @@
 //! what one client can make the daemons keep, and a flush acknowledgement that must not wait for
 //! a full ring.
 
+use conclave_gcs::testnet::{Hop, TestNet};
 use conclave_gcs::{
-    ClientCommand, ClientEvent, ClientId, Daemon, DaemonConfig, Dest, GroupViewId, LocalEvent, Time,
+    ClientCommand, ClientEvent, ClientId, Daemon, DaemonConfig, GroupViewId, LocalEvent, Time,
 };
 use conclave_wire::gcs::ServiceType;
 use std::collections::HashMap;
 use std::time::Duration;
 
 struct Net {
-    nodes: Vec<Daemon>,
-    now: Time,
+    net: TestNet<Daemon>,
     events: Vec<(usize, String, ClientEvent)>,
     /// Each client's name and id (names are unique across the network's daemons here).
     ids: HashMap<String, ClientId>,
@@ -24,53 +24,33 @@ impl Net {
             .map(|id| Daemon::new(cfg.clone(), id, 0, Time::ZERO))
             .collect();
         let mut net = Net {
-            nodes,
-            now: Time::ZERO,
+            net: TestNet::new(nodes, Hop::default()),
             events: Vec::new(),
             ids: HashMap::new(),
             names: HashMap::new(),
         };
-        net.run_until(|net| net.nodes.iter().all(|d| d.ready()));
+        net.run_until(|net| net.nodes().iter().all(|d| d.ready()));
         net
     }
 
-    /// Delivers every packet at once, until `done` holds.
+    fn nodes(&self) -> &[Daemon] {
+        &self.net.peers
+    }
+
+    fn now(&self) -> Time {
+        self.net.now()
+    }
+
+    /// Runs the network (a hop takes 10 us), until `done` holds.
     fn run_until(&mut self, done: impl Fn(&Net) -> bool) {
-        for _ in 0..100_000 {
+        for _ in 0..1_000_000 {
             if done(self) {
                 return;
             }
-            let mut moved = false;
-            for i in 0..self.nodes.len() {
-                while let Some(t) = self.nodes[i].poll_transmit() {
-                    moved = true;
-                    let bytes = t.packet.encode();
-                    let to: Vec<usize> = match t.to {
-                        Dest::One(d) => vec![d as usize - 1],
-                        Dest::AllOthers => (0..self.nodes.len()).filter(|j| *j != i).collect(),
-                    };
-                    for j in to {
-                        self.nodes[j]
-                            .handle_packet(self.now, i as u32 + 1, &bytes)
-                            .expect("a well-formed packet");
-                    }
-                }
-                while let Some((c, ev)) = self.next_event(i) {
-                    self.events.push((i, c, ev));
-                }
-            }
-            // A hop takes 10 us; with nothing in flight, time jumps to the next timeout.
-            let next = self.nodes.iter().filter_map(|d| d.poll_timeout()).min();
-            self.now = if moved {
-                self.now + Duration::from_micros(10)
-            } else {
-                next.unwrap_or(self.now)
-                    .max(self.now + Duration::from_micros(1))
-            };
-            for d in &mut self.nodes {
-                if d.poll_timeout().is_some_and(|t| t <= self.now) {
-                    d.handle_timeout(self.now);
-                }
+            let Some(step) = self.net.step() else { break };
+            let d = step.peer();
+            while let Some((c, ev)) = self.next_event(d) {
+                self.events.push((d, c, ev));
             }
         }
         let tail: Vec<_> = self.events.iter().rev().take(12).collect();
@@ -79,20 +59,26 @@ impl Net {
 
     fn connect(&mut self, d: usize, name: &str) {
         let id = self.ids.len() as ClientId;
-        self.nodes[d].connect(id, name).expect("connected");
+        self.net.peers[d].connect(id, name).expect("connected");
         self.ids.insert(name.to_owned(), id);
         self.names.insert(id, name.to_owned());
     }
 
     fn client(&mut self, d: usize, name: &str, cmd: ClientCommand) {
-        self.nodes[d]
-            .handle_client(self.now, self.ids[name], cmd)
+        let now = self.now();
+        self.net.peers[d]
+            .handle_client(now, self.ids[name], cmd)
             .expect("accepted");
+        // What the command made the daemon send and tell its clients.
+        self.net.send(d);
+        while let Some((c, ev)) = self.next_event(d) {
+            self.events.push((d, c, ev));
+        }
     }
 
     /// The next event of a client of daemon `d`, with the client's name.
     fn next_event(&mut self, d: usize) -> Option<(String, ClientEvent)> {
-        let (id, ev) = self.nodes[d].poll_event().map(LocalEvent::into_event)?;
+        let (id, ev) = self.net.peers[d].poll_event().map(LocalEvent::into_event)?;
         Some((self.names[&id].clone(), ev))
     }
 
@@ -169,8 +155,8 @@ fn a_client_joining_and_leaving_in_a_loop_cannot_grow_the_queue_of_changes() {
         |n: &Net| n.count("slow", |e| matches!(e, ClientEvent::FlushRequest { .. })) == 1;
     net.run_until(flush_asked);
     // Let everything in flight arrive; the flush still waits for "slow".
-    let settle = net.now + Duration::from_millis(50);
-    net.run_until(|n| n.now >= settle);
+    let settle = net.now() + Duration::from_millis(50);
+    net.run_until(|n| n.now() >= settle);
     let accepted =
         |e: &ClientEvent| matches!(e, ClientEvent::Joined { .. } | ClientEvent::Left { .. });
     assert_eq!(
@@ -187,13 +173,13 @@ fn a_client_joining_and_leaving_in_a_loop_cannot_grow_the_queue_of_changes() {
         net.run_until(|n| n.events.len() > seen || n.count("loop", accepted) > before);
     }
     let last = net.views_of("slow", "g").last().cloned().unwrap();
-    let settle = net.now + Duration::from_millis(50);
+    let settle = net.now() + Duration::from_millis(50);
     loop {
         net.ack_flushes(1, "slow", "g", &mut acked);
         let seen = net.events.len();
-        let deadline = net.now + Duration::from_millis(50);
-        net.run_until(|n| n.events.len() > seen || n.now >= deadline);
-        if net.now >= settle && net.events.len() == seen {
+        let deadline = net.now() + Duration::from_millis(50);
+        net.run_until(|n| n.events.len() > seen || n.now() >= deadline);
+        if net.now() >= settle && net.events.len() == seen {
             break;
         }
     }
@@ -231,10 +217,10 @@ fn empty_groups_are_forgotten_and_view_ids_are_never_reused() {
         let left = |n: &Net| {
             n.count("a", |e| matches!(e, ClientEvent::Left { .. })) == 20 * (round + 1)
                 && n.count("b", |e| matches!(e, ClientEvent::Left { .. })) == 20 * (round + 1)
-                && n.nodes.iter().all(|d| d.group_count() == 0)
+                && n.nodes().iter().all(|d| d.group_count() == 0)
         };
         net.run_until(left);
-        for d in &net.nodes {
+        for d in net.nodes() {
             assert_eq!(d.group_count(), 0, "nobody is in any group");
         }
     }
@@ -380,6 +366,7 @@ fn a_flush_of_h_held_up(max_queued: usize) -> (Net, GroupViewId) {
 #[test]
 fn a_flush_acknowledgement_goes_while_the_ring_takes_no_more_messages() {
     let (mut net, g_view) = a_flush_of_h_held_up(4);
+    let mark = net.events.len();
     // With the network still, fill the ring's queue of messages to send.
     for _ in 0..6 {
         net.client(0, "f", multicast(&["k"]));
@@ -396,7 +383,7 @@ fn a_flush_acknowledgement_goes_while_the_ring_takes_no_more_messages() {
     );
     let mut sent = 0;
     let mut acked = false;
-    while let Some((client, ev)) = net.next_event(0) {
+    for (_, client, ev) in &net.events[mark..] {
         match ev {
             ClientEvent::Sent { .. } if client == "f" => sent += 1,
             ClientEvent::FlushAcked { group } if client == "c" && group == "g" => acked = true,
@@ -416,16 +403,14 @@ fn a_flush_acknowledgement_goes_while_the_ring_takes_no_more_messages() {
 #[test]
 fn a_message_does_not_overtake_an_earlier_one_that_waits() {
     let (mut net, g_view) = a_flush_of_h_held_up(10_000);
+    let mark = net.events.len();
     // The first waits for h's flush; the second, to g alone, could go at once but must not.
     net.client(0, "c", multicast_of(&["g", "h"], b"first"));
     net.client(0, "c", multicast_of(&["g"], b"second"));
-    let mut sent = 0;
-    while let Some((client, ev)) = net.next_event(0) {
-        net.events.push((0, client.clone(), ev.clone()));
-        if client == "c" && matches!(ev, ClientEvent::Sent { .. }) {
-            sent += 1;
-        }
-    }
+    let sent = net.events[mark..]
+        .iter()
+        .filter(|(_, client, ev)| client == "c" && matches!(ev, ClientEvent::Sent { .. }))
+        .count();
     assert_eq!(sent, 0, "nothing of c's goes while its first message waits");
     // The flushes end; both messages reach x, in the order c sent them.
     net.client(

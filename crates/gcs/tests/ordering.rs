@@ -1,8 +1,8 @@
-//! The ordering state machine alone: three members passing packets by hand.
+//! The ordering state machine alone: three members over the test network, and hostile input.
 
-use conclave_gcs::{Dest, Ordering, OrderingConfig, OrderingError, Time};
+use conclave_gcs::testnet::{Hop, Step, TestNet};
+use conclave_gcs::{Ordering, OrderingConfig, OrderingError, Time};
 use conclave_wire::gcs::{Body, Data, Packet, RingId, ServiceType, Token};
-use std::time::Duration;
 
 fn ring() -> RingId {
     RingId {
@@ -21,48 +21,38 @@ fn msg(service: ServiceType, tag: u8) -> Body {
     }
 }
 
-/// Hands every packet to its destination, `rounds` times over (the token circulates forever).
-fn pump(nodes: &mut [Ordering], rounds: usize) {
-    let mut now = Time::ZERO;
-    for _ in 0..rounds {
-        for i in 0..nodes.len() {
-            while let Some(t) = nodes[i].poll_transmit() {
-                let to: Vec<usize> = match t.to {
-                    Dest::One(d) => vec![d as usize - 1],
-                    Dest::AllOthers => (0..nodes.len()).filter(|j| *j != i).collect(),
-                };
-                for j in to {
-                    now += Duration::from_micros(1);
-                    nodes[j].handle_packet(now, t.packet.clone());
-                }
-            }
-        }
-    }
-}
-
-/// Three members whose idle token never rests: `pump` passes packets and runs no timers.
-fn three() -> Vec<Ordering> {
+/// Three members over a perfect network, whose idle token never rests.
+fn three() -> TestNet<Ordering> {
     let cfg = OrderingConfig {
         idle_hold_us: 0,
         ..OrderingConfig::default()
     };
-    (1..=3)
+    let nodes = (1..=3)
         .map(|m| Ordering::new(cfg.clone(), m, ring(), vec![1, 2, 3]))
-        .collect()
+        .collect();
+    TestNet::new(nodes, Hop::default())
+}
+
+/// The first member creates the token.
+fn start(net: &mut TestNet<Ordering>) {
+    net.peers[0].start(Time::ZERO);
+    net.send_all();
 }
 
 #[test]
 fn every_member_delivers_the_same_sequence() {
-    let mut nodes = three();
-    for (i, n) in nodes.iter_mut().enumerate() {
+    let mut net = three();
+    for (i, n) in net.peers.iter_mut().enumerate() {
         for k in 0..5 {
             n.submit(msg(ServiceType::Agreed, (i * 10 + k) as u8))
                 .unwrap();
         }
     }
-    nodes[0].start(Time::ZERO);
-    pump(&mut nodes, 30);
-    let seqs: Vec<Vec<(u64, Body)>> = nodes
+    start(&mut net);
+    let all = |net: &mut TestNet<Ordering>| net.peers.iter().all(|n| n.delivered_up_to() == 15);
+    assert!(net.run_until(10_000, all));
+    let seqs: Vec<Vec<(u64, Body)>> = net
+        .peers
         .iter_mut()
         .map(|n| {
             std::iter::from_fn(|| n.poll_delivery())
@@ -75,19 +65,25 @@ fn every_member_delivers_the_same_sequence() {
         (1..=15).collect::<Vec<_>>()
     );
     assert!(seqs.iter().all(|s| *s == seqs[0]));
+    assert!(net.refusals.is_empty(), "{:?}", net.refusals);
 }
 
 #[test]
 fn a_safe_message_waits_until_every_member_has_it() {
-    let mut nodes = three();
-    nodes[0].submit(msg(ServiceType::Safe, 1)).unwrap();
-    nodes[0].start(Time::ZERO);
+    let mut net = three();
+    net.peers[0].submit(msg(ServiceType::Safe, 1)).unwrap();
+    start(&mut net);
     // The holder sent it and passed the token on: it has it, but may not deliver it yet.
-    assert!(nodes[0].poll_delivery().is_none());
-    pump(&mut nodes, 1);
-    assert!(nodes[0].poll_delivery().is_none(), "not after one visit");
-    pump(&mut nodes, 30);
-    for n in &mut nodes {
+    assert!(net.peers[0].poll_delivery().is_none());
+    // The token comes back once: every member has the message, but the first cannot know yet.
+    while net.step() != Some(Step::Arrived { peer: 0 }) {}
+    assert!(
+        net.peers[0].poll_delivery().is_none(),
+        "not after one visit"
+    );
+    let all = |net: &mut TestNet<Ordering>| net.peers.iter().all(|n| n.delivered_up_to() == 1);
+    assert!(net.run_until(10_000, all));
+    for n in &mut net.peers {
         assert_eq!(n.poll_delivery().map(|d| d.seq), Some(1));
     }
 }
