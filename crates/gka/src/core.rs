@@ -71,6 +71,8 @@ pub(crate) struct Core {
     /// Messages applied from each sender in the current run, against [`MAX_MESSAGES_PER_SENDER`].
     per_sender: std::collections::HashMap<MemberId, u32>,
     pub in_progress: bool,
+    /// The digest of the current view's member list, which every signature covers.
+    members_hash: [u8; 32],
     /// Keys agreed so far (the last key's [`SecureView::epoch`]).
     epoch: u64,
 }
@@ -114,6 +116,7 @@ impl Core {
             seen: HashSet::new(),
             per_sender: Default::default(),
             in_progress: false,
+            members_hash: [0; 32],
             epoch: 0,
         }
     }
@@ -164,6 +167,7 @@ impl Core {
         self.seen.clear();
         self.per_sender.clear();
         self.member_set = std::sync::Arc::new(set.into_iter().cloned().collect());
+        self.members_hash = members_digest(&view.members);
         self.view = Some(view);
         self.in_progress = true;
         Ok(())
@@ -200,7 +204,7 @@ impl Core {
         };
         env.signature = self
             .identity
-            .sign(&signing_digest(&env.signed_part()))
+            .sign(&signing_digest(&env.signed_part(), &self.members_hash))
             .map_err(|_| GkaError::Sign)?;
         self.meter.sigs += 1;
         self.outbox.push_back(Transmit {
@@ -270,7 +274,10 @@ impl Core {
                 .ok_or_else(|| GkaError::UnknownMember(env.sender.clone()))?
         };
         self.meter.verifs += 1;
-        key.verify(&signing_digest(&bytes[..signed_len]), &env.signature)
+        key.verify(
+            &signing_digest(&bytes[..signed_len], &self.members_hash),
+            &env.signature,
+        )
             .map_err(|_| GkaError::BadSignature(env.sender.clone()))?;
         Ok(Incoming {
             sender: env.sender,
@@ -356,22 +363,44 @@ fn view_id_bytes(id: &GroupViewId) -> [u8; 24] {
     b
 }
 
-/// Signs an envelope as `identity` and encodes it: what `Core::send` does, available to tests
-/// that play a misbehaving insider.
-pub fn seal(identity: &Identity, mut env: Envelope) -> Result<Vec<u8>, GkaError> {
+/// Signs an envelope as `identity` for a view of `members` and encodes it: what `Core::send`
+/// does, available to tests that play a misbehaving insider.
+pub fn seal(
+    identity: &Identity,
+    mut env: Envelope,
+    members: &[MemberId],
+) -> Result<Vec<u8>, GkaError> {
     env.signature = identity
-        .sign(&signing_digest(&env.signed_part()))
+        .sign(&signing_digest(
+            &env.signed_part(),
+            &members_digest(members),
+        ))
         .map_err(|_| GkaError::Sign)?;
     Ok(env.encode())
 }
 
-/// What a member signs: a domain-separated SHA-256 of the envelope's signed part. Signing the
+/// A view's member list as signatures cover it: SHA-256 over each name, length first, in the
+/// view's order.
+fn members_digest(members: &[MemberId]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"conclave gka members v1");
+    for m in members {
+        h.update((m.len() as u32).to_be_bytes());
+        h.update(m.as_bytes());
+    }
+    h.finalize().into()
+}
+
+/// What a member signs: a domain-separated SHA-256 of the envelope's signed part (protocol,
+/// group, view id, sender, step and body) and of the view's member list, which the envelope does
+/// not carry: a message is good only for members that agree on who is in the view. Signing the
 /// digest rather than the message keeps a signature's cost independent of the message size
 /// (Ed25519 would hash a 70 KB key tree twice with SHA-512).
-pub(crate) fn signing_digest(signed_part: &[u8]) -> [u8; 32] {
+pub(crate) fn signing_digest(signed_part: &[u8], members_hash: &[u8; 32]) -> [u8; 32] {
     let mut h = Sha256::new();
-    h.update(b"conclave gka signature v1");
+    h.update(b"conclave gka signature v2");
     h.update(signed_part);
+    h.update(members_hash);
     h.finalize().into()
 }
 

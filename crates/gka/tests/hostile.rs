@@ -218,6 +218,7 @@ fn a_bad_entry_for_one_member_is_refused_by_all() {
                 other => panic!("unexpected {other:?}"),
             },
         };
+        // Signed for the view the others are in (the members, in the view's order).
         let forged = conclave_gka::seal(
             tb.identity(&from).unwrap(),
             Envelope {
@@ -225,6 +226,7 @@ fn a_bad_entry_for_one_member_is_refused_by_all() {
                 signature: vec![],
                 ..env
             },
+            &tb.member_names(),
         )
         .unwrap();
         for m in &to {
@@ -241,5 +243,44 @@ fn a_bad_entry_for_one_member_is_refused_by_all() {
         );
         tb.run_until_quiet();
         check(p, &tb, "after a refused insider message");
+    }
+}
+
+/// A message signed by a member for another member list than the recipient's view has (a
+/// member that would be in the view, or one that would not) is refused: signatures cover the
+/// view's member list, which the message does not carry.
+#[test]
+fn a_message_signed_for_another_member_list_is_refused() {
+    for p in ALL {
+        let mut tb = testbed(p, 9);
+        tb.apply(&action("init a b c d")).unwrap();
+        tb.run_until_quiet();
+        tb.apply(&action("join e")).unwrap();
+        let (from, to, bytes) = tb
+            .queue_snapshot()
+            .into_iter()
+            .next()
+            .expect("the join run sends");
+        let (env, _) = Envelope::decode(&bytes).unwrap();
+        let identity = tb.identity(&from).unwrap().clone();
+        let members = tb.member_names();
+        let mut fewer = members.clone();
+        fewer.retain(|m| *m != to[0] && *m != from);
+        let mut more = members.clone();
+        more.push("mallory".into());
+        let mut reordered = members.clone();
+        reordered.reverse();
+        for list in [fewer, more, reordered] {
+            let forged = conclave_gka::seal(&identity, env.clone(), &list).unwrap();
+            let (r, sent) = tb.inject(&to[0], &from, &forged);
+            assert!(
+                matches!(r, Err(GkaError::BadSignature(_))),
+                "{p:?} {list:?}: {r:?}"
+            );
+            assert_eq!(sent, 0);
+        }
+        // Signed for the right list, it is the message itself, and it is taken.
+        let honest = conclave_gka::seal(&identity, env, &members).unwrap();
+        assert_eq!(honest, bytes, "{p:?}: signing is deterministic");
     }
 }
