@@ -198,6 +198,11 @@ pub trait KeyAgreement: Send {
     fn meter(&self) -> Meter;
     /// True while a run has started and not yet produced its key.
     fn in_progress(&self) -> bool;
+    /// A copy of this member's whole state, secrets included, to go back to: a layer above that
+    /// finds a completed run was not completed by the members that came with it (its own last
+    /// message never reached them) resumes from the copy it kept at the last run they all
+    /// completed.
+    fn clone_box(&self) -> Box<dyn KeyAgreement>;
     /// Height of the key tree of the current run (TGDH, STR), for cost reports.
     fn tree_height(&self) -> Option<usize> {
         None

@@ -23,11 +23,13 @@ use conclave_wire::gka::{BdMsg, ProtocolId};
 use std::collections::BTreeMap;
 
 /// One member's BD state machine.
+#[derive(Clone)]
 pub struct Bd<G: Group> {
     core: Core,
     run: Option<Run<G>>,
 }
 
+#[derive(Clone)]
 struct Run<G: Group> {
     n: usize,
     me: usize,

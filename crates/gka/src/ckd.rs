@@ -35,6 +35,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 const CHANNEL_LABEL: &[u8] = b"conclave ckd channel";
 
+#[derive(Clone)]
 pub struct Ckd<G: Group> {
     core: Core,
     /// Long-term DH contribution and share, made once at creation.
@@ -56,6 +57,7 @@ struct Secure<G: Group> {
     channels: BTreeMap<MemberId, G::Scalar>,
 }
 
+#[derive(Clone)]
 struct Run<G: Group> {
     controller: MemberId,
     channels: BTreeMap<MemberId, G::Scalar>,

@@ -33,6 +33,9 @@ macro_rules! forward_to_core {
         fn in_progress(&self) -> bool {
             self.core.in_progress
         }
+        fn clone_box(&self) -> Box<dyn crate::api::KeyAgreement> {
+            Box::new(self.clone())
+        }
     };
 }
 
@@ -50,6 +53,7 @@ use std::collections::{BTreeSet, HashSet, VecDeque};
 pub const MAX_MESSAGES_PER_SENDER: u32 = conclave_wire::gka::MAX_PATH_BITS as u32 + 2;
 
 /// State common to the five protocols.
+#[derive(Clone)]
 pub(crate) struct Core {
     pub me: MemberId,
     pub group: String,
@@ -278,7 +282,7 @@ impl Core {
             &signing_digest(&bytes[..signed_len], &self.members_hash),
             &env.signature,
         )
-            .map_err(|_| GkaError::BadSignature(env.sender.clone()))?;
+        .map_err(|_| GkaError::BadSignature(env.sender.clone()))?;
         Ok(Incoming {
             sender: env.sender,
             kind: env.kind,

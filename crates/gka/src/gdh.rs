@@ -30,6 +30,7 @@ use conclave_crypto::{CryptoRng, Group, Identity, Meter};
 use conclave_wire::gka::{GdhMsg, ProtocolId};
 use std::collections::{BTreeMap, BTreeSet};
 
+#[derive(Clone)]
 pub struct Gdh<G: Group> {
     core: Core,
     secure: Option<Secure<G>>,
@@ -60,6 +61,7 @@ impl<G: Group> Drop for Run<G> {
     }
 }
 
+#[derive(Clone)]
 struct Run<G: Group> {
     /// The GDH order of this run, once known.
     roster: Option<Vec<MemberId>>,
@@ -70,6 +72,7 @@ struct Run<G: Group> {
 
 // Each stage is named by the message it waits for.
 #[allow(clippy::enum_variant_names)]
+#[derive(Clone)]
 enum Stage<G: Group> {
     /// Waiting for the upflow token (members of the chain but the first).
     ExpectUpflow,

@@ -204,6 +204,7 @@ fn advance<G: Group>(
     Ok(out)
 }
 
+#[derive(Clone)]
 pub struct Str<G: Group> {
     core: Core,
     secure: Option<Chain<G>>,

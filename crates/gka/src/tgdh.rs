@@ -39,6 +39,7 @@ use std::collections::BTreeSet;
 
 const NODE_LABEL: &[u8] = b"conclave tgdh node";
 
+#[derive(Clone)]
 pub struct Tgdh<G: Group> {
     core: Core,
     /// The tree of the last completed run.

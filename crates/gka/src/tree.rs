@@ -16,6 +16,7 @@ use std::sync::Arc;
 /// A group element kept with its encoding: a blinded key, or a GDH partial key. Received values
 /// are decoded (so checked to be in the group) on arrival, so that all members accept or refuse a
 /// message alike; the encoding is kept to send them on without encoding again.
+#[derive(Clone)]
 pub(crate) struct BkData<G: Group> {
     bytes: Box<[u8]>,
     elem: G::Element,

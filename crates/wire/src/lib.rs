@@ -9,5 +9,6 @@ pub mod codec;
 pub mod gcs;
 pub mod gka;
 pub mod lkh;
+pub mod secure;
 
 pub use codec::{DecodeError, Reader, Writer};

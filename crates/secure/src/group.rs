@@ -1,0 +1,768 @@
+//! One client's secure group: the key agreement driven by the views the daemons deliver, and the
+//! group's data sealed under each view's key (thesis 004 §2.3, §3; paper 000 §3).
+//!
+//! The member joins with VS semantics. Every view the daemons deliver starts a run of the group's
+//! [`KeyAgreement`] (Table 1's mapping of group events to the protocols' events is the protocols'
+//! own: each derives join, leave, merge or partition from the member list and the transitional
+//! set, so that a cascade of events needs no special case); a run that a newer view interrupts is
+//! abandoned, and its messages, which name their view, are refused by the next (K5). Once the run
+//! yields the view's key the application sees a *secure view*; until then its messages wait, and
+//! data that other members sealed under the new key waits for this member's key (§3's
+//! buffering). When the daemons ask for the flush of a view, this layer acknowledges it for the
+//! application as soon as what it sealed in the view is on its way: later messages wait for the
+//! next secure view, and the application is told ([`SecureEvent::ViewEnding`]).
+//!
+//! Departures from the papers: a unicast of the key agreement goes to the whole group and names
+//! its recipient (the daemons have no private groups); a group's protocol is fixed by its first
+//! member, and a newcomer whose protocol differs leaves with a typed error; a view with a member
+//! the trust directory does not know gets no key at all.
+
+use crate::seal::{ReplayWindow, SenderKey};
+use crate::SecureError;
+use bytes::Bytes;
+use conclave_crypto::aead::AeadAlg;
+use conclave_crypto::{CryptoRng, Fingerprint, GroupKey, Identity, Ristretto255};
+use conclave_gka::testbed::new_member;
+use conclave_gka::{
+    Dest, GkaError, KeyAgreement, MemberId, Order, ProtocolId, SharedDirectory, View,
+};
+use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId};
+use conclave_wire::gcs::{ServiceType, MAX_PAYLOAD_BYTES};
+use conclave_wire::secure::{SecureMessage, MAX_PLAINTEXT_BYTES};
+use std::collections::{HashMap, VecDeque};
+
+/// How a secure group is run; the defaults suit most groups.
+#[derive(Clone, Debug)]
+pub struct SecureConfig {
+    /// The key agreement protocol this member asks for (the group keeps its first member's).
+    pub protocol: ProtocolId,
+    pub aead: AeadAlg,
+    /// Messages the application may send while no key is agreed, and their bytes: past either,
+    /// a send is refused ([`SecureError::QueueFull`]).
+    pub max_queued: usize,
+    pub max_queued_bytes: usize,
+    /// Messages of the current view that arrive before this member has its key, and their bytes:
+    /// past either, such a message is refused.
+    pub max_early: usize,
+    pub max_early_bytes: usize,
+}
+
+impl Default for SecureConfig {
+    fn default() -> Self {
+        SecureConfig {
+            protocol: ProtocolId::Tgdh,
+            aead: AeadAlg::Aes256Gcm,
+            max_queued: 1024,
+            max_queued_bytes: 16 << 20,
+            max_early: 4096,
+            max_early_bytes: 16 << 20,
+        }
+    }
+}
+
+/// A view whose key is agreed: what the application sees of a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecureViewInfo {
+    pub group: String,
+    /// The daemons' id of the view this key belongs to.
+    pub view: GroupViewId,
+    pub members: Vec<String>,
+    /// This member's count of keys in the group (see `conclave_gka::SecureView::epoch`).
+    pub epoch: u64,
+    /// A public short name of the key, equal at every member of the view.
+    pub fingerprint: Fingerprint,
+}
+
+/// What the secure layer tells the application about one group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecureEvent {
+    /// A new secure view: its key is agreed; what follows is sealed under it.
+    View(SecureViewInfo),
+    /// A message of a member, opened: it was sealed under the current secure view's key.
+    Message {
+        group: String,
+        sender: String,
+        service: ServiceType,
+        payload: Bytes,
+    },
+    /// The daemons are changing the view: what the application sends from now on goes out in
+    /// the next secure view.
+    ViewEnding { group: String, view: GroupViewId },
+    /// The daemons' view has members the trust directory does not know: it gets no key.
+    Untrusted {
+        group: String,
+        view: GroupViewId,
+        members: Vec<String>,
+    },
+    /// Input from `sender` that this layer refused: it reached the application as nothing else.
+    Refused {
+        group: String,
+        sender: String,
+        error: SecureError,
+    },
+    /// This member is out of the group (its leave, or a join the group could not take).
+    Left { group: String, reason: String },
+}
+
+/// A message of this member on its way through the daemon.
+enum Inflight {
+    /// A key agreement message of a view.
+    Protocol(GroupViewId),
+    /// Data, with the view whose key sealed it and the plaintext, to seal again if the daemon
+    /// sends it in another view.
+    Data {
+        view: GroupViewId,
+        service: ServiceType,
+        payload: Bytes,
+    },
+}
+
+/// The daemons' current view of the group.
+struct DaemonView {
+    id: GroupViewId,
+    transitional: Vec<String>,
+}
+
+/// The key of the current view, and what sealing and opening under it need.
+struct Keyed {
+    info: SecureViewInfo,
+    key: GroupKey,
+    mine: SenderKey,
+    /// Messages this member sealed in the view.
+    sent: u64,
+    /// Each sender's key and the counters opened.
+    senders: HashMap<String, (SenderKey, ReplayWindow)>,
+}
+
+/// One member of one secure group (see the module doc).
+pub struct SecureGroup {
+    group: String,
+    me: MemberId,
+    cfg: SecureConfig,
+    identity: Identity,
+    directory: SharedDirectory,
+    rng: Box<dyn CryptoRng + Send>,
+    gka: Box<dyn KeyAgreement>,
+    /// The key agreement as it was when the members last all completed a run (`None`: as
+    /// created), to go back to if a run completes here but not at the members that came with
+    /// this one (see [`SecureGroup::confirm`]).
+    confirmed: Option<Box<dyn KeyAgreement>>,
+    /// The current view's key, once the run completed here, until what this member sent in the
+    /// run is known to be in the view.
+    unconfirmed: Option<conclave_gka::SecureView>,
+    /// Key agreement messages this member sent in the current view, and those the daemon said
+    /// it sent in this view.
+    own_sent: u64,
+    own_in_view: u64,
+    /// The members that came with this one through every view since the last confirmed run
+    /// (`None`: no view since): what the key agreement would have narrowed its side to, had it
+    /// followed those views from `confirmed`.
+    came_along: Option<Vec<String>>,
+    view: Option<DaemonView>,
+    keyed: Option<Keyed>,
+    /// A key was agreed in this group at least once.
+    ever_keyed: bool,
+    /// The flush of the current view is acknowledged: nothing more goes out in it.
+    flushed: bool,
+    left: bool,
+    queued: VecDeque<(ServiceType, Bytes)>,
+    queued_bytes: usize,
+    /// This member's messages to the group that the daemon has not yet said it sent, oldest
+    /// first (the daemon's `Sent` events come in that order).
+    inflight: VecDeque<Inflight>,
+    /// Data the daemon sent in another view than the one it was sealed in: no member opens it
+    /// there, so it goes again, in order, before anything queued.
+    resend: VecDeque<(ServiceType, Bytes)>,
+    early: VecDeque<(String, ServiceType, Bytes)>,
+    early_bytes: usize,
+    commands: VecDeque<ClientCommand>,
+    events: VecDeque<SecureEvent>,
+}
+
+impl SecureGroup {
+    /// Joins `group` as `me` (the name the daemon gave this client, as views list it); the join
+    /// is the first command.
+    pub fn join(
+        group: &str,
+        me: &str,
+        identity: Identity,
+        directory: SharedDirectory,
+        cfg: SecureConfig,
+        mut rng: Box<dyn CryptoRng + Send>,
+    ) -> SecureGroup {
+        let gka = new_member::<Ristretto255>(
+            cfg.protocol,
+            me,
+            group,
+            identity.clone(),
+            directory.clone(),
+            &mut *rng,
+        );
+        let mut g = SecureGroup {
+            group: group.to_owned(),
+            me: me.to_owned(),
+            cfg,
+            identity,
+            directory,
+            rng,
+            gka,
+            confirmed: None,
+            unconfirmed: None,
+            own_sent: 0,
+            own_in_view: 0,
+            came_along: None,
+            view: None,
+            keyed: None,
+            ever_keyed: false,
+            flushed: false,
+            left: false,
+            queued: VecDeque::new(),
+            queued_bytes: 0,
+            inflight: VecDeque::new(),
+            resend: VecDeque::new(),
+            early: VecDeque::new(),
+            early_bytes: 0,
+            commands: VecDeque::new(),
+            events: VecDeque::new(),
+        };
+        g.commands.push_back(ClientCommand::Join {
+            group: group.to_owned(),
+            vs: true,
+        });
+        g
+    }
+
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// The current secure view, if the current view's key is agreed.
+    pub fn secure_view(&self) -> Option<&SecureViewInfo> {
+        self.keyed.as_ref().map(|k| &k.info)
+    }
+
+    /// Sends `payload` to the group, sealed under the current view's key; with no key (a run in
+    /// progress, or the view ending), it waits for the next secure view.
+    pub fn send(&mut self, service: ServiceType, payload: Bytes) -> Result<(), SecureError> {
+        if self.left {
+            return Err(SecureError::NotJoined);
+        }
+        if payload.len() > MAX_PLAINTEXT_BYTES {
+            return Err(SecureError::TooLarge {
+                len: payload.len(),
+                max: MAX_PLAINTEXT_BYTES,
+            });
+        }
+        if self.may_send() && self.queued.is_empty() && self.resend.is_empty() {
+            self.seal_and_send(service, payload);
+            return Ok(());
+        }
+        if self.queued.len() >= self.cfg.max_queued
+            || self.queued_bytes + payload.len() > self.cfg.max_queued_bytes
+        {
+            return Err(SecureError::QueueFull {
+                max: self.cfg.max_queued,
+            });
+        }
+        self.queued_bytes += payload.len();
+        self.queued.push_back((service, payload));
+        Ok(())
+    }
+
+    /// Leaves the group. Messages still waiting for a key are dropped.
+    pub fn leave(&mut self) {
+        if !self.left {
+            self.left = true;
+            self.drop_queued();
+            self.commands.push_back(ClientCommand::Leave {
+                group: self.group.clone(),
+            });
+        }
+    }
+
+    /// An event of the client session about this group (others are ignored).
+    pub fn handle_event(&mut self, ev: ClientEvent) {
+        match ev {
+            ClientEvent::View {
+                group,
+                view,
+                members,
+                transitional,
+                reason,
+            } if group == self.group && !self.left => {
+                let ev = ClientEvent::View {
+                    group,
+                    view,
+                    members,
+                    transitional,
+                    reason,
+                };
+                self.on_view(ev);
+            }
+            ClientEvent::Message {
+                group,
+                sender,
+                service,
+                payload,
+                view,
+                ..
+            } if group == self.group && !self.left => {
+                self.on_message(sender, service, &payload, view);
+            }
+            ClientEvent::FlushRequest { group, view } if group == self.group => {
+                self.on_flush_request(view);
+            }
+            ClientEvent::Sent { group, view, .. } if group == self.group => self.on_sent(view),
+            ClientEvent::Left { group } if group == self.group => {
+                self.left = true;
+                self.keyed = None;
+                self.drop_queued();
+                self.events.push_back(SecureEvent::Left {
+                    group,
+                    reason: "left the group".into(),
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// The next command for the client session, in order.
+    pub fn poll_command(&mut self) -> Option<ClientCommand> {
+        self.commands.pop_front()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<SecureEvent> {
+        self.events.pop_front()
+    }
+
+    fn on_view(&mut self, ev: ClientEvent) {
+        let Some(mut view) = View::from_event(&ev) else {
+            return;
+        };
+        let came_along: Vec<String> = match &self.came_along {
+            Some(c) => view
+                .transitional
+                .iter()
+                .filter(|m| c.contains(m))
+                .cloned()
+                .collect(),
+            None => view.transitional.clone(),
+        };
+        // A run that completed here while something this member sent in it never went out in
+        // its view did not complete at the members that came with this one (they never had
+        // that message): go back to the state all of them share, and to the members that came
+        // along through every view since.
+        if self.unconfirmed.take().is_some() {
+            self.gka = match &self.confirmed {
+                Some(g) => g.clone_box(),
+                None => self.new_member(),
+            };
+            view.transitional = came_along.clone();
+        }
+        self.came_along = Some(came_along);
+        self.own_sent = 0;
+        self.own_in_view = 0;
+        // A new view ends the old key: nothing more is sealed or opened under it.
+        self.keyed = None;
+        self.flushed = false;
+        self.early.clear();
+        self.early_bytes = 0;
+        self.view = Some(DaemonView {
+            id: view.view_id,
+            transitional: view.transitional.clone(),
+        });
+        let untrusted: Vec<String> = {
+            let dir = self.directory.read().unwrap_or_else(|p| p.into_inner());
+            view.members
+                .iter()
+                .filter(|m| dir.get(m).is_none())
+                .cloned()
+                .collect()
+        };
+        if !untrusted.is_empty() {
+            // No run in this view; the next starts from scratch, sharing no state with members
+            // that came through this view.
+            self.fresh_member();
+            self.events.push_back(SecureEvent::Untrusted {
+                group: self.group.clone(),
+                view: view.view_id,
+                members: untrusted,
+            });
+            return;
+        }
+        if let Err(e) = self.gka.handle_view(&mut *self.rng, view.clone()) {
+            // A view the protocol cannot follow from its last one (a session that connected
+            // again sees view ids start over): start from scratch.
+            self.fresh_member();
+            if let Err(e2) = self.gka.handle_view(&mut *self.rng, view) {
+                self.refused(self.me.clone(), SecureError::KeyAgreement(e2));
+                return;
+            }
+            let _ = e;
+        }
+        self.pump();
+    }
+
+    fn on_message(
+        &mut self,
+        sender: String,
+        service: ServiceType,
+        payload: &[u8],
+        at: GroupViewId,
+    ) {
+        let msg = match SecureMessage::decode(payload) {
+            Ok(m) => m,
+            Err(e) => return self.refused(sender, SecureError::Malformed(e)),
+        };
+        let current = self.view.as_ref().map(|v| v.id);
+        match msg {
+            SecureMessage::KeyAgreement { to, envelope } => {
+                if sender == self.me || to.is_some_and(|t| t != self.me) || current != Some(at) {
+                    return;
+                }
+                match self.gka.handle_message(&mut *self.rng, &sender, envelope) {
+                    Ok(()) => {}
+                    // Messages of a run a newer view interrupted (K5): expected in cascades.
+                    Err(GkaError::Stale { .. } | GkaError::Future { .. }) => {}
+                    Err(GkaError::WrongProtocol { expected, got }) => {
+                        self.on_wrong_protocol(sender, expected, got)
+                    }
+                    Err(e) => self.refused(sender, SecureError::KeyAgreement(e)),
+                }
+                self.pump();
+            }
+            SecureMessage::Data {
+                view,
+                counter,
+                sealed,
+            } => {
+                // Also what the daemon held past the end of the view it was sealed in: its sender
+                // learns that from the daemon and sends it again under this view's key.
+                if current != Some(view) || at != view {
+                    return self.refused(sender, SecureError::OtherView { got: view, current });
+                }
+                if self.keyed.is_none() {
+                    return self.hold_early(sender, service, payload);
+                }
+                self.open(sender, service, view, counter, sealed);
+            }
+        }
+    }
+
+    fn open(
+        &mut self,
+        sender: String,
+        service: ServiceType,
+        view: GroupViewId,
+        counter: u64,
+        sealed: &[u8],
+    ) {
+        let Some(k) = self.keyed.as_mut() else {
+            return;
+        };
+        if !k.info.members.contains(&sender) {
+            return self.refused(sender, SecureError::NotAMember);
+        }
+        let (alg, group) = (self.cfg.aead, &self.group);
+        let (key, window) = k.senders.entry(sender.clone()).or_insert_with(|| {
+            (
+                SenderKey::derive(alg, &k.key, group, &view, &sender),
+                ReplayWindow::default(),
+            )
+        });
+        if !window.fresh(counter) {
+            return self.refused(sender, SecureError::Replay { counter });
+        }
+        match key.open(group, &view, &sender, service, counter, sealed) {
+            Ok(plain) => {
+                window.accept(counter);
+                self.events.push_back(SecureEvent::Message {
+                    group: self.group.clone(),
+                    sender,
+                    service,
+                    payload: Bytes::from(plain),
+                });
+            }
+            Err(_) => self.refused(sender, SecureError::OpenFailed),
+        }
+    }
+
+    /// Data sealed under this view's key by a member that has it already: kept until this
+    /// member has it too (thesis 004 §3).
+    fn hold_early(&mut self, sender: String, service: ServiceType, payload: &[u8]) {
+        if self.early.len() >= self.cfg.max_early
+            || self.early_bytes + payload.len() > self.cfg.max_early_bytes
+        {
+            return self.refused(
+                sender,
+                SecureError::EarlyFull {
+                    max: self.cfg.max_early,
+                },
+            );
+        }
+        self.early_bytes += payload.len();
+        self.early
+            .push_back((sender, service, Bytes::copy_from_slice(payload)));
+    }
+
+    /// The daemon sent this member's oldest message on its way, in `view`.
+    fn on_sent(&mut self, view: GroupViewId) {
+        match self.inflight.pop_front() {
+            Some(Inflight::Data {
+                view: sealed_in,
+                service,
+                payload,
+            }) if sealed_in != view => {
+                // Held by the daemon past a view change (a VS message goes out once its sender
+                // has the new view): sealed under a key no member uses there.
+                self.resend.push_back((service, payload));
+            }
+            Some(Inflight::Protocol(of))
+                if of == view && self.view.as_ref().is_some_and(|v| v.id == view) =>
+            {
+                self.own_in_view += 1;
+                self.confirm();
+            }
+            _ => {}
+        }
+        self.release();
+    }
+
+    /// Installs the key of a run that completed here once everything this member sent in the
+    /// run is known to go out in the view: a message the daemon accepted in a view reaches every
+    /// member that stays in it before the next, so they complete the run too. (A message the
+    /// daemon held past the view's end, or that was never sent, reaches none of them.)
+    fn confirm(&mut self) {
+        if self.own_in_view < self.own_sent {
+            return;
+        }
+        if let Some(k) = self.unconfirmed.take() {
+            self.confirmed = Some(self.gka.clone_box());
+            self.came_along = None;
+            self.install_key(k);
+        }
+    }
+
+    /// Whether data may be sealed and sent now: the view's key is here, its flush is not
+    /// acknowledged, and nothing sealed in an earlier view is still on its way (it might have to
+    /// go again, and must stay ahead of what follows).
+    fn may_send(&self) -> bool {
+        let Some(k) = self.keyed.as_ref() else {
+            return false;
+        };
+        !self.flushed
+            && !self.left
+            && self
+                .inflight
+                .iter()
+                .all(|f| !matches!(f, Inflight::Data { view, .. } if *view != k.info.view))
+    }
+
+    /// Sends what waits (data to send again first, then the application's queue), if it may.
+    fn release(&mut self) {
+        if !self.may_send() {
+            return;
+        }
+        while let Some((service, payload)) = self.resend.pop_front() {
+            self.seal_and_send(service, payload);
+        }
+        while let Some((service, payload)) = self.queued.pop_front() {
+            self.queued_bytes -= payload.len();
+            self.seal_and_send(service, payload);
+        }
+    }
+
+    fn on_flush_request(&mut self, view: GroupViewId) {
+        if self.flushed || self.view.as_ref().map(|v| v.id) != Some(view) {
+            // Still acknowledged: the daemons wait for every VS member.
+            self.commands.push_back(ClientCommand::FlushAck {
+                group: self.group.clone(),
+                view,
+            });
+            return;
+        }
+        // Everything sealed in the view is ahead of the acknowledgement in the command queue.
+        self.flushed = true;
+        self.commands.push_back(ClientCommand::FlushAck {
+            group: self.group.clone(),
+            view,
+        });
+        if self.keyed.is_some() {
+            self.events.push_back(SecureEvent::ViewEnding {
+                group: self.group.clone(),
+                view,
+            });
+        }
+    }
+
+    /// A member runs another protocol. The group keeps its first member's: a newcomer (that
+    /// never had a key here) leaves; an older member ignores the newcomer, whose leave follows.
+    fn on_wrong_protocol(&mut self, sender: String, expected: ProtocolId, got: ProtocolId) {
+        let newcomer = !self.ever_keyed
+            && self
+                .view
+                .as_ref()
+                .is_some_and(|v| !v.transitional.contains(&sender));
+        let error = SecureError::ProtocolMismatch {
+            group_uses: got,
+            asked: expected,
+        };
+        if newcomer {
+            self.refused(sender, error.clone());
+            self.leave();
+            self.events.push_back(SecureEvent::Left {
+                group: self.group.clone(),
+                reason: error.to_string(),
+            });
+        } else {
+            self.refused(
+                sender,
+                SecureError::KeyAgreement(GkaError::WrongProtocol { expected, got }),
+            );
+        }
+    }
+
+    /// What the key agreement has to send and, once the run completes, the key.
+    fn pump(&mut self) {
+        let current = self.view.as_ref().map(|v| v.id);
+        while let Some(t) = self.gka.poll_transmit() {
+            if Some(t.view_id) != current {
+                continue;
+            }
+            // Counted even if it does not go: the run is then not complete for the others.
+            self.own_sent += 1;
+            // Nothing goes out in a view once its flush is acknowledged.
+            if self.flushed || self.left {
+                continue;
+            }
+            let to = match t.dest {
+                Dest::Broadcast => None,
+                Dest::Unicast(m) => Some(m),
+            };
+            let payload = SecureMessage::KeyAgreement {
+                to,
+                envelope: &t.payload,
+            }
+            .encode();
+            if payload.len() > MAX_PAYLOAD_BYTES {
+                let error = SecureError::TooLarge {
+                    len: payload.len(),
+                    max: MAX_PAYLOAD_BYTES,
+                };
+                self.refused(self.me.clone(), error);
+                continue;
+            }
+            let service = match t.order {
+                Order::Fifo => ServiceType::Fifo,
+                Order::Agreed => ServiceType::Agreed,
+            };
+            self.commands.push_back(ClientCommand::Multicast {
+                service,
+                groups: vec![self.group.clone()],
+                payload: payload.into(),
+            });
+            self.inflight.push_back(Inflight::Protocol(t.view_id));
+        }
+        while let Some(k) = self.gka.poll_key() {
+            if Some(k.view_id) == current && !self.left {
+                self.unconfirmed = Some(k);
+            }
+        }
+        self.confirm();
+    }
+
+    fn install_key(&mut self, k: conclave_gka::SecureView) {
+        let info = SecureViewInfo {
+            group: self.group.clone(),
+            view: k.view_id,
+            members: k.members.clone(),
+            epoch: k.epoch,
+            fingerprint: k.key.fingerprint(),
+        };
+        let mine = SenderKey::derive(self.cfg.aead, &k.key, &self.group, &k.view_id, &self.me);
+        self.keyed = Some(Keyed {
+            info: info.clone(),
+            key: k.key,
+            mine,
+            sent: 0,
+            senders: HashMap::new(),
+        });
+        self.ever_keyed = true;
+        let view = info.view;
+        self.events.push_back(SecureEvent::View(info));
+        if self.flushed {
+            let group = self.group.clone();
+            self.events
+                .push_back(SecureEvent::ViewEnding { group, view });
+        }
+        for (sender, service, payload) in std::mem::take(&mut self.early) {
+            if let Ok(SecureMessage::Data {
+                view,
+                counter,
+                sealed,
+            }) = SecureMessage::decode(&payload)
+            {
+                self.open(sender, service, view, counter, sealed);
+            }
+        }
+        self.early_bytes = 0;
+        self.release();
+    }
+
+    fn seal_and_send(&mut self, service: ServiceType, payload: Bytes) {
+        let Some(k) = self.keyed.as_mut() else {
+            return;
+        };
+        let counter = k.sent;
+        k.sent += 1;
+        let view = k.info.view;
+        let sealed = k
+            .mine
+            .seal(&self.group, &view, &self.me, service, counter, &payload);
+        self.commands.push_back(ClientCommand::Multicast {
+            service,
+            groups: vec![self.group.clone()],
+            payload: sealed.into(),
+        });
+        self.inflight.push_back(Inflight::Data {
+            view,
+            service,
+            payload,
+        });
+    }
+
+    /// Starts the key agreement over, sharing no state with anyone.
+    fn fresh_member(&mut self) {
+        self.gka = self.new_member();
+        self.confirmed = None;
+        self.unconfirmed = None;
+        self.came_along = None;
+    }
+
+    fn new_member(&mut self) -> Box<dyn KeyAgreement> {
+        new_member::<Ristretto255>(
+            self.cfg.protocol,
+            &self.me,
+            &self.group,
+            self.identity.clone(),
+            self.directory.clone(),
+            &mut *self.rng,
+        )
+    }
+
+    fn drop_queued(&mut self) {
+        self.queued.clear();
+        self.queued_bytes = 0;
+        self.resend.clear();
+        self.inflight.clear();
+    }
+
+    fn refused(&mut self, sender: String, error: SecureError) {
+        self.events.push_back(SecureEvent::Refused {
+            group: self.group.clone(),
+            sender,
+            error,
+        });
+    }
+}

@@ -1,0 +1,244 @@
+//! Sealing application data under a view's group key.
+//!
+//! Each sender of a view gets its own key, HKDF of the group key with labels naming the group,
+//! the view and the sender, so that members never share a (key, nonce) pair; the nonce is the
+//! sender's count of messages in the view, which it never reuses (a fresh view is a fresh key,
+//! and the count starts again). The associated data binds the group, the view, the sender, the
+//! service type and the counter, so that a message cannot be moved to another group, view,
+//! sender or service, or replayed under another number.
+
+use conclave_crypto::aead::{Aead, AeadAlg, AeadError, NONCE_BYTES};
+use conclave_crypto::{kdf, GroupKey};
+use conclave_wire::client::GroupViewId;
+use conclave_wire::gcs::ServiceType;
+use conclave_wire::secure::SecureMessage;
+
+/// A sender's key for one view.
+pub(crate) struct SenderKey {
+    aead: Aead,
+}
+
+impl SenderKey {
+    pub fn derive(
+        alg: AeadAlg,
+        group_key: &GroupKey,
+        group: &str,
+        view: &GroupViewId,
+        sender: &str,
+    ) -> SenderKey {
+        // The view id as data messages carry it (after their version and tag bytes).
+        let header = SecureMessage::data_header(view, 0);
+        let info = kdf::info(&[
+            b"conclave data key v1",
+            group.as_bytes(),
+            &header[2..2 + 24],
+            sender.as_bytes(),
+        ]);
+        let key = kdf::derive::<32>(b"conclave", group_key.expose(), &info);
+        SenderKey {
+            aead: Aead::new(alg, &key),
+        }
+    }
+
+    /// The payload of a group message carrying `plaintext`.
+    pub fn seal(
+        &self,
+        group: &str,
+        view: &GroupViewId,
+        sender: &str,
+        service: ServiceType,
+        counter: u64,
+        plaintext: &[u8],
+    ) -> Vec<u8> {
+        let header = SecureMessage::data_header(view, counter);
+        let aad = aad(&header, group, sender, service);
+        let mut out = header;
+        let at = out.len();
+        out.extend_from_slice(plaintext);
+        let mut body = out.split_off(at);
+        self.aead.seal_in_place(nonce(counter), &aad, &mut body);
+        out.extend_from_slice(&body);
+        out
+    }
+
+    pub fn open(
+        &self,
+        group: &str,
+        view: &GroupViewId,
+        sender: &str,
+        service: ServiceType,
+        counter: u64,
+        sealed: &[u8],
+    ) -> Result<Vec<u8>, AeadError> {
+        let header = SecureMessage::data_header(view, counter);
+        self.aead.open(
+            nonce(counter),
+            &aad(&header, group, sender, service),
+            sealed,
+        )
+    }
+}
+
+fn nonce(counter: u64) -> [u8; NONCE_BYTES] {
+    let mut n = [0u8; NONCE_BYTES];
+    n[NONCE_BYTES - 8..].copy_from_slice(&counter.to_be_bytes());
+    n
+}
+
+fn aad(header: &[u8], group: &str, sender: &str, service: ServiceType) -> Vec<u8> {
+    kdf::info(&[
+        b"conclave data v1",
+        header,
+        group.as_bytes(),
+        sender.as_bytes(),
+        &[service as u8],
+    ])
+}
+
+/// Which counters of one sender were opened in a view: the highest, and a window of the
+/// [`WINDOW`] below it. A counter seen before, or further below the highest than the window, is
+/// refused. The daemons deliver one sender's messages of a view almost in order (reordering is
+/// bounded by the ring's window, a few thousand messages at most), so the window refuses nothing
+/// that a correct run delivers.
+#[derive(Debug)]
+pub(crate) struct ReplayWindow {
+    /// One more than the highest counter accepted (0: none yet).
+    top: u64,
+    bits: Box<[u64; WINDOW as usize / 64]>,
+}
+
+impl Default for ReplayWindow {
+    fn default() -> Self {
+        ReplayWindow {
+            top: 0,
+            bits: Box::new([0; WINDOW as usize / 64]),
+        }
+    }
+}
+
+/// Counters kept below the highest one accepted.
+pub(crate) const WINDOW: u64 = 4096;
+
+impl ReplayWindow {
+    /// Whether `counter` may be accepted (not seen, not too old); does not record it.
+    pub fn fresh(&self, counter: u64) -> bool {
+        if counter >= self.top {
+            return true;
+        }
+        let behind = self.top - 1 - counter;
+        behind < WINDOW && !self.bit(counter)
+    }
+
+    /// Records `counter` (after [`ReplayWindow::fresh`] said yes and the message opened).
+    pub fn accept(&mut self, counter: u64) {
+        if counter >= self.top {
+            let shift = counter + 1 - self.top;
+            if shift >= WINDOW {
+                self.bits.fill(0);
+            } else {
+                for c in self.top..=counter {
+                    self.clear(c);
+                }
+            }
+            self.top = counter + 1;
+        }
+        let (w, b) = slot(counter);
+        self.bits[w] |= 1 << b;
+    }
+
+    fn bit(&self, counter: u64) -> bool {
+        let (w, b) = slot(counter);
+        self.bits[w] & (1 << b) != 0
+    }
+
+    fn clear(&mut self, counter: u64) {
+        let (w, b) = slot(counter);
+        self.bits[w] &= !(1 << b);
+    }
+}
+
+fn slot(counter: u64) -> (usize, u32) {
+    let i = counter % WINDOW;
+    ((i / 64) as usize, (i % 64) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use conclave_wire::gcs::RingId;
+
+    fn view(index: u64) -> GroupViewId {
+        GroupViewId {
+            ring: RingId {
+                seq: 4,
+                rep: 1,
+                inc: 0,
+            },
+            index,
+        }
+    }
+
+    #[test]
+    fn a_sealed_message_opens_only_as_it_was_sealed() {
+        let gk = GroupKey::from_bytes([7; 32]);
+        let alg = AeadAlg::Aes256Gcm;
+        let k = SenderKey::derive(alg, &gk, "g", &view(1), "a#d1");
+        let bytes = k.seal("g", &view(1), "a#d1", ServiceType::Agreed, 3, b"hello");
+        let SecureMessage::Data {
+            view: v,
+            counter,
+            sealed,
+        } = SecureMessage::decode(&bytes).unwrap()
+        else {
+            panic!("data");
+        };
+        assert_eq!((v, counter), (view(1), 3));
+        let open = |k: &SenderKey, g, v, s, svc, c| k.open(g, &v, s, svc, c, sealed);
+        assert_eq!(
+            open(&k, "g", view(1), "a#d1", ServiceType::Agreed, 3).unwrap(),
+            b"hello"
+        );
+        for r in [
+            open(&k, "h", view(1), "a#d1", ServiceType::Agreed, 3),
+            open(&k, "g", view(2), "a#d1", ServiceType::Agreed, 3),
+            open(&k, "g", view(1), "b#d1", ServiceType::Agreed, 3),
+            open(&k, "g", view(1), "a#d1", ServiceType::Safe, 3),
+            open(&k, "g", view(1), "a#d1", ServiceType::Agreed, 4),
+        ] {
+            assert_eq!(r, Err(AeadError::Auth));
+        }
+        // Another sender's key, another view's key, another group key: nothing opens.
+        for other in [
+            SenderKey::derive(alg, &gk, "g", &view(1), "b#d1"),
+            SenderKey::derive(alg, &gk, "g", &view(2), "a#d1"),
+            SenderKey::derive(alg, &GroupKey::from_bytes([8; 32]), "g", &view(1), "a#d1"),
+        ] {
+            assert_eq!(
+                open(&other, "g", view(1), "a#d1", ServiceType::Agreed, 3),
+                Err(AeadError::Auth)
+            );
+        }
+        // Nothing of the plaintext is in the message.
+        assert!(!bytes.windows(5).any(|w| w == b"hello"));
+    }
+
+    #[test]
+    fn the_window_refuses_repeats_and_the_too_old() {
+        let mut w = ReplayWindow::default();
+        for c in [0, 1, 5, 3] {
+            assert!(w.fresh(c));
+            w.accept(c);
+        }
+        for c in [0, 1, 3, 5] {
+            assert!(!w.fresh(c), "{c}");
+        }
+        assert!(w.fresh(2) && w.fresh(4) && w.fresh(6));
+        w.accept(5 + WINDOW);
+        assert!(!w.fresh(2), "fell out of the window");
+        assert!(w.fresh(6 + 1), "inside the window and never seen");
+        assert!(!w.fresh(5 + WINDOW));
+        w.accept(u64::MAX - 1);
+        assert!(!w.fresh(u64::MAX - 1));
+        assert!(w.fresh(u64::MAX - 2));
+    }
+}
