@@ -37,6 +37,7 @@
 //! request would have changed (a group joined, a place in the window) is rolled back.
 
 pub mod core;
+pub mod secure;
 
 pub use crate::core::ClientError;
 use crate::core::{Handled, ReplyDecoder, SessionCore};

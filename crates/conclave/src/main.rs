@@ -1,4 +1,4 @@
-//! `conclave`: the one binary. Subcommands: `demo`, `daemon`, `admin`, `user`, `gka run`, `sim`,
+//! `conclave`: the one binary. Subcommands: `demo`, `daemon`, `admin`, `user`, `keygen`, `gka run`, `sim`,
 //! `check`, `bench gka`, `bench keygraph`.
 
 mod bench_cmd;
@@ -8,6 +8,7 @@ mod demo;
 mod gka_cmd;
 mod keys_demo;
 mod net_bench;
+mod secure_cmd;
 mod sim_cmd;
 mod user_cmd;
 
@@ -38,8 +39,11 @@ enum Command {
     Daemon(daemon_cmd::DaemonArgs),
     /// Ask running daemons for their status, or inject faults: partition, heal, drop, delay, dup, pause.
     Admin(daemon_cmd::AdminArgs),
-    /// A client: commands on stdin (join, leave, send, ack), events on stdout (--json for JSON lines).
+    /// A client: commands on stdin (join, leave, send, ack), events on stdout (--json for JSON lines;
+    /// --secure for secure groups).
     User(user_cmd::UserArgs),
+    /// Make a member's identity (an Ed25519 key, private to its owner) and add it to a trust directory.
+    Keygen(secure_cmd::KeygenArgs),
     /// Group key agreement tools.
     Gka {
         #[command(subcommand)]
@@ -63,6 +67,7 @@ fn main() -> Result<()> {
         Command::Daemon(args) => daemon_cmd::run_daemon(args),
         Command::Admin(args) => daemon_cmd::run_admin(args),
         Command::User(args) => user_cmd::run_user(args),
+        Command::Keygen(args) => secure_cmd::run_keygen(args),
         Command::Gka { command } => gka_cmd::run(command),
         Command::Bench { command } => bench_cmd::run(command),
         Command::Check(args) => check_cmd::run(args),

@@ -11,6 +11,10 @@
 //! sleep MS                          wait (scripts)
 //! quit                         (q)
 //! ```
+//!
+//! With `--secure --identity FILE --directory FILE [--protocol P]` every group is a secure group
+//! (docs/secure.md): the same commands, a message to one group at a time, flushes acknowledged by
+//! the secure layer.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -39,6 +43,8 @@ pub struct UserArgs {
     /// Events received and not yet printed, at most, before the session ends.
     #[arg(long, default_value_t = conclave_client::EVENT_QUEUE)]
     event_queue: usize,
+    #[command(flatten)]
+    secure: crate::secure_cmd::SecureArgs,
 }
 
 pub fn service_name(s: ServiceType) -> &'static str {
@@ -158,7 +164,7 @@ pub fn event_text(ev: &ClientEvent) -> String {
     }
 }
 
-enum Line {
+pub enum Line {
     Join(String, bool),
     Leave(String),
     Send(ServiceType, Vec<String>, String),
@@ -168,7 +174,7 @@ enum Line {
     Nothing,
 }
 
-fn parse_line(line: &str) -> Result<Line> {
+pub fn parse_line(line: &str) -> Result<Line> {
     let line = line.trim();
     if line.is_empty() || line.starts_with('#') {
         return Ok(Line::Nothing);
@@ -293,6 +299,16 @@ async fn send_all(
 
 async fn user(args: UserArgs) -> Result<()> {
     let addr: Address = args.daemon.parse()?;
+    if args.secure.secure {
+        return crate::secure_cmd::secure_user(
+            &addr,
+            &args.name,
+            args.json,
+            args.linger,
+            &args.secure,
+        )
+        .await;
+    }
     let opts = conclave_client::Options {
         event_queue: args.event_queue,
         ..Default::default()

@@ -449,3 +449,122 @@ fn a_bad_daemon_configuration_is_a_clear_error() {
     assert!(!ok, "{err}");
     let _ = std::fs::remove_file(path);
 }
+
+/// `conclave keygen` makes identities and a trust directory; two `conclave user --secure` on one
+/// daemon agree a key and talk sealed; a member the directory does not know gets no key.
+#[test]
+fn keygen_and_secure_users_talk_sealed() {
+    let (path, cfg) = one_daemon_config("secure");
+    let dir = std::env::temp_dir().join(format!("conclave-secure-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let directory = dir.join("directory.toml");
+    for n in ["ann", "ben", "eve"] {
+        let out = dir.join(format!("{n}.id"));
+        let mut args = vec!["keygen", "--name", n, "--out", out.to_str().unwrap()];
+        if n != "eve" {
+            args.extend(["--directory", directory.to_str().unwrap()]);
+        }
+        let (ok, _, err) = conclave(&args, None);
+        assert!(ok, "{err}");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&out).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "an identity is private to its owner");
+        }
+    }
+    // No identity is written over.
+    let ann = dir.join("ann.id");
+    let (ok, _, err) = conclave(
+        &["keygen", "--name", "ann", "--out", ann.to_str().unwrap()],
+        None,
+    );
+    assert!(!ok && err.contains("must not exist"), "{err}");
+
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .args(["daemon", "--log", "warn", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let cfg_arg = path.to_str().unwrap();
+    for _ in 0..200 {
+        let (ok, out, _) = conclave(&["admin", "--config", cfg_arg, "status"], None);
+        if ok && out.contains("\"ready\":true") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let addr = cfg.daemon[0].client.unwrap().to_string();
+    let user = |name: &str, script: &str| {
+        let id = dir.join(format!("{name}.id"));
+        let mut c = Command::new(env!("CARGO_BIN_EXE_conclave"))
+            .args([
+                "user", "--daemon", &addr, "--name", name, "--json", "--secure",
+            ])
+            .args(["--protocol", "str", "--identity", id.to_str().unwrap()])
+            .args([
+                "--directory",
+                directory.to_str().unwrap(),
+                "--linger",
+                "1500",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        c
+    };
+    let ann = user("ann", "join chat\nsleep 600\nsend chat sealed hello\n");
+    let ben = user("ben", "sleep 200\njoin chat\n");
+    let (ann, ben) = (
+        ann.wait_with_output().unwrap(),
+        ben.wait_with_output().unwrap(),
+    );
+    let ann_out = json_lines(&String::from_utf8_lossy(&ann.stdout));
+    let ben_out = json_lines(&String::from_utf8_lossy(&ben.stdout));
+    let key_of = |lines: &[serde_json::Value]| {
+        lines
+            .iter()
+            .rev()
+            .find(|l| l["ev"] == "secure_view" && l["members"].as_array().unwrap().len() == 2)
+            .map(|l| l["key"].clone())
+    };
+    let k = key_of(&ann_out);
+    assert!(k.is_some(), "{ann_out:?}");
+    assert_eq!(k, key_of(&ben_out), "{ben_out:?}");
+    assert!(
+        ben_out
+            .iter()
+            .any(|l| l["ev"] == "message" && l["payload"] == "sealed hello"),
+        "{ben_out:?}"
+    );
+
+    // Eve is not in the directory: the view with her gets no key.
+    let ann = user("ann", "join chat\nsleep 900\n");
+    let eve = user("eve", "sleep 200\njoin chat\n");
+    let ann_out = json_lines(&String::from_utf8_lossy(
+        &ann.wait_with_output().unwrap().stdout,
+    ));
+    let _ = eve.wait_with_output();
+    assert!(
+        ann_out
+            .iter()
+            .any(|l| l["ev"] == "untrusted" && l["members"][0] == "eve#d1"),
+        "{ann_out:?}"
+    );
+
+    let (ok, out, _) = conclave(&["admin", "--config", cfg_arg, "shutdown"], None);
+    assert!(ok, "{out}");
+    assert!(daemon.wait().unwrap().success());
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -65,10 +65,7 @@ impl Identity {
             SigScheme::Ed25519 => {
                 let mut seed = zeroize::Zeroizing::new([0u8; 32]);
                 rng.fill_bytes(seed.as_mut());
-                let signer = aws_lc_rs::signature::Ed25519KeyPair::from_seed_unchecked(&seed[..])
-                    .map_err(|_| SigError::KeyGen)?;
-                let public = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key();
-                Ok(Identity::Ed25519(Arc::new(Ed25519Key { signer, public })))
+                Identity::ed25519_from_seed(&seed)
             }
             SigScheme::Rsa2048 => {
                 let kp = aws_lc_rs::rsa::KeyPair::generate(aws_lc_rs::rsa::KeySize::Rsa2048)
@@ -76,6 +73,14 @@ impl Identity {
                 Ok(Identity::Rsa(Arc::new(kp)))
             }
         }
+    }
+
+    /// The Ed25519 identity of a 32-byte secret seed (what an identity file keeps).
+    pub fn ed25519_from_seed(seed: &[u8; 32]) -> Result<Identity, SigError> {
+        let signer = aws_lc_rs::signature::Ed25519KeyPair::from_seed_unchecked(&seed[..])
+            .map_err(|_| SigError::KeyGen)?;
+        let public = ed25519_dalek::SigningKey::from_bytes(seed).verifying_key();
+        Ok(Identity::Ed25519(Arc::new(Ed25519Key { signer, public })))
     }
 
     pub fn scheme(&self) -> SigScheme {
@@ -111,6 +116,21 @@ impl Identity {
 }
 
 impl PublicIdentity {
+    /// An Ed25519 public key from its 32 bytes; refused if they are no point of the curve.
+    pub fn ed25519_from_bytes(bytes: &[u8; 32]) -> Result<PublicIdentity, SigError> {
+        ed25519_dalek::VerifyingKey::from_bytes(bytes)
+            .map(PublicIdentity::Ed25519)
+            .map_err(|_| SigError::Malformed)
+    }
+
+    /// The 32 bytes of an Ed25519 public key (`None` for RSA).
+    pub fn ed25519_bytes(&self) -> Option<[u8; 32]> {
+        match self {
+            PublicIdentity::Ed25519(vk) => Some(vk.to_bytes()),
+            PublicIdentity::Rsa(_) => None,
+        }
+    }
+
     pub fn verify(&self, msg: &[u8], sig: &[u8]) -> Result<(), SigError> {
         match self {
             PublicIdentity::Ed25519(vk) => {
@@ -172,6 +192,25 @@ mod tests {
                 format!("{:?}", PublicIdentity::Ed25519(dalek.verifying_key()))
             );
         }
+    }
+
+    #[test]
+    fn an_identity_comes_back_from_its_seed_and_its_public_key_from_its_bytes() {
+        let seed = [9u8; 32];
+        let a = Identity::ed25519_from_seed(&seed).unwrap();
+        let b = Identity::ed25519_from_seed(&seed).unwrap();
+        assert_eq!(a.sign(b"m").unwrap(), b.sign(b"m").unwrap());
+        let bytes = a.public().ed25519_bytes().unwrap();
+        let p = PublicIdentity::ed25519_from_bytes(&bytes).unwrap();
+        p.verify(b"m", &a.sign(b"m").unwrap()).unwrap();
+        // Not every 32 bytes are a point.
+        let mut bad = [0u8; 32];
+        bad[31] = 0x80;
+        bad[0] = 2;
+        assert!((0..=255u8).any(|x| {
+            bad[1] = x;
+            PublicIdentity::ed25519_from_bytes(&bad).is_err()
+        }));
     }
 
     #[test]

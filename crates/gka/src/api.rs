@@ -114,8 +114,20 @@ impl Directory {
     pub fn insert(&mut self, member: MemberId, key: PublicIdentity) {
         self.keys.insert(member, key);
     }
+    /// The key of `member`. A member's name as views list it is its private name qualified by
+    /// its daemon (`alice#d1`); an entry under the private name alone (`alice`) serves it on every
+    /// daemon, and an entry under the qualified name on that daemon only.
     pub fn get(&self, member: &str) -> Option<&PublicIdentity> {
-        self.keys.get(member)
+        self.keys.get(member).or_else(|| {
+            member
+                .split_once('#')
+                .and_then(|(private, _)| self.keys.get(private))
+        })
+    }
+
+    /// The names listed, and their keys.
+    pub fn iter(&self) -> impl Iterator<Item = (&MemberId, &PublicIdentity)> {
+        self.keys.iter()
     }
 }
 

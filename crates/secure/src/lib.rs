@@ -4,6 +4,7 @@
 //! under it: it takes the client session's events and the application's sends, and gives
 //! commands for the session and events for the application; randomness is passed in.
 
+pub mod files;
 mod group;
 mod seal;
 

@@ -1,0 +1,310 @@
+//! Secure groups over a session: the layered architecture's secure layer (`conclave-secure`,
+//! docs/secure.md) driven by the async client. Every view of a secure group gets a key its
+//! members agree on; every message is sealed under the key of the view it is sent in.
+//!
+//! ```no_run
+//! # async fn demo(identity: conclave_crypto::Identity, directory: conclave_gka::Directory)
+//! #     -> Result<(), conclave_client::secure::SecureClientError> {
+//! use conclave_client::secure::{SecureClient, SecureConfig, SecureEvent};
+//! use conclave_client::{Client, ServiceType};
+//! let client = Client::connect(&"127.0.0.1:4901".parse()?, "alice").await?;
+//! let mut s = SecureClient::new(client, identity, directory);
+//! s.join_secure("chat", SecureConfig::default()).await?;
+//! s.send("chat", ServiceType::Agreed, b"hello").await?; // waits for the key if need be
+//! while let Ok(ev) = s.receive().await {
+//!     if let SecureEvent::View(v) = ev {
+//!         println!("{} members, key {}", v.members.len(), v.fingerprint);
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! A `SecureClient` serves its secure groups only: events of other groups are dropped (use a
+//! client of its own for plain groups). A task of its own drives the key agreement, so keys are
+//! agreed whether or not the application is receiving; the events it has not taken wait, up to
+//! [`crate::EVENT_QUEUE`], past which the session ends with [`ClientError::Overflow`]. Every
+//! call is cancel-safe (a request to the task and its answer).
+
+use crate::{Client, ClientError, ClientEvent, ServiceType, EVENT_QUEUE};
+use bytes::Bytes;
+use conclave_crypto::Identity;
+use conclave_gka::{Directory, SharedDirectory};
+use conclave_wire::client::ClientCommand;
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use tokio::sync::{mpsc, oneshot};
+
+use conclave_secure::SecureGroup;
+pub use conclave_secure::{files, SecureConfig, SecureError, SecureEvent, SecureViewInfo};
+
+/// What a secure client's call can fail with.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum SecureClientError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Secure(#[from] SecureError),
+    #[error("not in secure group {0:?}")]
+    NotJoined(String),
+    #[error("already in secure group {0:?}")]
+    AlreadyJoined(String),
+}
+
+type Reply = oneshot::Sender<Result<(), SecureClientError>>;
+
+enum Request {
+    Join(String, SecureConfig, Reply),
+    Send(String, ServiceType, Bytes, Reply),
+    Leave(String, Reply),
+    Disconnect(Reply),
+}
+
+/// A client session whose groups are secure.
+pub struct SecureClient {
+    name: String,
+    requests: mpsc::UnboundedSender<Request>,
+    events: mpsc::Receiver<Result<SecureEvent, SecureClientError>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SecureClient {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SecureClient {
+    /// Secure groups over `client`, as `identity`, trusting the members `directory` names.
+    pub fn new(client: Client, identity: Identity, directory: Directory) -> SecureClient {
+        let (requests, rx) = mpsc::unbounded_channel();
+        let (tx, events) = mpsc::channel(EVENT_QUEUE);
+        let name = client.name().to_owned();
+        let driver = Driver {
+            client,
+            identity,
+            directory: Arc::new(RwLock::new(directory)),
+            groups: BTreeMap::new(),
+            events: tx,
+        };
+        let task = tokio::spawn(driver.run(rx));
+        SecureClient {
+            name,
+            requests,
+            events,
+            task,
+        }
+    }
+
+    /// The client's name as views list it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn ask(&self, make: impl FnOnce(Reply) -> Request) -> Result<(), SecureClientError> {
+        let (tx, rx) = oneshot::channel();
+        self.requests
+            .send(make(tx))
+            .map_err(|_| ClientError::Disconnected)?;
+        rx.await.unwrap_or(Err(ClientError::Disconnected.into()))
+    }
+
+    /// Joins `group` securely (with VS); the group's first member chose its protocol, and a
+    /// member asking for another is refused ([`SecureError::ProtocolMismatch`], then
+    /// [`SecureEvent::Left`]).
+    pub async fn join_secure(
+        &mut self,
+        group: &str,
+        cfg: SecureConfig,
+    ) -> Result<(), SecureClientError> {
+        self.ask(|r| Request::Join(group.to_owned(), cfg, r)).await
+    }
+
+    /// Sends to a secure group, sealed under the current view's key; with no key yet (a key
+    /// agreement under way), the message waits for the next secure view.
+    pub async fn send(
+        &mut self,
+        group: &str,
+        service: ServiceType,
+        payload: &[u8],
+    ) -> Result<(), SecureClientError> {
+        let payload = Bytes::copy_from_slice(payload);
+        self.ask(|r| Request::Send(group.to_owned(), service, payload, r))
+            .await
+    }
+
+    pub async fn leave(&mut self, group: &str) -> Result<(), SecureClientError> {
+        self.ask(|r| Request::Leave(group.to_owned(), r)).await
+    }
+
+    /// The next event of a secure group: a secure view, a message opened, a view ending, an
+    /// untrusted view, a refusal, a leave.
+    pub async fn receive(&mut self) -> Result<SecureEvent, SecureClientError> {
+        self.events
+            .recv()
+            .await
+            .unwrap_or(Err(ClientError::Disconnected.into()))
+    }
+
+    /// Leaves every group and closes the session.
+    pub async fn disconnect(self) -> Result<(), SecureClientError> {
+        self.ask(Request::Disconnect).await
+    }
+}
+
+/// The task that owns the session and the secure groups.
+struct Driver {
+    client: Client,
+    identity: Identity,
+    directory: SharedDirectory,
+    groups: BTreeMap<String, SecureGroup>,
+    events: mpsc::Sender<Result<SecureEvent, SecureClientError>>,
+}
+
+impl Driver {
+    async fn run(mut self, mut requests: mpsc::UnboundedReceiver<Request>) {
+        let end = loop {
+            // Both are cancel-safe: the losing branch loses nothing.
+            let r = tokio::select! {
+                req = requests.recv() => match req {
+                    Some(Request::Disconnect(reply)) => {
+                        let r = self.client.sender.disconnect().await;
+                        let _ = reply.send(r.map_err(Into::into));
+                        return;
+                    }
+                    Some(req) => self.request(req).await,
+                    None => return,
+                },
+                ev = self.client.receive() => match ev {
+                    Ok(ev) => self.event(ev).await,
+                    // A refused request is not the session's end.
+                    Err(e @ ClientError::Refused { .. }) => self.emit(Err(e.into())),
+                    Err(e) => Err(e.into()),
+                },
+            };
+            if let Err(e) = r {
+                break e;
+            }
+        };
+        let _ = self.events.try_send(Err(end));
+    }
+
+    async fn request(&mut self, req: Request) -> Result<(), SecureClientError> {
+        let (group, answer, reply) = match req {
+            Request::Join(group, cfg, reply) => {
+                let answer = if self.groups.contains_key(&group) {
+                    Err(SecureClientError::AlreadyJoined(group.clone()))
+                } else {
+                    let g = SecureGroup::join(
+                        &group,
+                        self.client.name(),
+                        self.identity.clone(),
+                        self.directory.clone(),
+                        cfg,
+                        Box::new(rand_core::OsRng),
+                    );
+                    self.groups.insert(group.clone(), g);
+                    Ok(())
+                };
+                (group, answer, reply)
+            }
+            Request::Send(group, service, payload, reply) => {
+                let answer = match self.groups.get_mut(&group) {
+                    Some(g) => g.send(service, payload).map_err(Into::into),
+                    None => Err(SecureClientError::NotJoined(group.clone())),
+                };
+                (group, answer, reply)
+            }
+            Request::Leave(group, reply) => {
+                let answer = match self.groups.get_mut(&group) {
+                    Some(g) => {
+                        g.leave();
+                        Ok(())
+                    }
+                    None => Err(SecureClientError::NotJoined(group.clone())),
+                };
+                (group, answer, reply)
+            }
+            Request::Disconnect(_) => unreachable!("handled by the loop"),
+        };
+        let pumped = self.pump(&group).await;
+        let _ = reply.send(answer.and(pumped.clone()));
+        pumped
+    }
+
+    async fn event(&mut self, ev: ClientEvent) -> Result<(), SecureClientError> {
+        let Some(group) = event_group(&ev).map(str::to_owned) else {
+            return Ok(());
+        };
+        let Some(g) = self.groups.get_mut(&group) else {
+            return Ok(());
+        };
+        g.handle_event(ev);
+        self.pump(&group).await
+    }
+
+    /// An event for the application; past the queue's bound, the session ends.
+    fn emit(&self, e: Result<SecureEvent, SecureClientError>) -> Result<(), SecureClientError> {
+        self.events.try_send(e).map_err(|_| {
+            ClientError::Overflow {
+                waiting: EVENT_QUEUE,
+            }
+            .into()
+        })
+    }
+
+    /// Hands the group's commands to the session and its events to the application.
+    async fn pump(&mut self, group: &str) -> Result<(), SecureClientError> {
+        let Some(g) = self.groups.get_mut(group) else {
+            return Ok(());
+        };
+        let mut commands = Vec::new();
+        while let Some(c) = g.poll_command() {
+            commands.push(c);
+        }
+        let mut events = Vec::new();
+        let mut left = false;
+        while let Some(e) = g.poll_event() {
+            left |= matches!(e, SecureEvent::Left { .. });
+            events.push(e);
+        }
+        if left {
+            self.groups.remove(group);
+        }
+        for e in events {
+            self.emit(Ok(e))?;
+        }
+        let sender = &mut self.client.sender;
+        for c in commands {
+            match c {
+                ClientCommand::Join { group, vs } => sender.join(&group, vs).await?,
+                ClientCommand::Leave { group } => sender.leave(&group).await?,
+                ClientCommand::FlushAck { group, view } => sender.flush_ack(&group, view).await?,
+                ClientCommand::Multicast {
+                    service,
+                    groups,
+                    payload,
+                } => {
+                    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+                    sender.queue(service, &groups, &payload).await?
+                }
+            }
+        }
+        sender.flush().await?;
+        Ok(())
+    }
+}
+
+/// The group an event is about (none for the session's end).
+fn event_group(ev: &ClientEvent) -> Option<&str> {
+    match ev {
+        ClientEvent::Joined { group, .. }
+        | ClientEvent::Left { group }
+        | ClientEvent::Sent { group, .. }
+        | ClientEvent::FlushAcked { group }
+        | ClientEvent::View { group, .. }
+        | ClientEvent::TransitionalSignal { group }
+        | ClientEvent::FlushRequest { group, .. }
+        | ClientEvent::Message { group, .. } => Some(group),
+        ClientEvent::Closed { .. } => None,
+    }
+}

@@ -1,0 +1,257 @@
+//! `conclave keygen` (an identity and its line in a trust directory) and `conclave user --secure`
+//! (a client whose groups are secure: docs/secure.md).
+
+use crate::user_cmd::{parse_line, service_name, view_text, Line};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use conclave_client::secure::files::{directory_text, parse_directory, IdentityFile};
+use conclave_client::secure::{SecureClient, SecureConfig, SecureEvent};
+use conclave_client::{Address, Client};
+use conclave_gka::ProtocolId;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+#[derive(Args)]
+pub struct KeygenArgs {
+    /// The member's private name (what it connects as).
+    #[arg(long)]
+    name: String,
+    /// Where to write the identity (readable by its owner only). Refuses to overwrite one.
+    #[arg(long)]
+    out: PathBuf,
+    /// A trust directory to add the member to (created if missing).
+    #[arg(long)]
+    directory: Option<PathBuf>,
+}
+
+/// Creates `path` readable and writable by its owner alone, refusing to replace a file.
+pub fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.mode(0o600);
+    }
+    let mut f = o
+        .open(path)
+        .with_context(|| format!("creating {} (it must not exist)", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+pub fn run_keygen(args: KeygenArgs) -> Result<()> {
+    let id = IdentityFile::generate(&args.name, &mut rand_core::OsRng);
+    write_private(&args.out, &id.to_text())?;
+    println!(
+        "wrote the identity of {:?} to {} ({})",
+        args.name,
+        args.out.display(),
+        id.public_text()
+    );
+    if let Some(dir) = &args.directory {
+        let mut entries: Vec<(String, conclave_crypto::PublicIdentity)> =
+            match std::fs::read_to_string(dir) {
+                Ok(text) => parse_directory(&text)
+                    .with_context(|| format!("reading {}", dir.display()))?
+                    .iter()
+                    .map(|(n, k)| (n.clone(), k.clone()))
+                    .collect(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+            };
+        if entries.iter().any(|(n, _)| *n == args.name) {
+            bail!("{} already lists {:?}", dir.display(), args.name);
+        }
+        entries.push((args.name.clone(), id.identity().public()));
+        std::fs::write(dir, directory_text(&entries))
+            .with_context(|| format!("writing {}", dir.display()))?;
+        println!("added {:?} to {}", args.name, dir.display());
+    }
+    Ok(())
+}
+
+/// The secure part of `conclave user`'s arguments.
+#[derive(Args)]
+pub struct SecureArgs {
+    /// Secure groups (docs/secure.md): every view gets an agreed key, every message is sealed.
+    #[arg(long, requires_all = ["identity", "directory"])]
+    pub secure: bool,
+    /// The key agreement protocol a group this client creates uses: gdh, ckd, tgdh, str or bd.
+    #[arg(long, default_value = "tgdh")]
+    pub protocol: String,
+    /// This client's identity file (`conclave keygen`).
+    #[arg(long)]
+    pub identity: Option<PathBuf>,
+    /// The trust directory: who may take part.
+    #[arg(long)]
+    pub directory: Option<PathBuf>,
+}
+
+pub fn parse_protocol(s: &str) -> Result<ProtocolId> {
+    Ok(match s {
+        "gdh" => ProtocolId::Gdh,
+        "ckd" => ProtocolId::Ckd,
+        "tgdh" => ProtocolId::Tgdh,
+        "str" => ProtocolId::Str,
+        "bd" => ProtocolId::Bd,
+        other => bail!("unknown protocol {other:?} (gdh, ckd, tgdh, str, bd)"),
+    })
+}
+
+/// A secure event as a JSON object and a line of text.
+pub fn secure_event(ev: &SecureEvent) -> (serde_json::Value, String) {
+    match ev {
+        SecureEvent::View(v) => (
+            json!({"ev": "secure_view", "group": v.group, "view": view_text(&v.view),
+                   "members": v.members, "epoch": v.epoch, "key": v.fingerprint.to_string()}),
+            format!(
+                "secure view {} of {} (key {}, epoch {}): {}",
+                view_text(&v.view),
+                v.group,
+                v.fingerprint,
+                v.epoch,
+                v.members.join(" ")
+            ),
+        ),
+        SecureEvent::Message {
+            group,
+            sender,
+            service,
+            payload,
+        } => {
+            let text = String::from_utf8_lossy(payload);
+            (
+                json!({"ev": "message", "group": group, "sender": sender,
+                       "service": service_name(*service), "payload": text}),
+                format!(
+                    "{group} <{sender}> [{}, sealed] {text}",
+                    service_name(*service)
+                ),
+            )
+        }
+        SecureEvent::ViewEnding { group, view } => (
+            json!({"ev": "view_ending", "group": group, "view": view_text(view)}),
+            format!(
+                "{group}: view {} ending; what is sent now goes in the next",
+                view_text(view)
+            ),
+        ),
+        SecureEvent::Untrusted {
+            group,
+            view,
+            members,
+        } => (
+            json!({"ev": "untrusted", "group": group, "view": view_text(view), "members": members}),
+            format!(
+                "{group}: view {} has members the directory does not know ({}): no key",
+                view_text(view),
+                members.join(" ")
+            ),
+        ),
+        SecureEvent::Refused {
+            group,
+            sender,
+            error,
+        } => (
+            json!({"ev": "refused_input", "group": group, "sender": sender, "error": error.to_string()}),
+            format!("{group}: refused from {sender}: {error}"),
+        ),
+        SecureEvent::Left { group, reason } => (
+            json!({"ev": "left", "group": group, "reason": reason}),
+            format!("left {group}: {reason}"),
+        ),
+    }
+}
+
+/// `conclave user --secure`: the same commands as a plain user (`join GROUP`, `leave GROUP`,
+/// `send [SERVICE] GROUP TEXT`, `sleep MS`, `quit`); every group is secure.
+pub async fn secure_user(
+    addr: &Address,
+    name: &str,
+    json_lines: bool,
+    linger: u64,
+    args: &SecureArgs,
+) -> Result<()> {
+    let protocol = parse_protocol(&args.protocol)?;
+    let id_path = args.identity.as_ref().expect("required by clap");
+    let dir_path = args.directory.as_ref().expect("required by clap");
+    let identity = IdentityFile::parse(
+        &std::fs::read_to_string(id_path)
+            .with_context(|| format!("reading {}", id_path.display()))?,
+    )
+    .with_context(|| format!("reading {}", id_path.display()))?;
+    let directory = parse_directory(
+        &std::fs::read_to_string(dir_path)
+            .with_context(|| format!("reading {}", dir_path.display()))?,
+    )
+    .with_context(|| format!("reading {}", dir_path.display()))?;
+    let client = Client::connect(addr, name)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    let say = |v: serde_json::Value, t: String| {
+        if json_lines {
+            println!("{v}");
+        } else {
+            println!("{t}");
+        }
+    };
+    say(
+        json!({"ev": "connected", "name": client.name()}),
+        format!("connected as {} (secure, {:?})", client.name(), protocol),
+    );
+    let mut s = SecureClient::new(client, identity.identity(), directory);
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    let mut input_open = true;
+    let mut linger_until: Option<tokio::time::Instant> = None;
+    loop {
+        let until = linger_until
+            .unwrap_or_else(|| tokio::time::Instant::now() + std::time::Duration::from_secs(3600));
+        tokio::select! {
+            ev = s.receive() => match ev {
+                Ok(ev) => {
+                    let (v, t) = secure_event(&ev);
+                    say(v, t);
+                }
+                Err(e) => {
+                    say(json!({"ev": "disconnected", "reason": e.to_string()}), e.to_string());
+                    bail!("{e}");
+                }
+            },
+            _ = tokio::time::sleep_until(until), if linger_until.is_some() => break,
+            line = stdin.next_line(), if input_open => {
+                let Some(line) = line? else {
+                    input_open = false;
+                    linger_until = Some(tokio::time::Instant::now() + std::time::Duration::from_millis(linger));
+                    continue;
+                };
+                let r = match parse_line(&line) {
+                    Err(e) => Err(e),
+                    Ok(Line::Join(g, _)) => s
+                        .join_secure(&g, SecureConfig { protocol, ..SecureConfig::default() })
+                        .await
+                        .map_err(Into::into),
+                    Ok(Line::Leave(g)) => s.leave(&g).await.map_err(Into::into),
+                    Ok(Line::Send(service, groups, text)) => match groups.as_slice() {
+                        [g] => s.send(g, service, text.as_bytes()).await.map_err(Into::into),
+                        _ => Err(anyhow::anyhow!("a secure message goes to one group")),
+                    },
+                    Ok(Line::Sleep(ms)) => {
+                        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                        Ok(())
+                    }
+                    Ok(Line::Quit) => break,
+                    Ok(Line::Ack(_)) => Err(anyhow::anyhow!("secure groups acknowledge flushes themselves")),
+                    Ok(Line::Nothing) => Ok(()),
+                };
+                if let Err(e) = r {
+                    say(json!({"ev": "error", "error": format!("{e:#}")}), format!("error: {e:#}"));
+                }
+            },
+        }
+    }
+    let _ = s.disconnect().await;
+    Ok(())
+}

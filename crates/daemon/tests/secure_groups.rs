@@ -1,0 +1,134 @@
+//! Secure groups through real daemons: two daemons in this process on free ports, clients over
+//! TCP with the secure layer of the client library. A key per view, data sealed under it, and a
+//! leaver that gets nothing after it left.
+
+use conclave_client::secure::{SecureClient, SecureConfig, SecureEvent};
+use conclave_client::{Address, Client, ServiceType};
+use conclave_crypto::{Fingerprint, Identity, SigScheme};
+use conclave_daemon::{AdminRequest, Config, Options, Running};
+use conclave_gka::{Directory, ProtocolId};
+use rand_chacha::rand_core::SeedableRng;
+use std::time::Duration;
+
+async fn two_daemons() -> (Vec<Running>, Vec<Address>) {
+    let cfg = Config::local_on_free_ports(2).unwrap();
+    let mut running = Vec::new();
+    for name in ["d1", "d2"] {
+        running.push(
+            conclave_daemon::start(cfg.clone(), name, Options::default())
+                .await
+                .unwrap(),
+        );
+    }
+    for _ in 0..1000 {
+        let mut ready = true;
+        for d in &running {
+            let s = d.admin(AdminRequest::Status).await.status.unwrap();
+            ready &= s.ready && s.members.len() == 2;
+        }
+        if ready {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let addrs = cfg
+        .daemon
+        .iter()
+        .map(|d| Address::Tcp(d.client.unwrap().to_string()))
+        .collect();
+    (running, addrs)
+}
+
+/// Receives until `f` returns something, for at most ten seconds.
+async fn until<T>(s: &mut SecureClient, mut f: impl FnMut(&SecureEvent) -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let ev = tokio::time::timeout_at(deadline, s.receive())
+            .await
+            .expect("in time")
+            .expect("an event");
+        if let Some(t) = f(&ev) {
+            return t;
+        }
+    }
+}
+
+fn view_of(n: usize) -> impl FnMut(&SecureEvent) -> Option<Fingerprint> {
+    move |e| match e {
+        SecureEvent::View(v) if v.members.len() == n => Some(v.fingerprint),
+        _ => None,
+    }
+}
+
+fn message(e: &SecureEvent) -> Option<String> {
+    match e {
+        SecureEvent::Message { payload, .. } => Some(String::from_utf8_lossy(payload).into()),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secure_group_over_two_daemons_rekeys_on_every_view() {
+    let (_daemons, addrs) = two_daemons().await;
+    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);
+    let names = ["alice", "bob", "carol"];
+    let ids: Vec<Identity> = names
+        .iter()
+        .map(|_| Identity::generate(SigScheme::Ed25519, &mut rng).unwrap())
+        .collect();
+    let mut directory = Directory::new();
+    for (n, id) in names.iter().zip(&ids) {
+        directory.insert(n.to_string(), id.public());
+    }
+    let mut members = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let c = Client::connect(&addrs[i % 2], n).await.unwrap();
+        let mut s = SecureClient::new(c, ids[i].clone(), directory.clone());
+        let cfg = SecureConfig {
+            protocol: ProtocolId::Tgdh,
+            ..SecureConfig::default()
+        };
+        s.join_secure("g", cfg).await.unwrap();
+        members.push(s);
+    }
+    let mut keys = Vec::new();
+    for s in &mut members {
+        keys.push(until(s, view_of(3)).await);
+    }
+    assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
+
+    members[0]
+        .send("g", ServiceType::Agreed, b"to all three")
+        .await
+        .unwrap();
+    for s in &mut members {
+        assert_eq!(until(s, message).await, "to all three");
+    }
+
+    // Carol leaves: alice and bob get a new key, and what they send then never reaches her.
+    members[2].leave("g").await.unwrap();
+    let carol = members.pop().unwrap();
+    let mut after = Vec::new();
+    for s in &mut members {
+        after.push(until(s, view_of(2)).await);
+    }
+    assert_eq!(after[0], after[1]);
+    assert_ne!(after[0], keys[0]);
+    members[1]
+        .send("g", ServiceType::Safe, b"after carol left")
+        .await
+        .unwrap();
+    assert_eq!(until(&mut members[0], message).await, "after carol left");
+    let mut carol = carol;
+    let late = tokio::time::timeout(Duration::from_millis(300), async {
+        loop {
+            match carol.receive().await {
+                Ok(SecureEvent::Message { payload, .. }) => return Some(payload),
+                Ok(_) => continue,
+                Err(_) => return None,
+            }
+        }
+    })
+    .await;
+    assert!(!matches!(late, Ok(Some(_))), "carol got {late:?}");
+}
