@@ -35,7 +35,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot};
 
 use conclave_secure::SecureGroup;
-pub use conclave_secure::{files, SecureConfig, SecureError, SecureEvent, SecureViewInfo};
+pub use conclave_secure::{files, SecureConfig, SecureError, SecureEvent, SecureViewInfo, ViewKey};
 
 /// What a secure client's call can fail with.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -56,21 +56,25 @@ enum Request {
     Join(String, SecureConfig, Reply),
     Send(String, ServiceType, Bytes, Reply),
     Leave(String, Reply),
+    ViewKey(String, oneshot::Sender<Option<ViewKey>>),
     Disconnect(Reply),
 }
 
 /// A client session whose groups are secure.
 pub struct SecureClient {
-    name: String,
-    requests: mpsc::UnboundedSender<Request>,
-    events: mpsc::Receiver<Result<SecureEvent, SecureClientError>>,
-    task: tokio::task::JoinHandle<()>,
+    sender: SecureSender,
+    receiver: SecureReceiver,
 }
 
-impl Drop for SecureClient {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+/// The half of a [`SecureClient`] that joins, sends and leaves. Dropping it ends the session.
+pub struct SecureSender {
+    name: String,
+    requests: mpsc::UnboundedSender<Request>,
+}
+
+/// The half of a [`SecureClient`] that receives.
+pub struct SecureReceiver {
+    events: mpsc::Receiver<Result<SecureEvent, SecureClientError>>,
 }
 
 impl SecureClient {
@@ -86,15 +90,60 @@ impl SecureClient {
             groups: BTreeMap::new(),
             events: tx,
         };
-        let task = tokio::spawn(driver.run(rx));
+        // It ends when the session does, or when the sending half is dropped.
+        tokio::spawn(driver.run(rx));
         SecureClient {
-            name,
-            requests,
-            events,
-            task,
+            sender: SecureSender { name, requests },
+            receiver: SecureReceiver { events },
         }
     }
 
+    /// The client's name as views list it.
+    pub fn name(&self) -> &str {
+        &self.sender.name
+    }
+
+    /// The two halves, to send and receive from different tasks.
+    pub fn split(self) -> (SecureSender, SecureReceiver) {
+        (self.sender, self.receiver)
+    }
+
+    pub async fn join_secure(
+        &mut self,
+        group: &str,
+        cfg: SecureConfig,
+    ) -> Result<(), SecureClientError> {
+        self.sender.join_secure(group, cfg).await
+    }
+
+    pub async fn send(
+        &mut self,
+        group: &str,
+        service: ServiceType,
+        payload: &[u8],
+    ) -> Result<(), SecureClientError> {
+        self.sender.send(group, service, payload).await
+    }
+
+    pub async fn leave(&mut self, group: &str) -> Result<(), SecureClientError> {
+        self.sender.leave(group).await
+    }
+
+    pub async fn view_key(&mut self, group: &str) -> Result<Option<ViewKey>, SecureClientError> {
+        self.sender.view_key(group).await
+    }
+
+    pub async fn receive(&mut self) -> Result<SecureEvent, SecureClientError> {
+        self.receiver.receive().await
+    }
+
+    /// Leaves every group and closes the session.
+    pub async fn disconnect(self) -> Result<(), SecureClientError> {
+        self.sender.disconnect().await
+    }
+}
+
+impl SecureSender {
     /// The client's name as views list it.
     pub fn name(&self) -> &str {
         &self.name
@@ -136,6 +185,22 @@ impl SecureClient {
         self.ask(|r| Request::Leave(group.to_owned(), r)).await
     }
 
+    /// A copy of the key of the group's current secure view (see [`ViewKey`]: it is a secret).
+    pub async fn view_key(&mut self, group: &str) -> Result<Option<ViewKey>, SecureClientError> {
+        let (tx, rx) = oneshot::channel();
+        self.requests
+            .send(Request::ViewKey(group.to_owned(), tx))
+            .map_err(|_| ClientError::Disconnected)?;
+        rx.await.map_err(|_| ClientError::Disconnected.into())
+    }
+
+    /// Leaves every group and closes the session.
+    pub async fn disconnect(self) -> Result<(), SecureClientError> {
+        self.ask(Request::Disconnect).await
+    }
+}
+
+impl SecureReceiver {
     /// The next event of a secure group: a secure view, a message opened, a view ending, an
     /// untrusted view, a refusal, a leave.
     pub async fn receive(&mut self) -> Result<SecureEvent, SecureClientError> {
@@ -143,11 +208,6 @@ impl SecureClient {
             .recv()
             .await
             .unwrap_or(Err(ClientError::Disconnected.into()))
-    }
-
-    /// Leaves every group and closes the session.
-    pub async fn disconnect(self) -> Result<(), SecureClientError> {
-        self.ask(Request::Disconnect).await
     }
 }
 
@@ -170,6 +230,10 @@ impl Driver {
                         let r = self.client.sender.disconnect().await;
                         let _ = reply.send(r.map_err(Into::into));
                         return;
+                    }
+                    Some(Request::ViewKey(group, reply)) => {
+                        let _ = reply.send(self.groups.get(&group).and_then(|g| g.view_key()));
+                        Ok(())
                     }
                     Some(req) => self.request(req).await,
                     None => return,
@@ -224,7 +288,7 @@ impl Driver {
                 };
                 (group, answer, reply)
             }
-            Request::Disconnect(_) => unreachable!("handled by the loop"),
+            Request::Disconnect(_) | Request::ViewKey(..) => unreachable!("handled by the loop"),
         };
         let pumped = self.pump(&group).await;
         let _ = reply.send(answer.and(pumped.clone()));

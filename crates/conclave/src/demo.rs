@@ -1,7 +1,8 @@
-//! `conclave demo`: three daemons and three clients on this machine, over real sockets, tell the
-//! story of a group: members join, messages of every service type flow in order, the network
-//! partitions and each side goes on with its own view, the partition heals and the views merge,
-//! and nothing is lost. `--keys` tells the key agreement story instead.
+//! `conclave demo --plain`: three daemons and three clients on this machine, over real sockets,
+//! tell the story of a group without its keys: members join, messages of every service type flow
+//! in order, the network partitions and each side goes on with its own view, the partition heals
+//! and the views merge, and nothing is lost. `conclave demo` tells the secure story
+//! (`secure_demo`); `--keys` the key agreement alone.
 
 use crate::keys_demo::{self, KeyDemoArgs};
 use crate::user_cmd::{event_text, service_name};
@@ -18,6 +19,9 @@ pub struct DemoArgs {
     /// Tell the key agreement story instead (one process, no daemons).
     #[arg(long)]
     keys: bool,
+    /// Tell the story of a group without keys (ordering, views, a partition, nothing lost).
+    #[arg(long, conflicts_with = "keys")]
+    plain: bool,
     #[command(flatten)]
     key_args: KeyDemoArgs,
 }
@@ -40,14 +44,66 @@ pub fn run(args: DemoArgs) -> Result<()> {
         return keys_demo::run(args.key_args);
     }
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(story())
+    if args.plain {
+        rt.block_on(story())
+    } else {
+        rt.block_on(crate::secure_demo::story())
+    }
 }
 
-fn step(text: &str) {
+pub(crate) fn step(text: &str) {
     println!("\n> {text}");
 }
 
-async fn wait_for(what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
+/// Starts every daemon of `cfg` (each with the options `options` gives its name) and waits for
+/// one ring of all of them; gives them and the ring's description.
+pub(crate) async fn start_ring(
+    cfg: &Config,
+    options: impl Fn(&str) -> Options,
+) -> Result<(Vec<Running>, String)> {
+    let mut daemons = Vec::new();
+    for d in &cfg.daemon {
+        daemons.push(conclave_daemon::start(cfg.clone(), &d.name, options(&d.name)).await?);
+    }
+    let mut ring = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut all = true;
+        for d in &daemons {
+            let s = d
+                .admin(AdminRequest::Status)
+                .await
+                .status
+                .unwrap_or_default();
+            all &= s.ready && s.members.len() == cfg.daemon.len();
+            ring = format!(
+                "ring {}: {}",
+                s.ring.clone().unwrap_or_default(),
+                s.members.join(" ")
+            );
+        }
+        if all {
+            return Ok((daemons, ring));
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("the daemons did not form a ring in 20 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends an admin request to every daemon.
+pub(crate) async fn admin_all(daemons: &[Running], req: AdminRequest) -> Result<()> {
+    for d in daemons {
+        let r = d.admin(req.clone()).await;
+        if !r.ok {
+            bail!("{}: {}", d.name, r.error.unwrap_or_default());
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn wait_for(what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while !done() {
         if tokio::time::Instant::now() > deadline {
@@ -98,13 +154,7 @@ impl Story {
     }
 
     async fn admin_all(&self, req: AdminRequest) -> Result<()> {
-        for d in &self.daemons {
-            let r = d.admin(req.clone()).await;
-            if !r.ok {
-                bail!("{}: {}", d.name, r.error.unwrap_or_default());
-            }
-        }
-        Ok(())
+        admin_all(&self.daemons, req).await
     }
 
     /// Every message delivered to every member of the view it was sent in; agreed and safe
@@ -184,35 +234,7 @@ async fn story() -> Result<()> {
     println!("Conclave demo: three daemons and three clients on this machine, over UDP and TCP");
     let cfg = Config::local_on_free_ports(3).context("finding free ports")?;
     step("the daemons d1, d2 and d3 start and form one ring");
-    let mut daemons = Vec::new();
-    for d in &cfg.daemon {
-        daemons.push(conclave_daemon::start(cfg.clone(), &d.name, Options::default()).await?);
-    }
-    let mut ring = String::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let mut all = true;
-        for d in &daemons {
-            let s = d
-                .admin(AdminRequest::Status)
-                .await
-                .status
-                .unwrap_or_default();
-            all &= s.ready && s.members.len() == 3;
-            ring = format!(
-                "ring {}: {}",
-                s.ring.clone().unwrap_or_default(),
-                s.members.join(" ")
-            );
-        }
-        if all {
-            break;
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!("the daemons did not form a ring in 20 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (daemons, ring) = start_ring(&cfg, |_| Options::default()).await?;
     println!("  {ring}");
 
     step("alice (on d1), bob (on d2) and carol (on d3) connect and join \"chat\"");

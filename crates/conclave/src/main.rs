@@ -9,6 +9,7 @@ mod gka_cmd;
 mod keys_demo;
 mod net_bench;
 mod secure_cmd;
+mod secure_demo;
 mod sim_cmd;
 mod user_cmd;
 
@@ -32,8 +33,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Three daemons and three clients on this machine: joins, every service type, a partition
-    /// and a merge, nothing lost (--keys: the story of a group's keys instead).
+    /// A secure group over three daemons on this machine: a key per view, sealed messages, a leave,
+    /// a partition and a merge (--plain: the group without keys; --keys: the key agreement alone).
     Demo(demo::DemoArgs),
     /// Run a daemon.
     Daemon(daemon_cmd::DaemonArgs),

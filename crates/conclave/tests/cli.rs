@@ -119,8 +119,27 @@ fn bad_scripts_are_clear_errors() {
 }
 
 #[test]
-fn demo_tells_the_story_of_a_group_over_real_daemons() {
+fn demo_tells_the_secure_story_over_real_daemons() {
     let (ok, out, err) = conclave(&["demo"], None);
+    assert!(ok, "{err}");
+    for step in [
+        "form one ring",
+        "secure view of 4 members",
+        "her last key cannot open it",
+        "message does not open under the view's key",
+        "opens it: \"carol must not read this\"",
+        "each side gets its key",
+        "one view, one new key",
+        "none used twice",
+        "not one held a text in the clear",
+    ] {
+        assert!(out.contains(step), "{step:?} missing from:\n{out}");
+    }
+}
+
+#[test]
+fn demo_plain_tells_the_story_of_a_group_over_real_daemons() {
+    let (ok, out, err) = conclave(&["demo", "--plain"], None);
     assert!(ok, "{err}");
     for step in [
         "form one ring",

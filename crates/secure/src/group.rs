@@ -104,6 +104,55 @@ pub enum SecureEvent {
     Left { group: String, reason: String },
 }
 
+/// The key of one secure view, outside its group ([`SecureGroup::view_key`]).
+pub struct ViewKey {
+    group: String,
+    view: GroupViewId,
+    alg: AeadAlg,
+    key: GroupKey,
+}
+
+impl std::fmt::Debug for ViewKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ViewKey({:?}, {:?}, {:?})",
+            self.group, self.view, self.key
+        )
+    }
+}
+
+impl ViewKey {
+    pub fn view(&self) -> GroupViewId {
+        self.view
+    }
+
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.key.fingerprint()
+    }
+
+    /// Opens a data message of the group, as the daemons carried it from `sender` with
+    /// `service`, if it was sealed under this key.
+    pub fn open(
+        &self,
+        sender: &str,
+        service: ServiceType,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, SecureError> {
+        let SecureMessage::Data {
+            view,
+            counter,
+            sealed,
+        } = SecureMessage::decode(payload).map_err(SecureError::Malformed)?
+        else {
+            return Err(SecureError::OpenFailed);
+        };
+        let key = SenderKey::derive(self.alg, &self.key, &self.group, &view, sender);
+        key.open(&self.group, &view, sender, service, counter, sealed)
+            .map_err(|_| SecureError::OpenFailed)
+    }
+}
+
 /// A message of this member on its way through the daemon.
 enum Inflight {
     /// A key agreement message of a view.
@@ -239,6 +288,18 @@ impl SecureGroup {
     /// The current secure view, if the current view's key is agreed.
     pub fn secure_view(&self) -> Option<&SecureViewInfo> {
         self.keyed.as_ref().map(|k| &k.info)
+    }
+
+    /// A copy of the current secure view's key, to open that view's messages outside the group:
+    /// to show that a member that left cannot open what is sent after it left, or for an audit.
+    /// It holds the key: keep it as secret as the member's own.
+    pub fn view_key(&self) -> Option<ViewKey> {
+        self.keyed.as_ref().map(|k| ViewKey {
+            group: self.group.clone(),
+            view: k.info.view,
+            alg: self.cfg.aead,
+            key: k.key.clone(),
+        })
     }
 
     /// Sends `payload` to the group, sealed under the current view's key; with no key (a run in

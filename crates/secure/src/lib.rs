@@ -8,7 +8,7 @@ pub mod files;
 mod group;
 mod seal;
 
-pub use group::{SecureConfig, SecureEvent, SecureGroup, SecureViewInfo};
+pub use group::{SecureConfig, SecureEvent, SecureGroup, SecureViewInfo, ViewKey};
 
 use conclave_gka::{GkaError, ProtocolId};
 use conclave_wire::client::GroupViewId;
