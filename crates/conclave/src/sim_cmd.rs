@@ -39,6 +39,14 @@ pub struct SimArgs {
     /// send.
     #[arg(long)]
     pub max_visit_bytes: Option<usize>,
+    /// Full runs: every group is a secure group (a key agreed per view, sealed data), and the
+    /// checker verifies the secure layer's properties too.
+    #[arg(long, conflicts_with = "ordering")]
+    pub secure: bool,
+    /// Secure runs: this key agreement protocol (gdh, ckd, tgdh, str, bd) instead of the one
+    /// each seed draws.
+    #[arg(long, requires = "secure")]
+    pub protocol: Option<String>,
 }
 
 fn parse_seeds(s: &str) -> Result<std::ops::Range<u64>> {
@@ -91,6 +99,12 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
             m.faults = full_faults;
             m.idle_hold_us = args.idle_hold_us;
             m.max_visit_bytes = args.max_visit_bytes;
+            m.secure = args.secure;
+            m.protocol = args
+                .protocol
+                .as_deref()
+                .map(crate::secure_cmd::parse_protocol)
+                .transpose()?;
             (conclave_sim::run_membership(&m), m.max_views_after_stable())
         } else {
             (run(&cfg), Config::default().max_views_after_stable)

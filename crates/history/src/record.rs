@@ -91,6 +91,20 @@ pub enum Event {
         transitional: bool,
         payload: String,
     },
+    /// The secure layer installed a secure view of `group`: its key is agreed. `key` is the
+    /// key's fingerprint, never the key.
+    SecureView {
+        group: String,
+        view: ViewId,
+        members: Vec<String>,
+        key: String,
+    },
+    /// The secure layer refused input from `sender` (`error`: what kind of refusal).
+    SecureRefused {
+        group: String,
+        sender: String,
+        error: String,
+    },
     /// The process crashed (this incarnation ends).
     Crash,
     /// Faults stopped; `processes` are alive and connected from here on (liveness is checked
@@ -169,7 +183,9 @@ impl Record {
             | Event::TransSignal { group }
             | Event::FlushAck { group }
             | Event::Send { group, .. }
-            | Event::Deliver { group, .. } => Some(group),
+            | Event::Deliver { group, .. }
+            | Event::SecureView { group, .. }
+            | Event::SecureRefused { group, .. } => Some(group),
             Event::Crash | Event::Stable { .. } => None,
         }
     }

@@ -47,3 +47,22 @@ pub enum SecureError {
         asked: ProtocolId,
     },
 }
+
+impl SecureError {
+    /// A short name of the kind of error, for records and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SecureError::TooLarge { .. } => "too_large",
+            SecureError::QueueFull { .. } => "queue_full",
+            SecureError::NotJoined => "not_joined",
+            SecureError::Malformed(_) => "malformed",
+            SecureError::OtherView { .. } => "other_view",
+            SecureError::NotAMember => "not_a_member",
+            SecureError::OpenFailed => "open_failed",
+            SecureError::Replay { .. } => "replay",
+            SecureError::EarlyFull { .. } => "early_full",
+            SecureError::KeyAgreement(_) => "key_agreement",
+            SecureError::ProtocolMismatch { .. } => "protocol_mismatch",
+        }
+    }
+}

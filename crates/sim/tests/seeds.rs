@@ -236,3 +236,33 @@ fn nine_thousand_agreed_messages_per_daemon_in_one_order() {
         v.iter().map(|v| v.to_string()).collect::<String>()
     );
 }
+
+/// Secure runs (`conclave sim --secure`): every group a secure group, the protocol each seed
+/// draws, every fault; the checker's key properties (K1-K4, K6) on top of the others, and every
+/// run ends with secure views.
+#[test]
+fn secure_swarm_seeds() {
+    use conclave_history::Event;
+    use conclave_sim::{run_membership, MembershipSimConfig};
+    for seed in 0..200 {
+        let mut m = MembershipSimConfig::new(seed);
+        m.secure = true;
+        let r = run_membership(&m);
+        let cfg = Config {
+            max_views_after_stable: m.max_views_after_stable(),
+        };
+        let v = check(&r.history, &cfg);
+        assert!(
+            v.is_empty(),
+            "secure seed {seed}: {}",
+            v.iter().map(|v| v.to_string()).collect::<String>()
+        );
+        assert!(r.completed, "secure seed {seed} did not converge");
+        assert!(
+            r.history
+                .iter()
+                .any(|rec| matches!(rec.ev, Event::SecureView { .. })),
+            "secure seed {seed} agreed no key"
+        );
+    }
+}

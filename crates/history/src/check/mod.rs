@@ -21,6 +21,7 @@ mod integrity;
 mod liveness;
 mod membership;
 mod order;
+mod secure;
 mod synchrony;
 
 use delivery::delivery_view;
@@ -28,6 +29,7 @@ use integrity::integrity;
 use liveness::liveness;
 use membership::membership;
 use order::{order, safe};
+use secure::secure;
 use synchrony::synchrony;
 
 /// Most violations reported per property (the first ones are the useful ones).
@@ -188,6 +190,8 @@ fn gather(records: &[Record], rep: &mut Report<'_>) -> Facts {
             Event::Crash => {
                 f.crashed.insert(proc, (r.t, i));
             }
+            // The secure layer's records are checked on their own (`secure`).
+            Event::SecureView { .. } | Event::SecureRefused { .. } => {}
             Event::Join { group, vs } => {
                 if *vs {
                     f.vs.insert((proc.clone(), group.clone()));
@@ -406,6 +410,7 @@ pub fn check(records: &[Record], cfg: &Config) -> Vec<Violation> {
     order(&f, &mut rep);
     safe(&f, &mut rep);
     liveness(&f, cfg, &mut rep);
+    secure(records, &f, &mut rep);
     rep.out
 }
 

@@ -16,6 +16,10 @@ pub(super) struct SimClient {
     /// The client library's session core: the replies, the groups, the window.
     pub(super) core: SessionCore,
     pub(super) sent: u64,
+    /// Its secure groups in this session (secure runs).
+    pub(super) secure: BTreeMap<String, conclave_secure::SecureGroup>,
+    /// Their commands waiting for room in the window, in order.
+    pub(super) pending: std::collections::VecDeque<ClientCommand>,
 }
 
 impl SimClient {
@@ -38,6 +42,8 @@ pub(super) struct World {
     pub(super) delivered: u64,
     pub(super) views: u64,
     pub(super) now: u64,
+    /// Identities and the directory, in secure runs.
+    pub(super) security: Option<super::secure::Security>,
 }
 
 /// Places in a simulated client's window (the library's default).
@@ -126,12 +132,20 @@ impl World {
 
     /// Client `ci` reads the replies that arrived; what it sends back, if anything.
     pub(super) fn replies(&mut self, ci: usize) -> Option<Vec<u8>> {
-        let core = &mut self.clients[ci].core;
         let mut out = Vec::new();
         // The daemon's bytes are trusted here no more than anywhere: what does not decode ends
         // the reading (the history will lack what it should hold).
-        while let Ok(Some(h)) = core.next_reply() {
-            if let Handled::Event(ClientEvent::FlushRequest { group, view }) = h {
+        while let Ok(Some(h)) = self.clients[ci].core.next_reply() {
+            let Handled::Event(ev) = h else {
+                continue;
+            };
+            if self.security.is_some() {
+                out.extend(self.secure_event(ci, ev));
+                out.extend(self.send_pending(ci));
+                continue;
+            }
+            if let ClientEvent::FlushRequest { group, view } = ev {
+                let core = &mut self.clients[ci].core;
                 if let Ok(b) = core.command(ClientCommand::FlushAck { group, view }) {
                     out.extend(b);
                 }
@@ -176,6 +190,8 @@ impl World {
         c.session = None;
         c.inc = None;
         c.core = SessionCore::new(WINDOW);
+        c.secure.clear();
+        c.pending.clear();
     }
 
     /// The client's daemon crashed: the client's incarnation ends with it.

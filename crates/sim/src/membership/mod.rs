@@ -26,6 +26,7 @@ use std::net::SocketAddr;
 mod cluster;
 mod network;
 mod scripts;
+mod secure;
 mod workload;
 
 use cluster::{SimClient, World, WINDOW};
@@ -148,6 +149,10 @@ pub struct MembershipSimConfig {
     pub idle_hold_us: Option<u64>,
     /// Instead of the deployed default: bytes of messages per token visit.
     pub max_visit_bytes: Option<usize>,
+    /// Every group is a secure group (docs/secure.md), with the protocol the seed draws (or
+    /// this one), and the history holds each client's secure views for the checker's K1-K6.
+    pub secure: bool,
+    pub protocol: Option<conclave_gka::ProtocolId>,
 }
 
 impl MembershipSimConfig {
@@ -164,6 +169,8 @@ impl MembershipSimConfig {
             settle_ms: 8_000,
             idle_hold_us: None,
             max_visit_bytes: None,
+            secure: false,
+            protocol: None,
         }
     }
 
@@ -260,6 +267,8 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                         inc: None,
                         core: SessionCore::new(WINDOW),
                         sent: 0,
+                        secure: BTreeMap::new(),
+                        pending: Default::default(),
                     }
                 })
             })
@@ -272,7 +281,21 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         delivered: 0,
         views: 0,
         now: 0,
+        security: None,
     };
+    if cfg.secure {
+        // The protocol is drawn from its own stream, so that the faults stay the seed's.
+        let mut prng = ChaCha20Rng::seed_from_u64(cfg.seed ^ 0x73656375);
+        let all = [
+            conclave_gka::ProtocolId::Gdh,
+            conclave_gka::ProtocolId::Ckd,
+            conclave_gka::ProtocolId::Tgdh,
+            conclave_gka::ProtocolId::Str,
+            conclave_gka::ProtocolId::Bd,
+        ];
+        let protocol = cfg.protocol.unwrap_or(all[(prng.next_u32() % 5) as usize]);
+        w.security = Some(secure::Security::new(&w.clients, protocol, cfg.seed));
+    }
     w.by_name = w
         .clients
         .iter()

@@ -51,6 +51,15 @@ pub(super) fn scripted(
                 return;
             }
             let join = matches!(action, Action::Join(..));
+            if w.security.is_some() {
+                if join {
+                    w.secure_join(*c, group.clone());
+                } else {
+                    w.secure_leave(*c, group);
+                }
+                touched.push(d);
+                return;
+            }
             let cmd = if join {
                 ClientCommand::Join {
                     group: group.clone(),

@@ -29,14 +29,26 @@ impl World {
         } else {
             100
         };
-        let joined: Vec<String> = self.clients[ci].core.groups().map(str::to_owned).collect();
+        let joined: Vec<String> = if self.security.is_some() {
+            self.clients[ci].secure.keys().cloned().collect()
+        } else {
+            self.clients[ci].core.groups().map(str::to_owned).collect()
+        };
         let pick = format!("g{}", rng.next_u32() as usize % groups.max(1));
         if (joined.is_empty() && roll < 100) || (!calm && roll < 6) {
             let vs = rng.next_u32().is_multiple_of(2);
+            if self.security.is_some() {
+                self.secure_join(ci, pick);
+                return;
+            }
             // The session core refuses a join of a group the client is in or joining.
             self.command(ci, ClientCommand::Join { group: pick, vs });
         } else if !calm && roll < 10 {
             let g = joined[rng.next_u32() as usize % joined.len()].clone();
+            if self.security.is_some() {
+                self.secure_leave(ci, &g);
+                return;
+            }
             self.command(ci, ClientCommand::Leave { group: g });
         } else if !calm && roll < 12 && disconnects {
             if let Some(sid) = self.clients[ci].session {
@@ -57,6 +69,11 @@ impl World {
             c.sent += 1;
             // A client whose window is full would wait: this one sends nothing now.
             if c.core.window_free() < groups.len() {
+                return;
+            }
+            if self.security.is_some() {
+                let g = groups.swap_remove(0);
+                self.secure_send(ci, &g, s, msg.into_bytes().into());
                 return;
             }
             let cmd = ClientCommand::Multicast {

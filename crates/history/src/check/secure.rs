@@ -1,0 +1,273 @@
+//! The secure layer (RELIABILITY.md "Secure layer"): K1 one key per secure view and no key in
+//! two, K2 a secure view is a view of the layer below that the process installed, with the same
+//! members, K3 nothing fails to open in a correct run, K4 a process holds only keys of views it is
+//! a member of (so, with K1, a leaver holds no later key and a joiner no earlier one), K6 once
+//! stable every member's secure view is its final view. Keys appear only as fingerprints. (K5, an
+//! old run's message never consumed by a newer one, is the key agreement's own check of view ids,
+//! which leaves no trace to check here; K7 compares runs of the five protocols, not one history.)
+//!
+//! A daemon records the views it hands a client when it hands them; the client installs a view's
+//! secure view later, when it has read the view and agreed the key. So a secure view is checked
+//! against every view the process was given, not only the latest record.
+
+use super::*;
+
+pub(super) fn secure(records: &[Record], f: &Facts, rep: &mut Report<'_>) {
+    // (process, group) -> the view installed last, with its members and record.
+    let mut current: HashMap<(Proc, &str), (&ViewId, &[String], usize)> = HashMap::new();
+    // (process, group, view) -> its members and record.
+    let mut installed: HashMap<(Proc, &str, &ViewId), (&[String], usize)> = HashMap::new();
+    let mut left: HashMap<(Proc, &str), usize> = HashMap::new();
+    let mut last_secure: HashMap<(Proc, &str), (&ViewId, usize)> = HashMap::new();
+    let mut by_view: HashMap<(&str, &ViewId), (&str, usize)> = HashMap::new();
+    let mut by_key: HashMap<&str, (&str, &ViewId, usize)> = HashMap::new();
+    let mut secure_groups: HashSet<&str> = HashSet::new();
+    for (i, r) in records.iter().enumerate() {
+        let proc: Proc = (r.p.clone(), r.inc);
+        match &r.ev {
+            Event::View {
+                group,
+                view,
+                members,
+                ..
+            } if !group.is_empty() => {
+                current.insert((proc.clone(), group), (view, members, i));
+                installed.insert((proc.clone(), group, view), (members, i));
+                left.remove(&(proc, group.as_str()));
+            }
+            Event::Leave { group } => {
+                left.insert((proc, group), i);
+            }
+            Event::SecureView {
+                group,
+                view,
+                members,
+                key,
+            } => {
+                secure_groups.insert(group);
+                if !members.contains(&r.p) {
+                    rep.add(
+                        "K4",
+                        format!(
+                            "{} holds the key of view {view} of {group}, not its member",
+                            r.p
+                        ),
+                        &[i],
+                    );
+                }
+                match installed.get(&(proc.clone(), group.as_str(), view)) {
+                    Some((m, _)) if *m == members.as_slice() => {}
+                    Some((_, vrec)) => rep.add(
+                        "K2",
+                        format!("{}'s secure view {view} of {group} has other members", r.p),
+                        &[*vrec, i],
+                    ),
+                    None => rep.add(
+                        "K2",
+                        format!(
+                            "{} has a secure view {view} of {group} it was never given",
+                            r.p
+                        ),
+                        &[i],
+                    ),
+                }
+                match by_view.get(&(group.as_str(), view)) {
+                    Some((k, rec)) if k != key => rep.add(
+                        "K1",
+                        format!("two keys in view {view} of {group}: {k} and {key}"),
+                        &[*rec, i],
+                    ),
+                    Some(_) => {}
+                    None => {
+                        by_view.insert((group, view), (key, i));
+                    }
+                }
+                match by_key.get(key.as_str()) {
+                    Some((g, v, rec)) if (*g, *v) != (group.as_str(), view) => rep.add(
+                        "K1",
+                        format!("key {key} in view {v} of {g} and in view {view} of {group}"),
+                        &[*rec, i],
+                    ),
+                    Some(_) => {}
+                    None => {
+                        by_key.insert(key, (group, view, i));
+                    }
+                }
+                last_secure.insert((proc, group), (view, i));
+            }
+            Event::SecureRefused {
+                group,
+                sender,
+                error,
+            } if error == "open_failed" || error == "replay" => rep.add(
+                "K3",
+                format!("{} refused data of {group} from {sender}: {error}", r.p),
+                &[i],
+            ),
+            _ => {}
+        }
+    }
+    // K6: once stable, every secure member's last secure view is its last view.
+    let Some((_, stable, srec)) = &f.stable else {
+        return;
+    };
+    let mut last_inc: HashMap<&str, u32> = HashMap::new();
+    for r in records {
+        let e = last_inc.entry(r.p.as_str()).or_insert(r.inc);
+        *e = (*e).max(r.inc);
+    }
+    for ((proc, group), (view, _, vrec)) in &current {
+        if !stable.contains(&proc.0)
+            || last_inc.get(proc.0.as_str()) != Some(&proc.1)
+            || !secure_groups.contains(group)
+            || left.contains_key(&(proc.clone(), *group))
+            || f.crashed.contains_key(proc)
+        {
+            continue;
+        }
+        match last_secure.get(&(proc.clone(), *group)) {
+            Some((v, _)) if v == view => {}
+            other => {
+                let mut recs = vec![*srec, *vrec];
+                recs.extend(other.map(|(_, r)| *r));
+                rep.add(
+                    "K6",
+                    format!(
+                        "{} ends in view {view} of {group} without its key{}",
+                        proc.0,
+                        other.map_or(String::new(), |(v, _)| format!(" (last key: view {v})"))
+                    ),
+                    &recs,
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::check::{check, Config};
+    use crate::record::{Event, Record, ViewId};
+
+    fn rec(t: u64, p: &str, ev: Event) -> Record {
+        Record {
+            t,
+            p: p.into(),
+            inc: 0,
+            ev,
+        }
+    }
+
+    fn view(n: u64, members: &[&str]) -> Event {
+        Event::View {
+            group: "g".into(),
+            view: ViewId(n, "d1".into()),
+            members: members.iter().map(|m| m.to_string()).collect(),
+            transitional: vec![],
+        }
+    }
+
+    fn secure(n: u64, members: &[&str], key: &str) -> Event {
+        Event::SecureView {
+            group: "g".into(),
+            view: ViewId(n, "d1".into()),
+            members: members.iter().map(|m| m.to_string()).collect(),
+            key: key.into(),
+        }
+    }
+
+    /// A correct history: a and b in view 1 with key k1, then a alone in view 2 with k2.
+    fn good() -> Vec<Record> {
+        vec![
+            rec(
+                1,
+                "a",
+                Event::Join {
+                    group: "g".into(),
+                    vs: true,
+                },
+            ),
+            rec(
+                2,
+                "b",
+                Event::Join {
+                    group: "g".into(),
+                    vs: true,
+                },
+            ),
+            rec(3, "a", view(1, &["a", "b"])),
+            rec(3, "b", view(1, &["a", "b"])),
+            rec(4, "a", secure(1, &["a", "b"], "k1")),
+            rec(4, "b", secure(1, &["a", "b"], "k1")),
+            rec(5, "b", Event::Leave { group: "g".into() }),
+            rec(6, "a", view(2, &["a"])),
+            rec(7, "a", secure(2, &["a"], "k2")),
+            rec(
+                8,
+                "",
+                Event::Stable {
+                    processes: vec!["a".into()],
+                },
+            ),
+        ]
+    }
+
+    fn properties(h: &[Record]) -> Vec<&'static str> {
+        let mut p: Vec<_> = check(h, &Config::default())
+            .into_iter()
+            .map(|v| v.property)
+            .filter(|p| p.starts_with('K'))
+            .collect();
+        p.dedup();
+        p
+    }
+
+    #[test]
+    fn a_correct_history_has_no_key_violation() {
+        assert_eq!(properties(&good()), Vec::<&str>::new());
+    }
+
+    /// Each broken layer is caught: a key reused, a key in a view that is not the member's, a
+    /// leaver keeping the key, data that does not open, a member stuck without the final key.
+    #[test]
+    fn the_checker_catches_each_broken_layer() {
+        let mut reused = good();
+        reused[8] = rec(7, "a", secure(2, &["a"], "k1"));
+        assert_eq!(properties(&reused), ["K1"]);
+
+        let mut two_keys = good();
+        two_keys[5] = rec(4, "b", secure(1, &["a", "b"], "kx"));
+        assert_eq!(properties(&two_keys), ["K1"]);
+
+        let mut across = good();
+        across[4] = rec(4, "a", secure(1, &["a"], "k1"));
+        assert_eq!(properties(&across), ["K2"]);
+
+        let mut leaver = good();
+        leaver.insert(7, rec(6, "b", secure(2, &["a"], "k2")));
+        assert!(
+            properties(&leaver).contains(&"K4"),
+            "{:?}",
+            properties(&leaver)
+        );
+
+        let mut refused = good();
+        refused.insert(
+            6,
+            rec(
+                5,
+                "a",
+                Event::SecureRefused {
+                    group: "g".into(),
+                    sender: "b".into(),
+                    error: "open_failed".into(),
+                },
+            ),
+        );
+        assert_eq!(properties(&refused), ["K3"]);
+
+        let mut stuck = good();
+        stuck.remove(8);
+        assert_eq!(properties(&stuck), ["K6"]);
+    }
+}
