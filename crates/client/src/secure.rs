@@ -296,7 +296,7 @@ impl Driver {
     }
 
     async fn event(&mut self, ev: ClientEvent) -> Result<(), SecureClientError> {
-        let Some(group) = event_group(&ev).map(str::to_owned) else {
+        let Some(group) = ev.group().map(str::to_owned) else {
             return Ok(());
         };
         let Some(g) = self.groups.get_mut(&group) else {
@@ -355,20 +355,5 @@ impl Driver {
         }
         sender.flush().await?;
         Ok(())
-    }
-}
-
-/// The group an event is about (none for the session's end).
-fn event_group(ev: &ClientEvent) -> Option<&str> {
-    match ev {
-        ClientEvent::Joined { group, .. }
-        | ClientEvent::Left { group }
-        | ClientEvent::Sent { group, .. }
-        | ClientEvent::FlushAcked { group }
-        | ClientEvent::View { group, .. }
-        | ClientEvent::TransitionalSignal { group }
-        | ClientEvent::FlushRequest { group, .. }
-        | ClientEvent::Message { group, .. } => Some(group),
-        ClientEvent::Closed { .. } => None,
     }
 }

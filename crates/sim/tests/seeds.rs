@@ -78,24 +78,35 @@ fn full_swarm_seeds_with(
     idle_hold_us: Option<u64>,
     max_visit_bytes: Option<usize>,
 ) {
-    use conclave_sim::{run_membership, MembershipSimConfig};
     for seed in seeds {
-        let mut m = MembershipSimConfig::new(seed);
-        m.idle_hold_us = idle_hold_us;
-        m.max_visit_bytes = max_visit_bytes;
-        let r = run_membership(&m);
-        let cfg = Config {
-            max_views_after_stable: m.max_views_after_stable(),
-        };
-        let v = check(&r.history, &cfg);
-        assert!(
-            v.is_empty(),
-            "full seed {seed}: {}",
-            v.iter().map(|v| v.to_string()).collect::<String>()
-        );
-        assert!(r.completed, "full seed {seed} did not converge");
-        assert!(r.delivered > 0, "full seed {seed} delivered nothing");
+        full_run_passes(seed, |m| {
+            m.idle_hold_us = idle_hold_us;
+            m.max_visit_bytes = max_visit_bytes;
+        });
     }
+}
+
+/// A full run of `seed`, configured by `edit`, that the checker finds clean and that converges
+/// with messages delivered.
+fn full_run_passes(
+    seed: u64,
+    edit: impl FnOnce(&mut conclave_sim::MembershipSimConfig),
+) -> conclave_sim::SimResult {
+    let mut m = conclave_sim::MembershipSimConfig::new(seed);
+    edit(&mut m);
+    let r = conclave_sim::run_membership(&m);
+    let cfg = Config {
+        max_views_after_stable: m.max_views_after_stable(),
+    };
+    let v = check(&r.history, &cfg);
+    assert!(
+        v.is_empty(),
+        "full seed {seed}: {}",
+        v.iter().map(|v| v.to_string()).collect::<String>()
+    );
+    assert!(r.completed, "full seed {seed} did not converge");
+    assert!(r.delivered > 0, "full seed {seed} delivered nothing");
+    r
 }
 
 #[test]
@@ -243,21 +254,8 @@ fn nine_thousand_agreed_messages_per_daemon_in_one_order() {
 #[test]
 fn secure_swarm_seeds() {
     use conclave_history::Event;
-    use conclave_sim::{run_membership, MembershipSimConfig};
     for seed in 0..200 {
-        let mut m = MembershipSimConfig::new(seed);
-        m.secure = true;
-        let r = run_membership(&m);
-        let cfg = Config {
-            max_views_after_stable: m.max_views_after_stable(),
-        };
-        let v = check(&r.history, &cfg);
-        assert!(
-            v.is_empty(),
-            "secure seed {seed}: {}",
-            v.iter().map(|v| v.to_string()).collect::<String>()
-        );
-        assert!(r.completed, "secure seed {seed} did not converge");
+        let r = full_run_passes(seed, |m| m.secure = true);
         assert!(
             r.history
                 .iter()

@@ -123,6 +123,23 @@ pub enum ClientEvent {
     },
 }
 
+impl ClientEvent {
+    /// The group the event is about (none for the session's end).
+    pub fn group(&self) -> Option<&str> {
+        match self {
+            ClientEvent::Joined { group, .. }
+            | ClientEvent::Left { group }
+            | ClientEvent::Sent { group, .. }
+            | ClientEvent::FlushAcked { group }
+            | ClientEvent::View { group, .. }
+            | ClientEvent::TransitionalSignal { group }
+            | ClientEvent::FlushRequest { group, .. }
+            | ClientEvent::Message { group, .. } => Some(group),
+            ClientEvent::Closed { .. } => None,
+        }
+    }
+}
+
 /// Why a daemon refused a request; the refusal's text says more. A code this build does not know
 /// (from a newer daemon) decodes as [`Refusal::Other`].
 #[non_exhaustive]

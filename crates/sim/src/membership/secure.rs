@@ -50,25 +50,11 @@ fn view_id(v: GroupViewId) -> ViewId {
     )
 }
 
-fn event_group(ev: &ClientEvent) -> Option<&str> {
-    match ev {
-        ClientEvent::Joined { group, .. }
-        | ClientEvent::Left { group }
-        | ClientEvent::Sent { group, .. }
-        | ClientEvent::FlushAcked { group }
-        | ClientEvent::View { group, .. }
-        | ClientEvent::TransitionalSignal { group }
-        | ClientEvent::FlushRequest { group, .. }
-        | ClientEvent::Message { group, .. } => Some(group),
-        ClientEvent::Closed { .. } => None,
-    }
-}
-
 impl World {
     /// Client `ci`'s session had an event: its secure group takes it. What the client sends
     /// back, framed.
     pub(super) fn secure_event(&mut self, ci: usize, ev: ClientEvent) -> Vec<u8> {
-        let Some(group) = event_group(&ev).map(str::to_owned) else {
+        let Some(group) = ev.group().map(str::to_owned) else {
             return Vec::new();
         };
         let left = matches!(ev, ClientEvent::Left { .. });
