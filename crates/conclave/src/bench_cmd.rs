@@ -18,6 +18,9 @@ pub enum BenchCommand {
     /// Time from a join, leave, partition and merge to the new view at every member (Time_max
     /// and Time_avg), over 3 to 13 daemons and 2 to 50 clients.
     Membership(crate::net_bench::MembershipArgs),
+    /// E2: time from a join, leave, partition and merge to the new secure view at every member
+    /// (Time_max and Time_avg), per key agreement protocol, over real daemons.
+    Secure(crate::secure_bench::SecureArgs),
     /// E1: computation cost of GDH, CKD, TGDH, STR and BD per event (join, leave, merge,
     /// partition) against group size, next to paper 000's Tables I and II.
     Gka {
@@ -292,6 +295,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Throughput(a) => crate::net_bench::run_throughput(a),
         BenchCommand::Latency(a) => crate::net_bench::run_latency(a),
         BenchCommand::Membership(a) => crate::net_bench::run_membership(a),
+        BenchCommand::Secure(a) => crate::secure_bench::run(a),
         BenchCommand::Keygraph {
             n,
             sizes,

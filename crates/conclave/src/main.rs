@@ -8,6 +8,7 @@ mod demo;
 mod gka_cmd;
 mod keys_demo;
 mod net_bench;
+mod secure_bench;
 mod secure_cmd;
 mod secure_demo;
 mod sim_cmd;

@@ -82,7 +82,7 @@ fn parse_services(names: &[String]) -> Result<Vec<ServiceType>> {
 }
 
 /// Every daemon's phase, ring, members and progress, and what it refused, for an error message.
-async fn statuses(net: &Network) -> String {
+pub(crate) async fn statuses(net: &Network) -> String {
     let mut st = Vec::new();
     for d in &net.daemons {
         let s = d
@@ -108,13 +108,13 @@ async fn statuses(net: &Network) -> String {
 }
 
 /// `n` daemons of this process, one ring.
-struct Network {
-    cfg: Config,
-    daemons: Vec<Running>,
+pub(crate) struct Network {
+    pub(crate) cfg: Config,
+    pub(crate) daemons: Vec<Running>,
 }
 
 impl Network {
-    async fn start(n: usize) -> Result<Network> {
+    pub(crate) async fn start(n: usize) -> Result<Network> {
         let cfg = Config::local_on_free_ports(n)?;
         let mut daemons = Vec::new();
         for d in &cfg.daemon {
@@ -131,7 +131,7 @@ impl Network {
         Ok(net)
     }
 
-    async fn wait_ring(&self, n: usize) -> Result<()> {
+    pub(crate) async fn wait_ring(&self, n: usize) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let mut ok = true;
@@ -153,7 +153,7 @@ impl Network {
         }
     }
 
-    fn address(&self, i: usize) -> Address {
+    pub(crate) fn address(&self, i: usize) -> Address {
         Address::Tcp(
             self.cfg.daemon[i % self.cfg.daemon.len()]
                 .client
@@ -162,7 +162,7 @@ impl Network {
         )
     }
 
-    async fn stop(self) -> Result<()> {
+    pub(crate) async fn stop(self) -> Result<()> {
         for d in self.daemons {
             d.shutdown().await?;
         }
@@ -616,20 +616,7 @@ async fn membership_once(
         let tag = format!("m{k}{event}{rep}-");
         let ms = members(net, k, &tag).await?;
         let (mut senders, mut receivers): (Vec<_>, Vec<_>) = ms.into_iter().unzip();
-        let sides: Vec<usize> = {
-            let alone = (0..k).filter(|i| i % n == n - 1).count();
-            (0..k)
-                .map(|i| if i % n == n - 1 { alone } else { k - alone })
-                .collect()
-        };
-        // Who sees the change, and the size of the view each waits for.
-        let (watch, size): (Vec<usize>, Vec<usize>) = match event {
-            "join" => ((0..k).collect(), vec![k + 1; k]),
-            "leave" => ((0..k - 1).collect(), vec![k - 1; k - 1]),
-            // Daemon n-1 is cut off: its clients see their own side, the rest theirs.
-            "partition" => ((0..k).collect(), sides.clone()),
-            _ => ((0..k).collect(), vec![k; k]),
-        };
+        let EventPlan { sides, watch, size } = EventPlan::new(n, k, event);
         if event == "merge" {
             // Each side in its own view first.
             partition(net, true).await?;
@@ -694,8 +681,35 @@ async fn membership_once(
     }))
 }
 
+/// What one membership event of the benchmarks looks like with `k` members (member i on daemon
+/// i mod n): the last daemon is the one cut off.
+pub(crate) struct EventPlan {
+    /// The size of each member's side of the partition.
+    pub(crate) sides: Vec<usize>,
+    /// Who sees the change, and the size of the view each waits for.
+    pub(crate) watch: Vec<usize>,
+    pub(crate) size: Vec<usize>,
+}
+
+impl EventPlan {
+    pub(crate) fn new(n: usize, k: usize, event: &str) -> EventPlan {
+        let alone = (0..k).filter(|i| i % n == n - 1).count();
+        let sides: Vec<usize> = (0..k)
+            .map(|i| if i % n == n - 1 { alone } else { k - alone })
+            .collect();
+        let (watch, size) = match event {
+            "join" => ((0..k).collect(), vec![k + 1; k]),
+            "leave" => ((0..k - 1).collect(), vec![k - 1; k - 1]),
+            // Daemon n-1 is cut off: its clients see their own side, the rest theirs.
+            "partition" => ((0..k).collect(), sides.clone()),
+            _ => ((0..k).collect(), vec![k; k]),
+        };
+        EventPlan { sides, watch, size }
+    }
+}
+
 /// Cuts the last daemon off from the others (or heals the cut).
-async fn partition(net: &Network, cut: bool) -> Result<()> {
+pub(crate) async fn partition(net: &Network, cut: bool) -> Result<()> {
     let n = net.daemons.len();
     let names: Vec<String> = net.cfg.daemon.iter().map(|d| d.name.clone()).collect();
     let req = if cut {

@@ -587,3 +587,34 @@ fn keygen_and_secure_users_talk_sealed() {
     let _ = std::fs::remove_file(path);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn bench_secure_times_secure_views_over_real_daemons() {
+    let dir = std::env::temp_dir().join(format!("conclave-bench-secure-{}", std::process::id()));
+    let (ok, out, err) = conclave(
+        &[
+            "bench",
+            "secure",
+            "--clients",
+            "3",
+            "--protocols",
+            "tgdh,bd",
+            "--events",
+            "join,leave",
+            "--repeat",
+            "1",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 4, "{out}");
+    for r in &rows {
+        assert!(r.get("error").is_none(), "{r}");
+        assert!(r["time_max_ms"].as_f64().unwrap() >= r["time_avg_ms"].as_f64().unwrap());
+    }
+    assert!(dir.join("secure-join.svg").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
