@@ -13,6 +13,7 @@ mod secure_cmd;
 mod secure_demo;
 mod sim_cmd;
 mod user_cmd;
+mod view_timing;
 
 use anyhow::Result;
 

@@ -601,6 +601,28 @@ pub fn run_membership(args: MembershipArgs) -> Result<()> {
     Ok(())
 }
 
+/// Plain members: clients joined to the group with EVS.
+struct Plain;
+
+impl crate::view_timing::Members for Plain {
+    type Tx = Sender;
+    type Rx = Receiver;
+    async fn add(&mut self, net: &Network, i: usize, name: &str) -> Result<(Sender, Receiver)> {
+        let mut c = Client::connect(&net.address(i), name).await?;
+        c.join(GROUP).await?;
+        Ok(c.split())
+    }
+    async fn wait(rx: &mut Receiver, size: usize) -> Result<()> {
+        wait_view(rx, size).await
+    }
+    async fn leave(tx: &mut Sender) -> Result<()> {
+        Ok(tx.leave(GROUP).await?)
+    }
+    async fn close(mut tx: Sender) {
+        let _ = tx.disconnect().await;
+    }
+}
+
 /// Time from an event to the new view at each member: Time_max (the last member) and Time_avg
 /// (thesis 004 §4), averaged over `repeat` runs.
 async fn membership_once(
@@ -609,103 +631,11 @@ async fn membership_once(
     event: &str,
     repeat: usize,
 ) -> Result<serde_json::Value> {
-    let n = net.daemons.len();
-    let mut maxes = Vec::new();
-    let mut avgs = Vec::new();
-    for rep in 0..repeat {
-        let tag = format!("m{k}{event}{rep}-");
-        let ms = members(net, k, &tag).await?;
-        let (mut senders, mut receivers): (Vec<_>, Vec<_>) = ms.into_iter().unzip();
-        let EventPlan { sides, watch, size } = EventPlan::new(n, k, event);
-        if event == "merge" {
-            // Each side in its own view first.
-            partition(net, true).await?;
-            for (i, r) in receivers.iter_mut().enumerate() {
-                if let Err(e) = wait_view(r, sides[i]).await {
-                    bail!(
-                        "member {i}'s side of the partition: {e:#} ({})",
-                        statuses(net).await
-                    );
-                }
-            }
-        }
-        let t0 = Instant::now();
-        let mut extra = None;
-        match event {
-            "join" => {
-                let mut c = Client::connect(&net.address(k), &format!("{tag}new")).await?;
-                c.join(GROUP).await?;
-                extra = Some(c);
-            }
-            "leave" => {
-                let mut s = senders.pop().context("a member")?;
-                receivers.pop();
-                s.leave(GROUP).await?;
-                senders.push(s);
-            }
-            "partition" => partition(net, true).await?,
-            _ => partition(net, false).await?,
-        }
-        let mut times = Vec::new();
-        for (&i, &want) in watch.iter().zip(&size) {
-            if let Err(e) = wait_view(&mut receivers[i], want).await {
-                bail!(
-                    "{event} with {k} clients: member {i} saw no view of {want}: {e} ({})",
-                    statuses(net).await
-                );
-            }
-            times.push(t0.elapsed().as_secs_f64() * 1e3);
-        }
-        let max = times.iter().cloned().fold(0.0, f64::max);
-        maxes.push(max);
-        avgs.push(times.iter().sum::<f64>() / times.len() as f64);
-        if event == "partition" {
-            partition(net, false).await?;
-            net.wait_ring(n).await?;
-        }
-        if let Some(c) = extra {
-            c.disconnect().await?;
-        }
-        for mut s in senders {
-            let _ = s.disconnect().await;
-        }
-        net.wait_ring(n).await?;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    Ok(json!({
-        "bench": "membership", "daemons": n, "clients": k, "event": event, "repeat": repeat,
-        "time_max_ms": (mean(&maxes) * 100.0).round() / 100.0,
-        "time_avg_ms": (mean(&avgs) * 100.0).round() / 100.0,
-        "time_max_worst_ms": (maxes.iter().cloned().fold(0.0, f64::max) * 100.0).round() / 100.0,
-    }))
-}
-
-/// What one membership event of the benchmarks looks like with `k` members (member i on daemon
-/// i mod n): the last daemon is the one cut off.
-pub(crate) struct EventPlan {
-    /// The size of each member's side of the partition.
-    pub(crate) sides: Vec<usize>,
-    /// Who sees the change, and the size of the view each waits for.
-    pub(crate) watch: Vec<usize>,
-    pub(crate) size: Vec<usize>,
-}
-
-impl EventPlan {
-    pub(crate) fn new(n: usize, k: usize, event: &str) -> EventPlan {
-        let alone = (0..k).filter(|i| i % n == n - 1).count();
-        let sides: Vec<usize> = (0..k)
-            .map(|i| if i % n == n - 1 { alone } else { k - alone })
-            .collect();
-        let (watch, size) = match event {
-            "join" => ((0..k).collect(), vec![k + 1; k]),
-            "leave" => ((0..k - 1).collect(), vec![k - 1; k - 1]),
-            // Daemon n-1 is cut off: its clients see their own side, the rest theirs.
-            "partition" => ((0..k).collect(), sides.clone()),
-            _ => ((0..k).collect(), vec![k; k]),
-        };
-        EventPlan { sides, watch, size }
-    }
+    let tag = format!("m{k}{event}");
+    let mut row = crate::view_timing::time_events(net, &mut Plain, k, event, repeat, &tag).await?;
+    row["bench"] = json!("membership");
+    row["clients"] = json!(k);
+    Ok(row)
 }
 
 /// Cuts the last daemon off from the others (or heals the cut).

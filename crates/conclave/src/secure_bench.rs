@@ -4,8 +4,9 @@
 //! this machine. It adds to the daemons' own view change (`conclave bench membership`) the
 //! key agreement's rounds and computation.
 
-use crate::net_bench::{partition, statuses, EventPlan, Network};
+use crate::net_bench::Network;
 use crate::secure_cmd::parse_protocol;
+use crate::view_timing::{time_events, Members};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use conclave_bench::plot::{Chart, Series};
@@ -17,7 +18,7 @@ use conclave_crypto::{Identity, SigScheme};
 use conclave_gka::{Directory, ProtocolId};
 use serde_json::json;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const GROUP: &str = "secure-bench";
 
@@ -120,49 +121,78 @@ pub fn run(args: SecureArgs) -> Result<()> {
     Ok(())
 }
 
-/// Fresh identities for `names`, and a directory naming them all.
-fn identities(names: &[String]) -> Result<(Vec<Identity>, Directory)> {
-    let mut dir = Directory::new();
-    let mut ids = Vec::new();
-    for n in names {
-        let id = Identity::generate(SigScheme::Ed25519, &mut rand_core::OsRng)?;
-        dir.insert(n.clone(), id.public());
-        ids.push(id);
-    }
-    Ok((ids, dir))
-}
-
-async fn secure_member(
-    net: &Network,
-    i: usize,
-    name: &str,
-    id: Identity,
-    dir: Directory,
+/// Secure members of one protocol, with identities the directory names.
+struct Secure {
     protocol: ProtocolId,
-) -> Result<(SecureSender, SecureReceiver)> {
-    let c = Client::connect(&net.address(i), name).await?;
-    let (mut tx, rx) = SecureClient::new(c, id, dir).split();
-    let cfg = SecureConfig {
-        protocol,
-        ..SecureConfig::default()
-    };
-    tx.join_secure(GROUP, cfg).await?;
-    Ok((tx, rx))
+    directory: Directory,
+    identities: Vec<(String, Identity)>,
 }
 
-async fn wait_secure_view(r: &mut SecureReceiver, size: usize) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let mut seen = Vec::new();
-    loop {
-        let ev = tokio::time::timeout_at(deadline, r.receive())
-            .await
-            .with_context(|| format!("no secure view of {size} in 30 s (seen: {seen:?})"))??;
-        match ev {
-            SecureEvent::View(v) if v.members.len() == size => return Ok(()),
-            SecureEvent::View(v) => seen.push(v.members.len()),
-            SecureEvent::Refused { error, .. } => bail!("refused: {error}"),
-            _ => {}
+impl Secure {
+    /// Identities for the `names` of the timed events.
+    fn new(protocol: ProtocolId, names: &[String]) -> Result<Secure> {
+        let mut directory = Directory::new();
+        let mut identities = Vec::new();
+        for n in names {
+            let id = Identity::generate(SigScheme::Ed25519, &mut rand_core::OsRng)?;
+            directory.insert(n.clone(), id.public());
+            identities.push((n.clone(), id));
         }
+        Ok(Secure {
+            protocol,
+            directory,
+            identities,
+        })
+    }
+}
+
+impl Members for Secure {
+    type Tx = SecureSender;
+    type Rx = SecureReceiver;
+    async fn add(
+        &mut self,
+        net: &Network,
+        i: usize,
+        name: &str,
+    ) -> Result<(SecureSender, SecureReceiver)> {
+        let id = self
+            .identities
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, id)| id.clone())
+            .context("an identity for every member")?;
+        let c = Client::connect(&net.address(i), name).await?;
+        let (mut tx, rx) = SecureClient::new(c, id, self.directory.clone()).split();
+        let cfg = SecureConfig {
+            protocol: self.protocol,
+            ..SecureConfig::default()
+        };
+        tx.join_secure(GROUP, cfg).await?;
+        Ok((tx, rx))
+    }
+
+    async fn wait(r: &mut SecureReceiver, size: usize) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let mut seen = Vec::new();
+        loop {
+            let ev = tokio::time::timeout_at(deadline, r.receive())
+                .await
+                .with_context(|| format!("no secure view of {size} in 30 s (seen: {seen:?})"))??;
+            match ev {
+                SecureEvent::View(v) if v.members.len() == size => return Ok(()),
+                SecureEvent::View(v) => seen.push(v.members.len()),
+                SecureEvent::Refused { error, .. } => bail!("refused: {error}"),
+                _ => {}
+            }
+        }
+    }
+
+    async fn leave(tx: &mut SecureSender) -> Result<()> {
+        Ok(tx.leave(GROUP).await?)
+    }
+
+    async fn close(tx: SecureSender) {
+        let _ = tx.disconnect().await;
     }
 }
 
@@ -173,81 +203,18 @@ async fn secure_once(
     event: &str,
     repeat: usize,
 ) -> Result<serde_json::Value> {
-    let n = net.daemons.len();
-    let (mut maxes, mut avgs) = (Vec::new(), Vec::new());
-    for rep in 0..repeat {
-        let tag = format!("s{:?}{k}{event}{rep}-", protocol).to_lowercase();
-        let names: Vec<String> = (0..=k).map(|i| format!("{tag}{i}")).collect();
-        let (ids, dir) = identities(&names)?;
-        let mut members = Vec::new();
-        for i in 0..k {
-            members.push(
-                secure_member(net, i, &names[i], ids[i].clone(), dir.clone(), protocol).await?,
-            );
-        }
-        for (i, (_, r)) in members.iter_mut().enumerate() {
-            if let Err(e) = wait_secure_view(r, k).await {
-                bail!("member {i} of {k}: {e:#} ({})", statuses(net).await);
-            }
-        }
-        let (mut senders, mut receivers): (Vec<_>, Vec<_>) = members.into_iter().unzip();
-        let EventPlan { sides, watch, size } = EventPlan::new(n, k, event);
-        if event == "merge" {
-            partition(net, true).await?;
-            for (i, r) in receivers.iter_mut().enumerate() {
-                if let Err(e) = wait_secure_view(r, sides[i]).await {
-                    bail!("member {i}'s side of the partition: {e:#}");
-                }
-            }
-        }
-        let t0 = Instant::now();
-        let mut extra = None;
-        match event {
-            "join" => {
-                extra = Some(
-                    secure_member(net, k, &names[k], ids[k].clone(), dir.clone(), protocol).await?,
-                );
-            }
-            "leave" => {
-                let mut s = senders.pop().context("a member")?;
-                receivers.pop();
-                s.leave(GROUP).await?;
-                senders.push(s);
-            }
-            "partition" => partition(net, true).await?,
-            _ => partition(net, false).await?,
-        }
-        let mut times = Vec::new();
-        for (&i, &want) in watch.iter().zip(&size) {
-            if let Err(e) = wait_secure_view(&mut receivers[i], want).await {
-                bail!(
-                    "{event} with {k} members: member {i}: {e:#} ({})",
-                    statuses(net).await
-                );
-            }
-            times.push(t0.elapsed().as_secs_f64() * 1e3);
-        }
-        maxes.push(times.iter().cloned().fold(0.0, f64::max));
-        avgs.push(times.iter().sum::<f64>() / times.len() as f64);
-        if event == "partition" {
-            partition(net, false).await?;
-            net.wait_ring(n).await?;
-        }
-        if let Some((s, _)) = extra {
-            let _ = s.disconnect().await;
-        }
-        for s in senders {
-            let _ = s.disconnect().await;
-        }
-        net.wait_ring(n).await?;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let round = |x: f64| (x * 100.0).round() / 100.0;
-    Ok(json!({
-        "bench": "secure", "daemons": n, "protocol": format!("{protocol:?}"), "members": k,
-        "event": event, "repeat": repeat,
-        "time_max_ms": round(mean(&maxes)), "time_avg_ms": round(mean(&avgs)),
-        "time_max_worst_ms": round(maxes.iter().cloned().fold(0.0, f64::max)),
-    }))
+    let tag = format!("s{protocol:?}{k}{event}").to_lowercase();
+    // Every name the timed events give (`{tag}{rep}-{i}`, the joiner included).
+    let names: Vec<String> = (0..repeat)
+        .flat_map(|rep| {
+            let tag = &tag;
+            (0..=k).map(move |i| format!("{tag}{rep}-{i}"))
+        })
+        .collect();
+    let mut m = Secure::new(protocol, &names)?;
+    let mut row = time_events(net, &mut m, k, event, repeat, &tag).await?;
+    row["bench"] = json!("secure");
+    row["protocol"] = json!(format!("{protocol:?}"));
+    row["members"] = json!(k);
+    Ok(row)
 }
