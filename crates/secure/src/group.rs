@@ -214,6 +214,8 @@ pub struct SecureGroup {
     /// The flush of the current view is acknowledged: nothing more goes out in it.
     flushed: bool,
     left: bool,
+    /// The application was told this member is out ([`SecureEvent::Left`]).
+    told_left: bool,
     queued: VecDeque<(ServiceType, Bytes)>,
     queued_bytes: usize,
     /// This member's messages to the group that the daemon has not yet said it sent, oldest
@@ -265,6 +267,7 @@ impl SecureGroup {
             ever_keyed: false,
             flushed: false,
             left: false,
+            told_left: false,
             queued: VecDeque::new(),
             queued_bytes: 0,
             inflight: VecDeque::new(),
@@ -343,45 +346,32 @@ impl SecureGroup {
 
     /// An event of the client session about this group (others are ignored).
     pub fn handle_event(&mut self, ev: ClientEvent) {
+        if ev.group() != Some(self.group.as_str()) {
+            return;
+        }
         match ev {
-            ClientEvent::View {
-                group,
-                view,
-                members,
-                transitional,
-                reason,
-            } if group == self.group && !self.left => {
-                let ev = ClientEvent::View {
-                    group,
-                    view,
-                    members,
-                    transitional,
-                    reason,
-                };
-                self.on_view(ev);
-            }
+            ClientEvent::View { .. } if !self.left => self.on_view(ev),
             ClientEvent::Message {
-                group,
                 sender,
                 service,
                 payload,
                 view,
                 ..
-            } if group == self.group && !self.left => {
-                self.on_message(sender, service, &payload, view);
-            }
-            ClientEvent::FlushRequest { group, view } if group == self.group => {
-                self.on_flush_request(view);
-            }
-            ClientEvent::Sent { group, view, .. } if group == self.group => self.on_sent(view),
-            ClientEvent::Left { group } if group == self.group => {
+            } if !self.left => self.on_message(sender, service, &payload, view),
+            ClientEvent::FlushRequest { view, .. } => self.on_flush_request(view),
+            ClientEvent::Sent { view, .. } => self.on_sent(view),
+            ClientEvent::Left { group } => {
                 self.left = true;
                 self.keyed = None;
                 self.drop_queued();
-                self.events.push_back(SecureEvent::Left {
-                    group,
-                    reason: "left the group".into(),
-                });
+                // A member that left on its own account (another protocol) was told already.
+                if !self.told_left {
+                    self.told_left = true;
+                    self.events.push_back(SecureEvent::Left {
+                        group,
+                        reason: "left the group".into(),
+                    });
+                }
             }
             _ => {}
         }
@@ -672,6 +662,7 @@ impl SecureGroup {
         if newcomer {
             self.refused(sender, error.clone());
             self.leave();
+            self.told_left = true;
             self.events.push_back(SecureEvent::Left {
                 group: self.group.clone(),
                 reason: error.to_string(),

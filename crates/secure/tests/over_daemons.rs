@@ -385,6 +385,12 @@ fn a_newcomer_asking_for_another_protocol_is_refused_and_leaves() {
     )));
     w.settle(&["a"]);
     assert!(w.members[1].sg.secure_view().is_none());
+    let lefts = w.members[1]
+        .got
+        .iter()
+        .filter(|e| matches!(e, SecureEvent::Left { .. }))
+        .count();
+    assert_eq!(lefts, 1, "told once: {:?}", w.members[1].got);
 }
 
 #[test]
