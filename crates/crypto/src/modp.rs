@@ -18,8 +18,10 @@ use std::sync::OnceLock;
 pub struct ModpScalar(U256);
 
 impl zeroize::Zeroize for ModpScalar {
+    // Through the integer's own `Zeroize` (volatile writes): a plain store of zero into a value
+    // about to be dropped is one the compiler may leave out.
     fn zeroize(&mut self) {
-        self.0 = U256::ZERO;
+        self.0.zeroize();
     }
 }
 impl Drop for ModpScalar {

@@ -12,29 +12,47 @@ use sha2::{Digest, Sha512};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Ristretto255;
 
+/// A ristretto255 exponent, wiped when dropped. `curve25519-dalek`'s `Scalar` is `Copy`, so a
+/// secret held as one would stay behind in every place it was copied to; this one is moved or
+/// cloned, and each copy is wiped (temporaries inside one operation are the library's).
+#[derive(Clone, PartialEq, Eq)]
+pub struct WipedScalar(Scalar);
+
+impl zeroize::Zeroize for WipedScalar {
+    fn zeroize(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+impl Drop for WipedScalar {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
+    }
+}
+
 impl Group for Ristretto255 {
-    type Scalar = Scalar;
+    type Scalar = WipedScalar;
     type Element = RistrettoPoint;
     const NAME: &'static str = "ristretto255";
     const ELEMENT_BYTES: usize = 32;
     const SCALAR_BYTES: usize = 32;
 
-    fn random_scalar(rng: &mut dyn CryptoRng) -> Scalar {
+    fn random_scalar(rng: &mut dyn CryptoRng) -> WipedScalar {
         loop {
             let mut wide = [0u8; 64];
             rng.fill_bytes(&mut wide);
-            let s = Scalar::from_bytes_mod_order_wide(&wide);
+            let s = WipedScalar(Scalar::from_bytes_mod_order_wide(&wide));
             zeroize::Zeroize::zeroize(&mut wide);
-            if s != Scalar::ZERO {
+            if s.0 != Scalar::ZERO {
                 return s;
             }
         }
     }
-    fn exp_g(s: &Scalar) -> RistrettoPoint {
-        s * RISTRETTO_BASEPOINT_TABLE
+    fn exp_g(s: &WipedScalar) -> RistrettoPoint {
+        &s.0 * RISTRETTO_BASEPOINT_TABLE
     }
-    fn exp(b: &RistrettoPoint, s: &Scalar) -> RistrettoPoint {
-        b * s
+    fn exp(b: &RistrettoPoint, s: &WipedScalar) -> RistrettoPoint {
+        b * s.0
     }
     fn mul(a: &RistrettoPoint, b: &RistrettoPoint) -> RistrettoPoint {
         a + b
@@ -51,33 +69,37 @@ impl Group for Ristretto255 {
     fn is_identity(e: &RistrettoPoint) -> bool {
         *e == RistrettoPoint::identity()
     }
-    fn scalar_mul(a: &Scalar, b: &Scalar) -> Scalar {
-        a * b
+    fn scalar_mul(a: &WipedScalar, b: &WipedScalar) -> WipedScalar {
+        WipedScalar(a.0 * b.0)
     }
-    fn scalar_inv(a: &Scalar) -> Option<Scalar> {
-        if *a == Scalar::ZERO {
+    fn scalar_inv(a: &WipedScalar) -> Option<WipedScalar> {
+        if a.0 == Scalar::ZERO {
             None
         } else {
-            Some(a.invert())
+            Some(WipedScalar(a.0.invert()))
         }
     }
-    fn scalar_from_u64(k: u64) -> Scalar {
-        Scalar::from(k)
+    fn scalar_from_u64(k: u64) -> WipedScalar {
+        WipedScalar(Scalar::from(k))
     }
-    fn hash_to_scalar(domain: &[u8], e: &RistrettoPoint) -> Scalar {
+    fn hash_to_scalar(domain: &[u8], e: &RistrettoPoint) -> WipedScalar {
         let mut h = Sha512::new();
         h.update((domain.len() as u64).to_be_bytes());
         h.update(domain);
         h.update(e.compress().as_bytes());
-        Scalar::from_hash(h)
+        WipedScalar(Scalar::from_hash(h))
     }
     fn encode(e: &RistrettoPoint) -> Vec<u8> {
         e.compress().as_bytes().to_vec()
     }
     // Computing with half the exponent and then `double_and_compress_batch` yields the encodings
     // of the results with one field inversion for the whole batch instead of one per element.
-    fn exp_batch(bases: &[&RistrettoPoint], s: &Scalar) -> (Vec<RistrettoPoint>, Vec<Vec<u8>>) {
-        let half = s * Scalar::from(2u64).invert();
+    fn exp_batch(
+        bases: &[&RistrettoPoint],
+        s: &WipedScalar,
+    ) -> (Vec<RistrettoPoint>, Vec<Vec<u8>>) {
+        let half = WipedScalar(s.0 * Scalar::from(2u64).invert());
+        let half = &half.0;
         let halves: Vec<RistrettoPoint> = bases.iter().map(|b| *b * half).collect();
         let enc = RistrettoPoint::double_and_compress_batch(&halves)
             .into_iter()
@@ -86,11 +108,11 @@ impl Group for Ristretto255 {
         let elems = halves.iter().map(|h| h + h).collect();
         (elems, enc)
     }
-    fn exp_g_batch_encoded(scalars: &[Scalar]) -> Vec<Vec<u8>> {
+    fn exp_g_batch_encoded(scalars: &[WipedScalar]) -> Vec<Vec<u8>> {
         let inv2 = Scalar::from(2u64).invert();
         let halves: Vec<RistrettoPoint> = scalars
             .iter()
-            .map(|s| &(s * inv2) * RISTRETTO_BASEPOINT_TABLE)
+            .map(|s| &WipedScalar(s.0 * inv2).0 * RISTRETTO_BASEPOINT_TABLE)
             .collect();
         RistrettoPoint::double_and_compress_batch(&halves)
             .into_iter()
@@ -108,17 +130,22 @@ impl Group for Ristretto255 {
         }
         Ok(p)
     }
-    fn encode_scalar(s: &Scalar) -> zeroize::Zeroizing<Vec<u8>> {
-        zeroize::Zeroizing::new(s.to_bytes().to_vec())
+    fn encode_scalar(s: &WipedScalar) -> zeroize::Zeroizing<Vec<u8>> {
+        let mut b = s.0.to_bytes();
+        let v = zeroize::Zeroizing::new(b.to_vec());
+        zeroize::Zeroize::zeroize(&mut b);
+        v
     }
-    fn decode_scalar(bytes: &[u8]) -> Result<Scalar, GroupError> {
+    fn decode_scalar(bytes: &[u8]) -> Result<WipedScalar, GroupError> {
         let arr: [u8; 32] = bytes.try_into().map_err(|_| GroupError::BadLength {
             expected: 32,
             got: bytes.len(),
         })?;
-        let s = Option::<Scalar>::from(Scalar::from_canonical_bytes(arr))
-            .ok_or(GroupError::BadScalar)?;
-        if s == Scalar::ZERO {
+        let s = WipedScalar(
+            Option::<Scalar>::from(Scalar::from_canonical_bytes(arr))
+                .ok_or(GroupError::BadScalar)?,
+        );
+        if s.0 == Scalar::ZERO {
             return Err(GroupError::BadScalar);
         }
         Ok(s)

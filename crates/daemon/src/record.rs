@@ -22,11 +22,18 @@ pub struct HistoryFile {
 }
 
 impl HistoryFile {
+    /// Opens the history for appending; a new file is readable by its owner only (it names every
+    /// client and group, and holds what the daemon delivered: ciphertext for secure groups, but
+    /// plain groups' messages in full).
     pub fn create(path: &std::path::Path) -> std::io::Result<HistoryFile> {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
+        let mut o = std::fs::OpenOptions::new();
+        o.create(true).append(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            o.mode(0o600);
+        }
+        let f = o.open(path)?;
         Ok(HistoryFile {
             out: std::io::BufWriter::new(f),
             dirty: false,
@@ -47,5 +54,22 @@ impl HistoryFile {
             let _ = self.out.flush();
             self.dirty = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(unix)]
+    #[test]
+    fn a_new_history_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let path =
+            std::env::temp_dir().join(format!("conclave-history-{}.jsonl", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let h = super::HistoryFile::create(&path).unwrap();
+        drop(h);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+        let _ = std::fs::remove_file(&path);
     }
 }
