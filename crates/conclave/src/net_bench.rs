@@ -3,6 +3,7 @@
 //! the clients' side. JSON lines on stdout, and an SVG plot per experiment in `--out`.
 
 use crate::user_cmd::service_name;
+use crate::view_timing::{Members, Seen};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use conclave_bench::plot::{Chart, Series};
@@ -36,6 +37,10 @@ pub struct ThroughputArgs {
     /// How long each configuration sends, in seconds.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// One secure group (docs/secure.md) with this key agreement protocol: every message sealed
+    /// by its sender and opened by every member.
+    #[arg(long)]
+    secure: Option<String>,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -208,6 +213,11 @@ async fn wait_view(r: &mut Receiver, size: usize) -> Result<()> {
 
 pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
     let services = parse_services(&args.services)?;
+    let secure = args
+        .secure
+        .as_deref()
+        .map(crate::secure_cmd::parse_protocol)
+        .transpose()?;
     std::fs::create_dir_all(&args.out)?;
     let rt = tokio::runtime::Runtime::new()?;
     let rows = rt.block_on(async {
@@ -219,16 +229,14 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
                 for &service in &services {
                     round += 1;
                     let receivers = args.daemons.max(senders);
-                    let row = throughput_once(
-                        &net,
+                    let load = Load {
                         receivers,
                         senders,
                         size,
                         service,
-                        args.seconds,
-                        &format!("t{round}-"),
-                    )
-                    .await?;
+                        seconds: args.seconds,
+                    };
+                    let row = throughput_once(&net, &load, &format!("t{round}-"), secure).await?;
                     println!("{row}");
                     rows.push(row);
                 }
@@ -267,22 +275,67 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
     Ok(())
 }
 
-/// `senders` of the `receivers` members send `service` messages of `size` bytes for `seconds`;
-/// every member counts what it delivers, from the first send to its last delivery.
+/// What a throughput run offers: `senders` of the `receivers` members send `service` messages
+/// of `size` bytes for `seconds`.
+pub(crate) struct Load {
+    pub(crate) receivers: usize,
+    pub(crate) senders: usize,
+    pub(crate) size: usize,
+    pub(crate) service: ServiceType,
+    pub(crate) seconds: f64,
+}
+
+/// Runs `load`; every member counts what it delivers, from the first send to its last delivery.
 async fn throughput_once(
     net: &Network,
-    receivers: usize,
-    senders: usize,
-    size: usize,
-    service: ServiceType,
-    seconds: f64,
+    load: &Load,
+    tag: &str,
+    secure: Option<conclave_gka::ProtocolId>,
+) -> Result<serde_json::Value> {
+    let mut row = match secure {
+        Some(p) => {
+            let names: Vec<String> = (0..load.receivers).map(|i| format!("{tag}{i}")).collect();
+            let mut m = crate::secure_bench::Secure::new(p, &names)?;
+            let mut row = run_load(net, &mut m, load, tag).await?;
+            row["secure"] = json!(format!("{p:?}"));
+            row
+        }
+        None => run_load(net, &mut Plain, load, tag).await?,
+    };
+    row["bench"] = json!("throughput");
+    Ok(row)
+}
+
+/// The members form the group, then `load.senders` of them send for `load.seconds`.
+async fn run_load<M: Members>(
+    net: &Network,
+    m: &mut M,
+    load: &Load,
     tag: &str,
 ) -> Result<serde_json::Value> {
-    let ms = members(net, receivers, tag).await?;
+    let &Load {
+        receivers,
+        senders,
+        size,
+        service,
+        seconds,
+    } = load;
+    let mut ms = Vec::new();
+    for i in 0..receivers {
+        ms.push(m.add(net, i, &format!("{tag}{i}")).await?);
+    }
+    for (i, (_, r)) in ms.iter_mut().enumerate() {
+        if let Err(e) = M::wait(r, receivers).await {
+            bail!(
+                "member {i} of {receivers} ({tag}) saw no view of all: {e:#} ({})",
+                statuses(net).await
+            );
+        }
+    }
     let sent = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let start = Instant::now();
-    let mut counters = Vec::new();
+    let mut counters: Vec<Counter> = Vec::new();
     let mut send_tasks = Vec::new();
     // Members that only receive keep their sending half: dropping it ends the session.
     let mut quiet = Vec::new();
@@ -295,16 +348,16 @@ async fn throughput_once(
         counters.push((got.clone(), last.clone()));
         let views = views.clone();
         tokio::spawn(async move {
-            while let Ok(ev) = r.receive().await {
-                match ev {
-                    ClientEvent::Message { .. } => {
+            while let Some(seen) = M::next(&mut r).await {
+                match seen {
+                    Seen::Message => {
                         got.fetch_add(1, Relaxed);
                         last.set(start.elapsed().as_nanos() as u64);
                     }
-                    ClientEvent::View { .. } => {
+                    Seen::View => {
                         views.fetch_add(1, Relaxed);
                     }
-                    _ => {}
+                    Seen::Other => {}
                 }
             }
         });
@@ -318,16 +371,15 @@ async fn throughput_once(
                 let mut n = 0u64;
                 while !stop.load(Relaxed) {
                     payload[8..16].copy_from_slice(&n.to_be_bytes());
-                    if s.queue(service, &[GROUP], &payload).await.is_err() {
+                    if M::send(&mut s, service, &payload).await.is_err() {
                         break;
                     }
                     n += 1;
-                    // Written out every 32 messages (and whenever the window is full).
-                    if n & 31 == 0 {
-                        let _ = s.flush().await;
+                    if n.is_multiple_of(M::BATCH) {
+                        M::flush(&mut s).await;
                     }
                 }
-                let _ = s.flush().await;
+                M::flush(&mut s).await;
                 sent.fetch_add(n, Relaxed);
                 s
             }));
@@ -342,6 +394,33 @@ async fn throughput_once(
         keep.push(t.await?);
     }
     let total = sent.load(Relaxed);
+    let (min, mean, delivered_min) = await_deliveries(net, &counters, &views, total).await?;
+    for s in keep.into_iter().chain(quiet) {
+        M::close(s).await;
+    }
+    // The members leave before the next configuration joins.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    Ok(json!({
+        "daemons": net.daemons.len(), "members": receivers,
+        "senders": senders, "size": size, "service": service_name(service),
+        "messages": total, "delivered_min": delivered_min, "view_changes": views.load(Relaxed),
+        "msgs_per_s_min": min.round(), "msgs_per_s_mean": mean.round(),
+        "mbytes_per_s_min": (min * size as f64 / 1e6 * 10.0).round() / 10.0,
+    }))
+}
+
+/// What each member counts: the messages it delivered and when it delivered the last (ns from
+/// the start).
+pub(crate) type Counter = (Arc<AtomicU64>, Arc<Mutex64>);
+
+/// Waits until every member has delivered the `total` sent (or, after a view change, until
+/// deliveries stop); gives the slowest member's rate, the mean rate and the fewest delivered.
+pub(crate) async fn await_deliveries(
+    net: &Network,
+    counters: &[Counter],
+    views: &AtomicU64,
+    total: u64,
+) -> Result<(f64, f64, u64)> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut still = (Instant::now(), 0u64);
     while counters.iter().any(|(g, _)| g.load(Relaxed) < total) {
@@ -372,29 +451,18 @@ async fn throughput_once(
         .unwrap_or(0);
     let min = rates.iter().cloned().fold(f64::INFINITY, f64::min);
     let mean = rates.iter().sum::<f64>() / rates.len() as f64;
-    for mut s in keep.into_iter().chain(quiet) {
-        let _ = s.disconnect().await;
-    }
-    // The members leave before the next configuration joins.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    Ok(json!({
-        "bench": "throughput", "daemons": net.daemons.len(), "members": receivers,
-        "senders": senders, "size": size, "service": service_name(service),
-        "messages": total, "delivered_min": delivered_min, "view_changes": views.load(Relaxed),
-        "msgs_per_s_min": min.round(), "msgs_per_s_mean": mean.round(),
-        "mbytes_per_s_min": (min * size as f64 / 1e6 * 10.0).round() / 10.0,
-    }))
+    Ok((min, mean, delivered_min))
 }
 
 /// A u64 shared between tasks (the time of the last delivery).
 #[derive(Default)]
-struct Mutex64(AtomicU64);
+pub(crate) struct Mutex64(AtomicU64);
 
 impl Mutex64 {
-    fn set(&self, v: u64) {
+    pub(crate) fn set(&self, v: u64) {
         self.0.store(v, Relaxed);
     }
-    fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
 }
@@ -604,9 +672,10 @@ pub fn run_membership(args: MembershipArgs) -> Result<()> {
 /// Plain members: clients joined to the group with EVS.
 struct Plain;
 
-impl crate::view_timing::Members for Plain {
+impl Members for Plain {
     type Tx = Sender;
     type Rx = Receiver;
+    const BATCH: u64 = 32;
     async fn add(&mut self, net: &Network, i: usize, name: &str) -> Result<(Sender, Receiver)> {
         let mut c = Client::connect(&net.address(i), name).await?;
         c.join(GROUP).await?;
@@ -620,6 +689,19 @@ impl crate::view_timing::Members for Plain {
     }
     async fn close(mut tx: Sender) {
         let _ = tx.disconnect().await;
+    }
+    async fn next(rx: &mut Receiver) -> Option<Seen> {
+        Some(match rx.receive().await.ok()? {
+            ClientEvent::Message { .. } => Seen::Message,
+            ClientEvent::View { .. } => Seen::View,
+            _ => Seen::Other,
+        })
+    }
+    async fn send(tx: &mut Sender, service: ServiceType, payload: &[u8]) -> Result<()> {
+        Ok(tx.queue(service, &[GROUP], payload).await?)
+    }
+    async fn flush(tx: &mut Sender) {
+        let _ = tx.flush().await;
     }
 }
 

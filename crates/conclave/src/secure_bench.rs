@@ -6,7 +6,7 @@
 
 use crate::net_bench::Network;
 use crate::secure_cmd::parse_protocol;
-use crate::view_timing::{time_events, Members};
+use crate::view_timing::{time_events, Members, Seen};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use conclave_bench::plot::{Chart, Series};
@@ -122,7 +122,7 @@ pub fn run(args: SecureArgs) -> Result<()> {
 }
 
 /// Secure members of one protocol, with identities the directory names.
-struct Secure {
+pub(crate) struct Secure {
     protocol: ProtocolId,
     directory: Directory,
     identities: Vec<(String, Identity)>,
@@ -130,7 +130,7 @@ struct Secure {
 
 impl Secure {
     /// Identities for the `names` of the timed events.
-    fn new(protocol: ProtocolId, names: &[String]) -> Result<Secure> {
+    pub(crate) fn new(protocol: ProtocolId, names: &[String]) -> Result<Secure> {
         let mut directory = Directory::new();
         let mut identities = Vec::new();
         for n in names {
@@ -149,6 +149,8 @@ impl Secure {
 impl Members for Secure {
     type Tx = SecureSender;
     type Rx = SecureReceiver;
+    // Each message goes to the task that drives the group, which writes it out.
+    const BATCH: u64 = 1;
     async fn add(
         &mut self,
         net: &Network,
@@ -194,6 +196,24 @@ impl Members for Secure {
     async fn close(tx: SecureSender) {
         let _ = tx.disconnect().await;
     }
+
+    async fn next(rx: &mut SecureReceiver) -> Option<Seen> {
+        Some(match rx.receive().await.ok()? {
+            SecureEvent::Message { .. } => Seen::Message,
+            SecureEvent::View(_) => Seen::View,
+            _ => Seen::Other,
+        })
+    }
+
+    async fn send(
+        tx: &mut SecureSender,
+        service: conclave_client::ServiceType,
+        payload: &[u8],
+    ) -> Result<()> {
+        Ok(tx.send(GROUP, service, payload).await?)
+    }
+
+    async fn flush(_: &mut SecureSender) {}
 }
 
 async fn secure_once(

@@ -5,16 +5,34 @@ use crate::net_bench::{partition, statuses, Network};
 use anyhow::{bail, Context, Result};
 use std::time::{Duration, Instant};
 
-/// The members a benchmark times.
+/// What a member's next event is, to a benchmark that counts.
+pub(crate) enum Seen {
+    Message,
+    View,
+    Other,
+}
+
+/// The members a benchmark runs: plain clients or secure ones.
 pub(crate) trait Members {
-    type Tx;
-    type Rx;
+    type Tx: Send + 'static;
+    type Rx: Send + 'static;
+    /// Messages a sender hands over before it writes them out.
+    const BATCH: u64;
     /// Member `i` (on daemon i mod n) connects as `name` and joins the group.
     async fn add(&mut self, net: &Network, i: usize, name: &str) -> Result<(Self::Tx, Self::Rx)>;
     /// Waits for the member's next view of `size` members.
     async fn wait(rx: &mut Self::Rx, size: usize) -> Result<()>;
     async fn leave(tx: &mut Self::Tx) -> Result<()>;
     async fn close(tx: Self::Tx);
+    /// The member's next event (`None`: its session ended).
+    fn next(rx: &mut Self::Rx) -> impl std::future::Future<Output = Option<Seen>> + Send;
+    /// Sends a message to the group (handed over; written out by `flush` or a full window).
+    fn send(
+        tx: &mut Self::Tx,
+        service: conclave_client::ServiceType,
+        payload: &[u8],
+    ) -> impl std::future::Future<Output = Result<()>> + Send;
+    fn flush(tx: &mut Self::Tx) -> impl std::future::Future<Output = ()> + Send;
 }
 
 /// What one membership event looks like with `k` members (member i on daemon i mod n): the last

@@ -618,3 +618,34 @@ fn bench_secure_times_secure_views_over_real_daemons() {
     assert!(dir.join("secure-join.svg").exists());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn bench_throughput_runs_a_secure_group() {
+    let dir = std::env::temp_dir().join(format!("conclave-bench-tp-{}", std::process::id()));
+    let (ok, out, err) = conclave(
+        &[
+            "bench",
+            "throughput",
+            "--senders",
+            "2",
+            "--sizes",
+            "100",
+            "--services",
+            "agreed",
+            "--seconds",
+            "0.5",
+            "--secure",
+            "str",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 1, "{out}");
+    assert_eq!(rows[0]["secure"], "Str", "{out}");
+    assert!(rows[0]["msgs_per_s_min"].as_f64().unwrap() > 0.0, "{out}");
+    assert_eq!(rows[0]["delivered_min"], rows[0]["messages"], "{out}");
+    let _ = std::fs::remove_dir_all(dir);
+}
