@@ -34,6 +34,14 @@ fn digest(payload: &[u8]) -> String {
     hex::encode(&Sha256::digest(payload)[..8])
 }
 
+/// A group view's id as histories name it, its ring's representative being `daemon`.
+pub fn group_view_id(daemon: &str, v: GroupViewId) -> ViewId {
+    ViewId(
+        conclave_history::wire::group_view_number(v),
+        format!("{daemon}.{}", v.ring.inc),
+    )
+}
+
 impl Recorder {
     pub fn new(names: Vec<String>, base_us: u64) -> Recorder {
         Recorder {
@@ -56,10 +64,7 @@ impl Recorder {
     }
 
     fn group_view(&self, v: GroupViewId) -> ViewId {
-        ViewId(
-            conclave_history::wire::group_view_number(v),
-            format!("{}.{}", self.daemon(v.ring.rep), v.ring.inc),
-        )
+        group_view_id(&self.daemon(v.ring.rep), v)
     }
 
     pub fn push(&mut self, now: conclave_gcs::Time, p: &str, inc: u32, ev: Event) {

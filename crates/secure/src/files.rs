@@ -86,7 +86,10 @@ impl IdentityFile {
     }
 
     pub fn parse(text: &str) -> Result<IdentityFile, FileError> {
-        let t: IdentityToml = toml::from_str(text).map_err(|e| FileError::Toml(e.to_string()))?;
+        // The parser's message only: its full text quotes the offending line, which may hold
+        // the secret seed.
+        let t: IdentityToml =
+            toml::from_str(text).map_err(|e| FileError::Toml(e.message().to_owned()))?;
         let t_seed = Zeroizing::new(t.ed25519_seed);
         let bytes = Zeroizing::new(
             hex::decode(t_seed.as_bytes()).map_err(|_| bad("ed25519_seed", "not hex"))?,
@@ -169,6 +172,10 @@ mod tests {
         dir.get("alice#d3").unwrap().verify(b"m", &sig).unwrap();
         assert!(dir.get("bob#d1").is_none());
 
+        // A broken file does not quote the seed back.
+        let broken = format!("name = \"a\"\ned25519_seed = \"{}", hex::encode([7u8; 32]));
+        let e = IdentityFile::parse(&broken).unwrap_err().to_string();
+        assert!(!e.contains(&hex::encode([7u8; 32])[..16]), "{e}");
         for (text, needle) in [
             ("name = \"a\"\ned25519_seed = \"zz\"\n", "not hex"),
             ("name = \"a\"\ned25519_seed = \"00\"\n", "32 bytes"),

@@ -42,12 +42,9 @@ impl Security {
     }
 }
 
-/// A view's id as the daemons' recorders name it (`Recorder::group_view`).
+/// A view's id as the daemons' recorders name it.
 fn view_id(v: GroupViewId) -> ViewId {
-    ViewId(
-        conclave_history::wire::group_view_number(v),
-        format!("{}.{}", name(v.ring.rep), v.ring.inc),
-    )
+    conclave_node::record::group_view_id(&name(v.ring.rep), v)
 }
 
 impl World {
