@@ -430,10 +430,18 @@ impl Sender {
             groups: groups.iter().map(|g| g.to_string()).collect(),
             payload: Bytes::copy_from_slice(payload),
         };
+        self.queue_multicast(cmd).await
+    }
+
+    /// [`Sender::queue`] of a multicast command already built (its payload is not copied again).
+    pub(crate) async fn queue_multicast(&mut self, cmd: ClientCommand) -> Result<(), ClientError> {
         // Checked before any wait: a command that cannot go fails at once.
         self.shared.check_open()?;
         self.shared.core().check(&cmd)?;
-        let n = groups.len() as u32;
+        let n = match &cmd {
+            ClientCommand::Multicast { groups, .. } => groups.len() as u32,
+            _ => 0,
+        };
         let shared = self.shared.clone();
         let permit = match shared.window.try_acquire_many(n) {
             Ok(p) => p,

@@ -24,6 +24,11 @@
 //! agreed whether or not the application is receiving; the events it has not taken wait, up to
 //! [`crate::EVENT_QUEUE`], past which the session ends with [`ClientError::Overflow`]. Every
 //! call is cancel-safe (a request to the task and its answer).
+//!
+//! For many messages, [`SecureSender::queue`] hands each to the task without waiting for its
+//! answer; the task seals what has arrived and writes it out in one go. A queued message that
+//! cannot go comes back from [`SecureReceiver::receive`] as an error that does not end the
+//! session ([`SecureClientError::is_final`] tells the two kinds apart).
 
 use crate::{Client, ClientError, ClientEvent, ServiceType, EVENT_QUEUE};
 use bytes::Bytes;
@@ -50,11 +55,25 @@ pub enum SecureClientError {
     AlreadyJoined(String),
 }
 
+impl SecureClientError {
+    /// Whether the session is over: a refusal (of the daemon, or of a queued message) is not.
+    pub fn is_final(&self) -> bool {
+        matches!(self, SecureClientError::Client(e) if !matches!(e, ClientError::Refused { .. }))
+    }
+}
+
+/// Requests waiting for the task; a sender queueing faster than the task seals waits for room.
+const REQUEST_QUEUE: usize = 1024;
+/// Requests (or events) the task takes in one go before it writes out what they made.
+const BATCH: usize = 256;
+
 type Reply = oneshot::Sender<Result<(), SecureClientError>>;
 
 enum Request {
     Join(String, SecureConfig, Reply),
     Send(String, ServiceType, Bytes, Reply),
+    /// A send whose outcome comes back as an event only if it fails.
+    Queue(String, ServiceType, Bytes),
     Leave(String, Reply),
     ViewKey(String, oneshot::Sender<Option<ViewKey>>),
     Disconnect(Reply),
@@ -69,7 +88,7 @@ pub struct SecureClient {
 /// The half of a [`SecureClient`] that joins, sends and leaves. Dropping it ends the session.
 pub struct SecureSender {
     name: String,
-    requests: mpsc::UnboundedSender<Request>,
+    requests: mpsc::Sender<Request>,
 }
 
 /// The half of a [`SecureClient`] that receives.
@@ -80,7 +99,7 @@ pub struct SecureReceiver {
 impl SecureClient {
     /// Secure groups over `client`, as `identity`, trusting the members `directory` names.
     pub fn new(client: Client, identity: Identity, directory: Directory) -> SecureClient {
-        let (requests, rx) = mpsc::unbounded_channel();
+        let (requests, rx) = mpsc::channel(REQUEST_QUEUE);
         let (tx, events) = mpsc::channel(EVENT_QUEUE);
         let name = client.name().to_owned();
         let driver = Driver {
@@ -153,6 +172,7 @@ impl SecureSender {
         let (tx, rx) = oneshot::channel();
         self.requests
             .send(make(tx))
+            .await
             .map_err(|_| ClientError::Disconnected)?;
         rx.await.unwrap_or(Err(ClientError::Disconnected.into()))
     }
@@ -181,6 +201,24 @@ impl SecureSender {
             .await
     }
 
+    /// Sends like [`SecureSender::send`] without waiting for the task's answer: it returns once
+    /// the task has room for the message, and a failure (not in the group, the queue of a key
+    /// agreement full, ...) comes back from [`SecureReceiver::receive`] as an error that does not
+    /// end the session. Messages queued one after another go out in their order, written in
+    /// batches: the way to send many.
+    pub async fn queue(
+        &mut self,
+        group: &str,
+        service: ServiceType,
+        payload: &[u8],
+    ) -> Result<(), SecureClientError> {
+        let req = Request::Queue(group.to_owned(), service, Bytes::copy_from_slice(payload));
+        self.requests
+            .send(req)
+            .await
+            .map_err(|_| ClientError::Disconnected.into())
+    }
+
     pub async fn leave(&mut self, group: &str) -> Result<(), SecureClientError> {
         self.ask(|r| Request::Leave(group.to_owned(), r)).await
     }
@@ -190,6 +228,7 @@ impl SecureSender {
         let (tx, rx) = oneshot::channel();
         self.requests
             .send(Request::ViewKey(group.to_owned(), tx))
+            .await
             .map_err(|_| ClientError::Disconnected)?;
         rx.await.map_err(|_| ClientError::Disconnected.into())
     }
@@ -202,7 +241,8 @@ impl SecureSender {
 
 impl SecureReceiver {
     /// The next event of a secure group: a secure view, a message opened, a view ending, an
-    /// untrusted view, a refusal, a leave.
+    /// untrusted view, a refusal, a leave. An error ends the session if
+    /// [`SecureClientError::is_final`] says so; otherwise it is a refusal, and the session goes on.
     pub async fn receive(&mut self) -> Result<SecureEvent, SecureClientError> {
         self.events
             .recv()
@@ -221,35 +261,76 @@ struct Driver {
 }
 
 impl Driver {
-    async fn run(mut self, mut requests: mpsc::UnboundedReceiver<Request>) {
+    async fn run(mut self, mut requests: mpsc::Receiver<Request>) {
         let end = loop {
-            // Both are cancel-safe: the losing branch loses nothing.
+            // Both are cancel-safe: the losing branch loses nothing. Events first: a member that
+            // falls behind its deliveries waits with its sends rather than see its session end
+            // for want of reading.
             let r = tokio::select! {
+                biased;
+                ev = self.client.receiver.receive() => self.events(ev).await,
                 req = requests.recv() => match req {
-                    Some(Request::Disconnect(reply)) => {
-                        let r = self.client.sender.disconnect().await;
-                        let _ = reply.send(r.map_err(Into::into));
-                        return;
-                    }
-                    Some(Request::ViewKey(group, reply)) => {
-                        let _ = reply.send(self.groups.get(&group).and_then(|g| g.view_key()));
-                        Ok(())
-                    }
-                    Some(req) => self.request(req).await,
+                    Some(req) => self.requests(req, &mut requests).await,
                     None => return,
                 },
-                ev = self.client.receive() => match ev {
-                    Ok(ev) => self.event(ev).await,
-                    // A refused request is not the session's end.
-                    Err(e @ ClientError::Refused { .. }) => self.emit(Err(e.into())),
-                    Err(e) => Err(e.into()),
-                },
+            };
+            // What the batch made goes out before the task waits again.
+            let r = match r {
+                Ok(true) => return,
+                Ok(false) => self.client.sender.flush().await.map_err(Into::into),
+                Err(e) => Err(e),
             };
             if let Err(e) = r {
                 break e;
             }
         };
         let _ = self.events.try_send(Err(end));
+    }
+
+    /// `first` and the requests waiting behind it, up to a batch; true once the session is closed.
+    async fn requests(
+        &mut self,
+        first: Request,
+        requests: &mut mpsc::Receiver<Request>,
+    ) -> Result<bool, SecureClientError> {
+        let mut next = Some(first);
+        for _ in 0..BATCH {
+            let Some(req) = next.take().or_else(|| requests.try_recv().ok()) else {
+                break;
+            };
+            match req {
+                Request::Disconnect(reply) => {
+                    let r = self.client.sender.disconnect().await;
+                    let _ = reply.send(r.map_err(Into::into));
+                    return Ok(true);
+                }
+                Request::ViewKey(group, reply) => {
+                    let _ = reply.send(self.groups.get(&group).and_then(|g| g.view_key()));
+                }
+                req => self.request(req).await?,
+            }
+        }
+        Ok(false)
+    }
+
+    /// `first` and the events waiting behind it, up to a batch.
+    async fn events(
+        &mut self,
+        first: Result<ClientEvent, ClientError>,
+    ) -> Result<bool, SecureClientError> {
+        let mut next = Some(first);
+        for _ in 0..BATCH {
+            let Some(ev) = next.take().or_else(|| self.client.receiver.try_receive()) else {
+                break;
+            };
+            match ev {
+                Ok(ev) => self.event(ev).await?,
+                // A refused request is not the session's end.
+                Err(e @ ClientError::Refused { .. }) => self.emit(Err(e.into()))?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(false)
     }
 
     async fn request(&mut self, req: Request) -> Result<(), SecureClientError> {
@@ -269,14 +350,15 @@ impl Driver {
                     self.groups.insert(group.clone(), g);
                     Ok(())
                 };
-                (group, answer, reply)
+                (group, answer, Some(reply))
             }
             Request::Send(group, service, payload, reply) => {
-                let answer = match self.groups.get_mut(&group) {
-                    Some(g) => g.send(service, payload).map_err(Into::into),
-                    None => Err(SecureClientError::NotJoined(group.clone())),
-                };
-                (group, answer, reply)
+                let answer = self.send(&group, service, payload);
+                (group, answer, Some(reply))
+            }
+            Request::Queue(group, service, payload) => {
+                let answer = self.send(&group, service, payload);
+                (group, answer, None)
             }
             Request::Leave(group, reply) => {
                 let answer = match self.groups.get_mut(&group) {
@@ -286,74 +368,100 @@ impl Driver {
                     }
                     None => Err(SecureClientError::NotJoined(group.clone())),
                 };
-                (group, answer, reply)
+                (group, answer, Some(reply))
             }
-            Request::Disconnect(_) | Request::ViewKey(..) => unreachable!("handled by the loop"),
+            Request::Disconnect(_) | Request::ViewKey(..) => unreachable!("handled by the batch"),
         };
         let pumped = self.pump(&group).await;
-        let _ = reply.send(answer.and(pumped.clone()));
+        match reply {
+            Some(reply) => {
+                let _ = reply.send(answer.and(pumped.clone()));
+            }
+            None => {
+                if let Err(e) = answer {
+                    self.emit(Err(e))?;
+                }
+            }
+        }
         pumped
     }
 
+    fn send(
+        &mut self,
+        group: &str,
+        service: ServiceType,
+        payload: Bytes,
+    ) -> Result<(), SecureClientError> {
+        match self.groups.get_mut(group) {
+            Some(g) => g.send(service, payload).map_err(Into::into),
+            None => Err(SecureClientError::NotJoined(group.to_owned())),
+        }
+    }
+
     async fn event(&mut self, ev: ClientEvent) -> Result<(), SecureClientError> {
-        let Some(group) = ev.group().map(str::to_owned) else {
-            return Ok(());
-        };
-        let Some(g) = self.groups.get_mut(&group) else {
+        let Some(g) = ev.group().and_then(|name| self.groups.get_mut(name)) else {
             return Ok(());
         };
         g.handle_event(ev);
-        self.pump(&group).await
+        let left = pump(g, &mut self.client.sender, &self.events).await?;
+        if let Some(name) = left {
+            self.groups.remove(&name);
+        }
+        Ok(())
     }
 
     /// An event for the application; past the queue's bound, the session ends.
     fn emit(&self, e: Result<SecureEvent, SecureClientError>) -> Result<(), SecureClientError> {
-        self.events.try_send(e).map_err(|_| {
-            ClientError::Overflow {
-                waiting: EVENT_QUEUE,
-            }
-            .into()
-        })
+        emit(&self.events, e)
     }
 
-    /// Hands the group's commands to the session and its events to the application.
     async fn pump(&mut self, group: &str) -> Result<(), SecureClientError> {
         let Some(g) = self.groups.get_mut(group) else {
             return Ok(());
         };
-        let mut commands = Vec::new();
-        while let Some(c) = g.poll_command() {
-            commands.push(c);
-        }
-        let mut events = Vec::new();
-        let mut left = false;
-        while let Some(e) = g.poll_event() {
-            left |= matches!(e, SecureEvent::Left { .. });
-            events.push(e);
-        }
-        if left {
+        if pump(g, &mut self.client.sender, &self.events)
+            .await?
+            .is_some()
+        {
             self.groups.remove(group);
         }
-        for e in events {
-            self.emit(Ok(e))?;
-        }
-        let sender = &mut self.client.sender;
-        for c in commands {
-            match c {
-                ClientCommand::Join { group, vs } => sender.join(&group, vs).await?,
-                ClientCommand::Leave { group } => sender.leave(&group).await?,
-                ClientCommand::FlushAck { group, view } => sender.flush_ack(&group, view).await?,
-                ClientCommand::Multicast {
-                    service,
-                    groups,
-                    payload,
-                } => {
-                    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
-                    sender.queue(service, &groups, &payload).await?
-                }
-            }
-        }
-        sender.flush().await?;
         Ok(())
     }
+}
+
+fn emit(
+    events: &mpsc::Sender<Result<SecureEvent, SecureClientError>>,
+    e: Result<SecureEvent, SecureClientError>,
+) -> Result<(), SecureClientError> {
+    events.try_send(e).map_err(|_| {
+        ClientError::Overflow {
+            waiting: EVENT_QUEUE,
+        }
+        .into()
+    })
+}
+
+/// Hands the group's events to the application and its commands to the session (written out at
+/// the end of the batch); gives the group's name if the member is out of it.
+async fn pump(
+    g: &mut SecureGroup,
+    sender: &mut crate::Sender,
+    events: &mpsc::Sender<Result<SecureEvent, SecureClientError>>,
+) -> Result<Option<String>, SecureClientError> {
+    let mut left = None;
+    while let Some(e) = g.poll_event() {
+        if let SecureEvent::Left { group, .. } = &e {
+            left = Some(group.clone());
+        }
+        emit(events, Ok(e))?;
+    }
+    while let Some(c) = g.poll_command() {
+        match c {
+            ClientCommand::Join { group, vs } => sender.join(&group, vs).await?,
+            ClientCommand::Leave { group } => sender.leave(&group).await?,
+            ClientCommand::FlushAck { group, view } => sender.flush_ack(&group, view).await?,
+            c @ ClientCommand::Multicast { .. } => sender.queue_multicast(c).await?,
+        }
+    }
+    Ok(left)
 }

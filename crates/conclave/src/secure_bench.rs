@@ -149,7 +149,7 @@ impl Secure {
 impl Members for Secure {
     type Tx = SecureSender;
     type Rx = SecureReceiver;
-    // Each message goes to the task that drives the group, which writes it out.
+    // The task that drives the group writes out what has been queued in batches of its own.
     const BATCH: u64 = 1;
     async fn add(
         &mut self,
@@ -210,7 +210,7 @@ impl Members for Secure {
         service: conclave_client::ServiceType,
         payload: &[u8],
     ) -> Result<()> {
-        Ok(tx.send(GROUP, service, payload).await?)
+        Ok(tx.queue(GROUP, service, payload).await?)
     }
 
     async fn flush(_: &mut SecureSender) {}

@@ -215,6 +215,7 @@ pub async fn secure_user(
                     let (v, t) = secure_event(&ev);
                     say(v, t);
                 }
+                Err(e) if !e.is_final() => say(json!({"ev": "refused", "error": e.to_string()}), format!("refused: {e}")),
                 Err(e) => {
                     say(json!({"ev": "disconnected", "reason": e.to_string()}), e.to_string());
                     bail!("{e}");

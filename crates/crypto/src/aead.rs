@@ -67,6 +67,20 @@ impl Aead {
             .expect("plaintext within AEAD limits");
     }
 
+    /// Encrypts `buf[from..]` in place and appends the tag; what is before `from` (a header
+    /// the caller wrote) stays as it is.
+    pub fn seal_tail(&self, nonce: [u8; NONCE_BYTES], aad: &[u8], buf: &mut Vec<u8>, from: usize) {
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad),
+                &mut buf[from..],
+            )
+            .expect("plaintext within AEAD limits");
+        buf.extend_from_slice(tag.as_ref());
+    }
+
     pub fn open(
         &self,
         nonce: [u8; NONCE_BYTES],
@@ -106,5 +120,15 @@ mod tests {
             assert_eq!(a.open([1; 12], b"hdr", &t), Err(AeadError::Auth));
             assert_eq!(a.open([1; 12], b"hdr", &c[..3]), Err(AeadError::Truncated));
         }
+    }
+
+    #[test]
+    fn sealing_a_tail_leaves_the_head_and_matches_seal() {
+        let a = Aead::new(AeadAlg::Aes256Gcm, &[9; 32]);
+        let mut buf = b"head:secret data".to_vec();
+        a.seal_tail([2; 12], b"aad", &mut buf, 5);
+        assert_eq!(&buf[..5], b"head:");
+        assert_eq!(buf[5..], a.seal([2; 12], b"aad", b"secret data")[..]);
+        assert_eq!(a.open([2; 12], b"aad", &buf[5..]).unwrap(), b"secret data");
     }
 }

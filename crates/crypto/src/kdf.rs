@@ -15,7 +15,7 @@ pub fn derive<const N: usize>(salt: &[u8], ikm: &[u8], info: &[u8]) -> zeroize::
 
 /// Length-prefixed concatenation, so that variable fields cannot be confused in a KDF `info`.
 pub fn info(parts: &[&[u8]]) -> Vec<u8> {
-    let mut v = Vec::new();
+    let mut v = Vec::with_capacity(parts.iter().map(|p| 4 + p.len()).sum());
     for p in parts {
         v.extend_from_slice(&(p.len() as u32).to_be_bytes());
         v.extend_from_slice(p);

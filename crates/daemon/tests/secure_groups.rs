@@ -132,3 +132,60 @@ async fn a_secure_group_over_two_daemons_rekeys_on_every_view() {
     .await;
     assert!(!matches!(late, Ok(Some(_))), "carol got {late:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_messages_arrive_in_order_and_a_failed_one_is_an_event_that_ends_nothing() {
+    let (_daemons, addrs) = two_daemons().await;
+    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(8);
+    let names = ["alice", "bob"];
+    let ids: Vec<Identity> = names
+        .iter()
+        .map(|_| Identity::generate(SigScheme::Ed25519, &mut rng).unwrap())
+        .collect();
+    let mut directory = Directory::new();
+    for (n, id) in names.iter().zip(&ids) {
+        directory.insert(n.to_string(), id.public());
+    }
+    let mut members = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let c = Client::connect(&addrs[i], n).await.unwrap();
+        let mut s = SecureClient::new(c, ids[i].clone(), directory.clone());
+        s.join_secure("q", SecureConfig::default()).await.unwrap();
+        members.push(s);
+    }
+    for s in &mut members {
+        until(s, view_of(2)).await;
+    }
+    let (mut tx, mut rx) = members.remove(0).split();
+    // Not a group of this client: the queue call succeeds, the failure comes back as an event.
+    tx.queue("elsewhere", ServiceType::Agreed, b"lost")
+        .await
+        .unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(10), rx.receive())
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(!e.is_final(), "{e}");
+    assert!(e.to_string().contains("elsewhere"), "{e}");
+    const N: usize = 2_000;
+    for i in 0..N {
+        let mut payload = vec![b'.'; 1024];
+        payload[..8].copy_from_slice(&(i as u64).to_be_bytes());
+        tx.queue("q", ServiceType::Fifo, &payload).await.unwrap();
+    }
+    let bob = &mut members[0];
+    for i in 0..N {
+        let got = until(bob, |e| match e {
+            SecureEvent::Message { payload, .. } => Some(payload.clone()),
+            _ => None,
+        })
+        .await;
+        assert_eq!(got.len(), 1024);
+        assert_eq!(u64::from_be_bytes(got[..8].try_into().unwrap()), i as u64);
+    }
+    // The session goes on after the refusal: a confirmed send still works.
+    tx.send("q", ServiceType::Agreed, b"still here")
+        .await
+        .unwrap();
+    assert_eq!(until(bob, message).await, "still here");
+}

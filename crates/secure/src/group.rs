@@ -512,16 +512,19 @@ impl SecureGroup {
         let Some(k) = self.keyed.as_mut() else {
             return;
         };
-        if !k.info.members.contains(&sender) {
-            return self.refused(sender, SecureError::NotAMember);
-        }
         let (alg, group) = (self.cfg.aead, &self.group);
-        let (key, window) = k.senders.entry(sender.clone()).or_insert_with(|| {
-            (
-                SenderKey::derive(alg, &k.key, group, &view, &sender),
-                ReplayWindow::default(),
-            )
-        });
+        // A sender's key is derived on its first message, once it is known to be a member.
+        if !k.senders.contains_key(&sender) {
+            if !k.info.members.contains(&sender) {
+                return self.refused(sender, SecureError::NotAMember);
+            }
+            let key = SenderKey::derive(alg, &k.key, group, &view, &sender);
+            k.senders
+                .insert(sender.clone(), (key, ReplayWindow::default()));
+        }
+        let Some((key, window)) = k.senders.get_mut(&sender) else {
+            return;
+        };
         if !window.fresh(counter) {
             return self.refused(sender, SecureError::Replay { counter });
         }
@@ -602,12 +605,18 @@ impl SecureGroup {
         let Some(k) = self.keyed.as_ref() else {
             return false;
         };
+        // Data goes out in the order it is sealed and views only advance, so the oldest data on
+        // its way is the one that can be of an earlier view.
         !self.flushed
             && !self.left
             && self
                 .inflight
                 .iter()
-                .all(|f| !matches!(f, Inflight::Data { view, .. } if *view != k.info.view))
+                .find_map(|f| match f {
+                    Inflight::Data { view, .. } => Some(*view),
+                    Inflight::Protocol(_) => None,
+                })
+                .is_none_or(|view| view == k.info.view)
     }
 
     /// Sends what waits (data to send again first, then the application's queue), if it may.

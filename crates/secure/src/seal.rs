@@ -7,7 +7,7 @@
 //! service type and the counter, so that a message cannot be moved to another group, view,
 //! sender or service, or replayed under another number.
 
-use conclave_crypto::aead::{Aead, AeadAlg, AeadError, NONCE_BYTES};
+use conclave_crypto::aead::{Aead, AeadAlg, AeadError, NONCE_BYTES, TAG_BYTES};
 use conclave_crypto::{kdf, GroupKey};
 use conclave_wire::client::GroupViewId;
 use conclave_wire::gcs::ServiceType;
@@ -52,12 +52,11 @@ impl SenderKey {
     ) -> Vec<u8> {
         let header = SecureMessage::data_header(view, counter);
         let aad = aad(&header, group, sender, service);
-        let mut out = header;
-        let at = out.len();
+        let at = header.len();
+        let mut out = Vec::with_capacity(at + plaintext.len() + TAG_BYTES);
+        out.extend_from_slice(&header);
         out.extend_from_slice(plaintext);
-        let mut body = out.split_off(at);
-        self.aead.seal_in_place(nonce(counter), &aad, &mut body);
-        out.extend_from_slice(&body);
+        self.aead.seal_tail(nonce(counter), &aad, &mut out, at);
         out
     }
 
