@@ -1,7 +1,9 @@
 //! The real binary: daemon processes on this machine, clients over TCP, faults from the daemons'
 //! own injection, a `kill -9` and a restart, every service type in flight; then the checker reads
 //! the daemons' recorded histories. Nothing may be violated, and every message sent in the final
-//! view must reach every member of it.
+//! view must reach every member of it. The same run with secure groups adds the secure layer's
+//! records (made by the clients: the daemons see only sealed payloads) to the daemons', and the
+//! checker judges K1-K6 on them too.
 
 use conclave_client::{Address, Client, ClientError, ClientEvent, Sender, ServiceType};
 use conclave_daemon::{AdminReply, AdminRequest, Config};
@@ -374,4 +376,397 @@ async fn daemons_survive_a_partition_a_kill_and_a_restart_with_nothing_lost() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A secure client of the multi-process test: the test records what its secure layer installs
+/// and refuses, as the simulator records its clients' (the daemons see only sealed payloads).
+struct SecureMember {
+    daemon: usize,
+    name: String,
+    tx: conclave_client::secure::SecureSender,
+    count: u64,
+}
+
+/// Secure views (group -> members) and opened payloads, by member; and the secure layer's
+/// records, each with the wall-clock time it was made at.
+#[derive(Default)]
+struct SecureSeen {
+    views: BTreeMap<(String, String), Vec<String>>,
+    opened: BTreeMap<String, BTreeSet<Vec<u8>>>,
+    records: Vec<Record>,
+}
+
+const SECURE_GROUPS: [(&str, conclave_gka::ProtocolId); 2] = [
+    ("s-tgdh", conclave_gka::ProtocolId::Tgdh),
+    ("s-gdh", conclave_gka::ProtocolId::Gdh),
+];
+
+struct Trust {
+    identities: BTreeMap<String, conclave_crypto::Identity>,
+    directory: conclave_gka::Directory,
+}
+
+impl Trust {
+    /// An identity for each private name; the directory names them unqualified (`c0` stands for
+    /// `c0#d1`, `c0#d2`, ...), as a trust directory may.
+    fn new(names: &[&str]) -> Trust {
+        let mut identities = BTreeMap::new();
+        let mut directory = conclave_gka::Directory::new();
+        for (i, n) in names.iter().enumerate() {
+            let id = conclave_crypto::Identity::ed25519_from_seed(&[i as u8 + 1; 32]).unwrap();
+            directory.insert(n.to_string(), id.public());
+            identities.insert(n.to_string(), id);
+        }
+        Trust {
+            identities,
+            directory,
+        }
+    }
+}
+
+async fn connect_secure(
+    net: &Net,
+    trust: &Trust,
+    seen: &Arc<Mutex<SecureSeen>>,
+    daemon: usize,
+    private: &str,
+) -> SecureMember {
+    use conclave_client::secure::{SecureClient, SecureConfig, SecureEvent};
+    let addr = Address::Tcp(net.cfg.daemon[daemon].client.unwrap().to_string());
+    let c = Client::connect(&addr, private).await.expect("connects");
+    let s = SecureClient::new(
+        c,
+        trust.identities[private].clone(),
+        trust.directory.clone(),
+    );
+    let name = s.name().to_owned();
+    let (mut tx, mut rx) = s.split();
+    for (group, protocol) in SECURE_GROUPS {
+        let cfg = SecureConfig {
+            protocol,
+            ..SecureConfig::default()
+        };
+        tx.join_secure(group, cfg).await.unwrap();
+    }
+    let (seen, who) = (seen.clone(), name.clone());
+    tokio::spawn(async move {
+        loop {
+            let ev = match rx.receive().await {
+                Ok(ev) => ev,
+                Err(e) if !e.is_final() => continue,
+                Err(_) => return,
+            };
+            let t = conclave_daemon::record::wall_us();
+            let mut seen = seen.lock().unwrap();
+            let record = |ev| Record {
+                t,
+                p: who.clone(),
+                inc: 0,
+                ev,
+            };
+            match ev {
+                SecureEvent::View(v) => {
+                    seen.views
+                        .insert((who.clone(), v.group.clone()), v.members.clone());
+                    let r = record(Event::SecureView {
+                        group: v.group,
+                        view: conclave_daemon::record::group_view_id(
+                            &format!("d{}", v.view.ring.rep),
+                            v.view,
+                        ),
+                        members: v.members,
+                        key: v.fingerprint.to_string(),
+                    });
+                    seen.records.push(r);
+                }
+                SecureEvent::Refused {
+                    group,
+                    sender,
+                    error,
+                } => {
+                    let r = record(Event::SecureRefused {
+                        group,
+                        sender,
+                        error: error.kind().into(),
+                    });
+                    seen.records.push(r);
+                }
+                SecureEvent::Message { payload, .. } => {
+                    seen.opened
+                        .entry(who.clone())
+                        .or_default()
+                        .insert(payload.to_vec());
+                }
+                _ => {}
+            }
+        }
+    });
+    SecureMember {
+        daemon,
+        name,
+        tx,
+        count: 0,
+    }
+}
+
+impl SecureMember {
+    fn payload(&self, group: &str) -> Vec<u8> {
+        format!("{group}/{}/{}", self.name, self.count).into_bytes()
+    }
+
+    /// One message of each service type to each secure group, queued: a key agreement may be
+    /// under way, and then they wait for its key.
+    async fn round(&mut self) {
+        for (group, _) in SECURE_GROUPS {
+            for s in SERVICES {
+                self.count += 1;
+                let p = self.payload(group);
+                let _ = self.tx.queue(group, s, &p).await;
+            }
+        }
+    }
+}
+
+/// Waits until every member's last secure view of every secure group is the members `want`
+/// gives for it.
+async fn wait_secure(
+    seen: &Arc<Mutex<SecureSeen>>,
+    members: &[SecureMember],
+    want: impl Fn(&SecureMember) -> Vec<String>,
+) {
+    let ok = || {
+        let seen = seen.lock().unwrap();
+        members.iter().all(|m| {
+            SECURE_GROUPS
+                .iter()
+                .all(|(g, _)| seen.views.get(&(m.name.clone(), g.to_string())) == Some(&want(m)))
+        })
+    };
+    for _ in 0..1500 {
+        if ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = seen.lock().unwrap();
+    let got: Vec<_> = members
+        .iter()
+        .map(|m| {
+            let views: Vec<_> = SECURE_GROUPS
+                .iter()
+                .map(|(g, _)| seen.views.get(&(m.name.clone(), g.to_string())))
+                .collect();
+            (m.name.clone(), want(m), views)
+        })
+        .collect();
+    panic!("secure views not as wanted: {got:#?}");
+}
+
+/// The client records' incarnations, from the daemons' records of the same client: the latest
+/// one before each (a secure view follows the view the daemon handed the client).
+fn with_incarnations(mut records: Vec<Record>, daemons: &[Record]) -> Vec<Record> {
+    let mut by_client: BTreeMap<&str, Vec<(u64, u32)>> = BTreeMap::new();
+    for r in daemons {
+        by_client.entry(&r.p).or_default().push((r.t, r.inc));
+    }
+    for r in &mut records {
+        let incs = by_client
+            .get(r.p.as_str())
+            .expect("the daemons recorded the client");
+        r.inc = incs
+            .iter()
+            .take_while(|(t, _)| *t <= r.t)
+            .last()
+            .map(|(_, inc)| *inc)
+            .expect("a daemon record before the secure layer's");
+    }
+    records
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secure_groups_survive_a_partition_a_kill_and_a_restart_checked_from_the_records() {
+    let dir = std::env::temp_dir().join(format!("conclave-secure-daemons-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = Config::local_on_free_ports(3).unwrap();
+    let cfg_path = dir.join("conclave.toml");
+    std::fs::write(&cfg_path, config_text(&cfg)).unwrap();
+    let mut net = Net {
+        dir: dir.clone(),
+        cfg,
+        cfg_path,
+        children: vec![None, None, None],
+    };
+    for i in 0..3 {
+        net.spawn(i);
+    }
+    net.wait_ring(&[0, 1, 2]).await;
+
+    let trust = Trust::new(&["c0", "c1"]);
+    let seen: Arc<Mutex<SecureSeen>> = Arc::default();
+    let mut members = Vec::new();
+    for d in 0..3 {
+        for j in 0..2 {
+            members.push(connect_secure(&net, &trust, &seen, d, &format!("c{j}")).await);
+        }
+    }
+    let all = |ms: &[SecureMember]| -> Vec<String> {
+        let mut v: Vec<String> = ms.iter().map(|m| m.name.clone()).collect();
+        v.sort();
+        v
+    };
+    let everyone = all(&members);
+    wait_secure(&seen, &members, |_| everyone.clone()).await;
+    for m in members.iter_mut() {
+        m.round().await;
+    }
+
+    // A partition: d3 alone. Each side gets a key of its own.
+    for i in 0..3 {
+        let req = AdminRequest::Partition {
+            sets: vec![vec!["d1".into(), "d2".into()], vec!["d3".into()]],
+        };
+        assert!(net.admin(i, &req).await.unwrap().ok);
+    }
+    for m in members.iter_mut() {
+        m.round().await;
+    }
+    let (near, far): (Vec<&SecureMember>, Vec<&SecureMember>) =
+        members.iter().partition(|m| m.daemon < 2);
+    let (near, far) = (all_names(&near), all_names(&far));
+    wait_secure(&seen, &members, |m| {
+        if m.daemon < 2 {
+            near.clone()
+        } else {
+            far.clone()
+        }
+    })
+    .await;
+    for i in 0..3 {
+        assert!(net.admin(i, &AdminRequest::Heal).await.unwrap().ok);
+    }
+    for m in members.iter_mut() {
+        m.round().await;
+    }
+    wait_secure(&seen, &members, |_| everyone.clone()).await;
+
+    // kill -9 d2 with messages in flight.
+    for m in members.iter_mut() {
+        m.round().await;
+    }
+    let killed_at = conclave_daemon::record::wall_us();
+    let mut child = net.children[1].take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = incarnations_in(&net.record(1));
+    members.retain(|m| m.daemon != 1);
+    for m in members.iter_mut() {
+        m.round().await;
+    }
+    let survivors = all(&members);
+    wait_secure(&seen, &members, |_| survivors.clone()).await;
+
+    // d2 comes back as a new incarnation; its clients connect again.
+    net.spawn(1);
+    net.wait_ring(&[0, 1, 2]).await;
+    for j in 0..2 {
+        members.push(connect_secure(&net, &trust, &seen, 1, &format!("c{j}")).await);
+    }
+    let everyone = all(&members);
+    wait_secure(&seen, &members, |_| everyone.clone()).await;
+    let stable_at = conclave_daemon::record::wall_us();
+
+    // Every member sends once more in the final secure view; every member opens all of it.
+    let mut finals = Vec::new();
+    for m in members.iter_mut() {
+        m.count += 1;
+        for (group, _) in SECURE_GROUPS {
+            let p = m.payload(group);
+            m.tx.send(group, ServiceType::Safe, &p).await.unwrap();
+            finals.push(p);
+        }
+    }
+    let opened_all = || {
+        let seen = seen.lock().unwrap();
+        members.iter().all(|m| {
+            finals
+                .iter()
+                .all(|p| seen.opened.get(&m.name).is_some_and(|o| o.contains(p)))
+        })
+    };
+    for _ in 0..500 {
+        if opened_all() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(opened_all(), "a final message was not opened everywhere");
+
+    for i in [0, 1, 2] {
+        let _ = net.admin(i, &AdminRequest::Shutdown).await;
+    }
+    for c in net.children.iter_mut().flatten() {
+        let _ = c.wait();
+    }
+    let daemons = merged_history(&net, Vec::new());
+    let secure = std::mem::take(&mut seen.lock().unwrap().records);
+    let mut extra = with_incarnations(secure, &daemons);
+    extra.extend(
+        before
+            .into_iter()
+            .filter(|(p, _)| !p.is_empty())
+            .map(|(p, inc)| Record {
+                t: killed_at,
+                p,
+                inc,
+                ev: Event::Crash,
+            }),
+    );
+    let mut processes: Vec<String> = (1..=3).map(|i| format!("d{i}")).collect();
+    processes.extend(everyone.iter().cloned());
+    extra.push(Record {
+        t: stable_at,
+        p: String::new(),
+        inc: 0,
+        ev: Event::Stable { processes },
+    });
+    let history = merged_history(&net, extra);
+    let end = history
+        .iter()
+        .filter(|r| matches!(r.ev, Event::Crash) && r.t > stable_at)
+        .map(|r| r.t)
+        .min()
+        .unwrap_or(u64::MAX);
+    let history: Vec<Record> = history.into_iter().filter(|r| r.t < end).collect();
+    let secure_views = history
+        .iter()
+        .filter(|r| matches!(r.ev, Event::SecureView { .. }))
+        .count();
+    // Four views of six members per group at least (formed, partition, heal, kill, restart).
+    assert!(
+        secure_views >= 2 * 6 * 4,
+        "only {secure_views} secure views recorded"
+    );
+    let v = check(&history, &conclave_history::Config::default());
+    if !v.is_empty() {
+        let out = dir.join("merged.jsonl");
+        write(&history, std::fs::File::create(&out).unwrap()).unwrap();
+        panic!(
+            "{} violations (history in {}):\n{}",
+            v.len(),
+            out.display(),
+            v.iter()
+                .take(5)
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn all_names(ms: &[&SecureMember]) -> Vec<String> {
+    let mut v: Vec<String> = ms.iter().map(|m| m.name.clone()).collect();
+    v.sort();
+    v
 }

@@ -6,6 +6,8 @@
 //! delivers has its send on disk.
 
 use conclave_history::Record;
+/// How a history names a group view (for records a client makes beside the daemons').
+pub use conclave_node::record::group_view_id;
 use std::io::Write;
 
 /// Wall-clock microseconds since the Unix epoch.
