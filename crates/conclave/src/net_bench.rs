@@ -120,7 +120,12 @@ pub(crate) struct Network {
 
 impl Network {
     pub(crate) async fn start(n: usize) -> Result<Network> {
-        let cfg = Config::local_on_free_ports(n)?;
+        Self::start_with(Config::local_on_free_ports(n)?).await
+    }
+
+    /// The daemons `cfg` names, all in this process.
+    pub(crate) async fn start_with(cfg: Config) -> Result<Network> {
+        let n = cfg.daemon.len();
         let mut daemons = Vec::new();
         for d in &cfg.daemon {
             // CONCLAVE_BENCH_RECORD=DIR records each daemon's history there (for the checker).
@@ -670,7 +675,7 @@ pub fn run_membership(args: MembershipArgs) -> Result<()> {
 }
 
 /// Plain members: clients joined to the group with EVS.
-struct Plain;
+pub(crate) struct Plain;
 
 impl Members for Plain {
     type Tx = Sender;
@@ -724,13 +729,21 @@ async fn membership_once(
 pub(crate) async fn partition(net: &Network, cut: bool) -> Result<()> {
     let n = net.daemons.len();
     let names: Vec<String> = net.cfg.daemon.iter().map(|d| d.name.clone()).collect();
-    let req = if cut {
-        AdminRequest::Partition {
-            sets: vec![names[..n - 1].to_vec(), vec![names[n - 1].clone()]],
-        }
-    } else {
-        AdminRequest::Heal
+    let sets = cut.then(|| vec![names[..n - 1].to_vec(), vec![names[n - 1].clone()]]);
+    split(net, sets).await
+}
+
+/// Splits the daemons into `sets` (each reaches only those of its own), or heals every split.
+pub(crate) async fn split(net: &Network, sets: Option<Vec<Vec<String>>>) -> Result<()> {
+    let req = match sets {
+        Some(sets) => AdminRequest::Partition { sets },
+        None => AdminRequest::Heal,
     };
+    admin_all(net, req).await
+}
+
+/// Sends `req` to every daemon; the first refusal is the error.
+pub(crate) async fn admin_all(net: &Network, req: AdminRequest) -> Result<()> {
     for d in &net.daemons {
         let r = d.admin(req.clone()).await;
         if !r.ok {

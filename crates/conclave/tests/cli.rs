@@ -620,6 +620,67 @@ fn bench_secure_times_secure_views_over_real_daemons() {
 }
 
 #[test]
+fn bench_secure_runs_the_clustering_experiment_and_the_wan_testbed() {
+    let dir = std::env::temp_dir().join(format!("conclave-bench-e3e4-{}", std::process::id()));
+    let d = dir.to_str().unwrap();
+    let common = [
+        "bench",
+        "secure",
+        "--clients",
+        "2",
+        "--protocols",
+        "str",
+        "--repeat",
+        "1",
+    ];
+    // E3 with the daemons' own share beside it.
+    let mut args = common.to_vec();
+    args.extend(["--events", "cluster", "--membership", "--out", d]);
+    let (ok, out, err) = conclave(&args, None);
+    assert!(ok, "{err}");
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 2, "{out}");
+    assert_eq!(rows[0]["protocol"], "membership", "{out}");
+    for r in &rows {
+        assert!(r.get("error").is_none(), "{r}");
+        for f in ["p1_even_ms", "p1_odd_ms", "p2_even_ms", "p2_odd_ms"] {
+            assert!(r[f].as_f64().unwrap() > 0.0, "{f} in {r}");
+        }
+    }
+    assert!(rows[1]["membership_p2_ms"].as_f64().is_some(), "{out}");
+    assert!(dir.join("secure-cluster.svg").exists());
+    // E4: thirteen daemons at three emulated sites; a join crosses the 300 ms link.
+    let mut args = common.to_vec();
+    args.extend(["--wan", "--events", "join", "--out", d]);
+    let (ok, out, err) = conclave(&args, None);
+    assert!(ok, "{err}");
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 2, "{out}");
+    for r in &rows {
+        assert!(r.get("error").is_none(), "{r}");
+        assert_eq!(r["daemons"], 13, "{r}");
+        assert_eq!(r["wan"], true, "{r}");
+    }
+    assert!(dir.join("secure-join-wan.svg").exists());
+    // The clustering experiment cannot cut one daemon in two.
+    let (ok, _, err) = conclave(
+        &[
+            "bench",
+            "secure",
+            "--daemons",
+            "1",
+            "--events",
+            "cluster",
+            "--out",
+            d,
+        ],
+        None,
+    );
+    assert!(!ok && err.contains("two daemons"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn bench_throughput_runs_a_secure_group() {
     let dir = std::env::temp_dir().join(format!("conclave-bench-tp-{}", std::process::id()));
     let (ok, out, err) = conclave(
