@@ -10,7 +10,14 @@ fuzz_target!(|data: &[u8]| {
     let mut d = Daemon::new(DaemonConfig::default(), 2, 0, conclave_gcs::Time::ZERO);
     let _ = d.connect(1, "a");
     let _ = d.connect(2, "b");
-    let _ = d.handle_client(conclave_gcs::Time::ZERO, 1, ClientCommand::Join { group: "g".into(), vs: true });
+    let _ = d.handle_client(
+        conclave_gcs::Time::ZERO,
+        1,
+        ClientCommand::Join {
+            group: "g".into(),
+            vs: true,
+        },
+    );
     let mut rest = data;
     let mut now = conclave_gcs::Time::ZERO;
     while let Some((&head, tail)) = rest.split_first() {
@@ -30,8 +37,13 @@ fuzz_target!(|data: &[u8]| {
                 let who = if head & 1 == 0 { 1 } else { 2 };
                 let group = if head & 2 == 0 { "g" } else { "h" };
                 let cmd = match (head >> 2) & 3 {
-                    0 => ClientCommand::Join { group: group.into(), vs: head & 16 != 0 },
-                    1 => ClientCommand::Leave { group: group.into() },
+                    0 => ClientCommand::Join {
+                        group: group.into(),
+                        vs: head & 16 != 0,
+                    },
+                    1 => ClientCommand::Leave {
+                        group: group.into(),
+                    },
                     2 => ClientCommand::Multicast {
                         service: ServiceType::Agreed,
                         groups: vec![group.into()],
@@ -40,7 +52,11 @@ fuzz_target!(|data: &[u8]| {
                     _ => ClientCommand::FlushAck {
                         group: group.into(),
                         view: GroupViewId {
-                            ring: RingId { seq: head as u64, rep: 1, inc: 0 },
+                            ring: RingId {
+                                seq: head as u64,
+                                rep: 1,
+                                inc: 0,
+                            },
                             index: 0,
                         },
                     },

@@ -5,7 +5,9 @@ use conclave_wire::gka::{BdMsg, CkdMsg, GdhMsg, StrMsg, TgdhMsg};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&kind, body)) = data.split_first() else { return };
+    let Some((&kind, body)) = data.split_first() else {
+        return;
+    };
     if let Ok(m) = GdhMsg::decode(kind, body) {
         assert_eq!(m.encode(), body);
     }

@@ -12,7 +12,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(msg.encode(), data, "rekey message round trip");
         assert_eq!(&data[..body_len], &msg.body()[..]);
     }
-    for graph in [GraphKind::Tree { degree: 4 }, GraphKind::Star, GraphKind::Complete] {
+    for graph in [
+        GraphKind::Tree { degree: 4 },
+        GraphKind::Star,
+        GraphKind::Complete,
+    ] {
         let cfg = MemberConfig {
             group: "fuzz".into(),
             graph,

@@ -9,7 +9,8 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let cfg = Config::local(2, 4800);
     let peer = cfg.daemon[1].peer;
-    let Ok(mut node) = Node::new(cfg, "d1", NodeOptions::default(), conclave_node::Time::ZERO) else {
+    let Ok(mut node) = Node::new(cfg, "d1", NodeOptions::default(), conclave_node::Time::ZERO)
+    else {
         return;
     };
     let mut now = conclave_node::Time::ZERO;
@@ -30,7 +31,9 @@ fuzz_target!(|data: &[u8]| {
             3 => node.close_session(now, session),
             4 | 5 => node.handle_datagram(now, peer, bytes),
             _ => {
-                now += std::time::Duration::from_millis(u64::from(bytes.first().copied().unwrap_or(1)));
+                now += std::time::Duration::from_millis(u64::from(
+                    bytes.first().copied().unwrap_or(1),
+                ));
                 node.handle_timeout(now);
             }
         }

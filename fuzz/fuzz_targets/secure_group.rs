@@ -33,9 +33,17 @@ fuzz_target!(|data: &[u8]| {
             me = Some(id);
         }
     }
-    let protocol = [ProtocolId::Gdh, ProtocolId::Ckd, ProtocolId::Tgdh, ProtocolId::Str, ProtocolId::Bd]
-        [data.first().copied().unwrap_or(0) as usize % 5];
-    let cfg = SecureConfig { protocol, ..SecureConfig::default() };
+    let protocol = [
+        ProtocolId::Gdh,
+        ProtocolId::Ckd,
+        ProtocolId::Tgdh,
+        ProtocolId::Str,
+        ProtocolId::Bd,
+    ][data.first().copied().unwrap_or(0) as usize % 5];
+    let cfg = SecureConfig {
+        protocol,
+        ..SecureConfig::default()
+    };
     let mut g = SecureGroup::join("g", "a#d1", me.unwrap(), directory, cfg, Box::new(rng));
     let mut index = 1;
     g.handle_event(ClientEvent::View {
@@ -80,7 +88,13 @@ fuzz_target!(|data: &[u8]| {
         };
         g.handle_event(ev);
         let _ = g.send(ServiceType::Fifo, rest.to_vec().into());
-        while g.poll_command().is_some() {}
+        // Some multicasts refused by the session, as a client's may be.
+        while let Some(c) = g.poll_command() {
+            if op & 0x40 != 0 && matches!(c, conclave_wire::client::ClientCommand::Multicast { .. })
+            {
+                g.command_refused();
+            }
+        }
         while let Some(e) = g.poll_event() {
             // Nothing the fuzzer makes opens: it holds no key.
             assert!(!matches!(e, SecureEvent::Message { .. }), "{e:?}");

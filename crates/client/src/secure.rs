@@ -35,7 +35,8 @@ use bytes::Bytes;
 use conclave_crypto::Identity;
 use conclave_gka::{Directory, SharedDirectory};
 use conclave_wire::client::ClientCommand;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot};
 
@@ -68,6 +69,8 @@ const REQUEST_QUEUE: usize = 1024;
 const BATCH: usize = 256;
 
 type Reply = oneshot::Sender<Result<(), SecureClientError>>;
+/// What the application receives.
+type Item = Result<SecureEvent, SecureClientError>;
 
 enum Request {
     Join(String, SecureConfig, Reply),
@@ -93,14 +96,20 @@ pub struct SecureSender {
 
 /// The half of a [`SecureClient`] that receives.
 pub struct SecureReceiver {
-    events: mpsc::Receiver<Result<SecureEvent, SecureClientError>>,
+    /// Batches of events, one per batch of the task's work: one wake-up for many.
+    events: mpsc::UnboundedReceiver<Vec<Item>>,
+    /// The rest of the last batch.
+    ready: VecDeque<Item>,
+    /// Events handed over and not yet taken.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl SecureClient {
     /// Secure groups over `client`, as `identity`, trusting the members `directory` names.
     pub fn new(client: Client, identity: Identity, directory: Directory) -> SecureClient {
         let (requests, rx) = mpsc::channel(REQUEST_QUEUE);
-        let (tx, events) = mpsc::channel(EVENT_QUEUE);
+        let (tx, events) = mpsc::unbounded_channel();
+        let waiting = Arc::new(AtomicUsize::new(0));
         let name = client.name().to_owned();
         let driver = Driver {
             client,
@@ -108,12 +117,18 @@ impl SecureClient {
             directory: Arc::new(RwLock::new(directory)),
             groups: BTreeMap::new(),
             events: tx,
+            waiting: waiting.clone(),
+            out: Vec::new(),
         };
         // It ends when the session does, or when the sending half is dropped.
         tokio::spawn(driver.run(rx));
         SecureClient {
             sender: SecureSender { name, requests },
-            receiver: SecureReceiver { events },
+            receiver: SecureReceiver {
+                events,
+                ready: VecDeque::new(),
+                waiting,
+            },
         }
     }
 
@@ -244,10 +259,16 @@ impl SecureReceiver {
     /// untrusted view, a refusal, a leave. An error ends the session if
     /// [`SecureClientError::is_final`] says so; otherwise it is a refusal, and the session goes on.
     pub async fn receive(&mut self) -> Result<SecureEvent, SecureClientError> {
-        self.events
-            .recv()
-            .await
-            .unwrap_or(Err(ClientError::Disconnected.into()))
+        loop {
+            if let Some(item) = self.ready.pop_front() {
+                self.waiting.fetch_sub(1, Relaxed);
+                return item;
+            }
+            match self.events.recv().await {
+                Some(batch) => self.ready.extend(batch),
+                None => return Err(ClientError::Disconnected.into()),
+            }
+        }
     }
 }
 
@@ -257,7 +278,10 @@ struct Driver {
     identity: Identity,
     directory: SharedDirectory,
     groups: BTreeMap<String, SecureGroup>,
-    events: mpsc::Sender<Result<SecureEvent, SecureClientError>>,
+    events: mpsc::UnboundedSender<Vec<Item>>,
+    waiting: Arc<AtomicUsize>,
+    /// Events of the batch under way, handed over at its end.
+    out: Vec<Item>,
 }
 
 impl Driver {
@@ -277,14 +301,18 @@ impl Driver {
             // What the batch made goes out before the task waits again.
             let r = match r {
                 Ok(true) => return,
-                Ok(false) => self.client.sender.flush().await.map_err(Into::into),
+                Ok(false) => match self.hand_over() {
+                    Ok(()) => self.client.sender.flush().await.map_err(Into::into),
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             };
             if let Err(e) = r {
                 break e;
             }
         };
-        let _ = self.events.try_send(Err(end));
+        self.out.push(Err(end));
+        let _ = self.hand_over();
     }
 
     /// `first` and the requests waiting behind it, up to a batch; true once the session is closed.
@@ -403,23 +431,42 @@ impl Driver {
             return Ok(());
         };
         g.handle_event(ev);
-        let left = pump(g, &mut self.client.sender, &self.events).await?;
+        let left = pump(g, &mut self.client.sender, &mut self.out).await?;
         if let Some(name) = left {
             self.groups.remove(&name);
         }
         Ok(())
     }
 
-    /// An event for the application; past the queue's bound, the session ends.
-    fn emit(&self, e: Result<SecureEvent, SecureClientError>) -> Result<(), SecureClientError> {
-        emit(&self.events, e)
+    /// An event for the application, handed over at the end of the batch.
+    fn emit(&mut self, e: Item) -> Result<(), SecureClientError> {
+        self.out.push(e);
+        Ok(())
+    }
+
+    /// The batch's events to the application; past the queue's bound, the session ends.
+    fn hand_over(&mut self) -> Result<(), SecureClientError> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.out);
+        let n = batch.len();
+        let now = self.waiting.fetch_add(n, Relaxed) + n;
+        // The batch that ends the session always goes.
+        let last = matches!(batch.last(), Some(Err(e)) if e.is_final());
+        if now > EVENT_QUEUE + BATCH && !last {
+            return Err(ClientError::Overflow { waiting: now }.into());
+        }
+        self.events
+            .send(batch)
+            .map_err(|_| ClientError::Disconnected.into())
     }
 
     async fn pump(&mut self, group: &str) -> Result<(), SecureClientError> {
         let Some(g) = self.groups.get_mut(group) else {
             return Ok(());
         };
-        if pump(g, &mut self.client.sender, &self.events)
+        if pump(g, &mut self.client.sender, &mut self.out)
             .await?
             .is_some()
         {
@@ -429,38 +476,39 @@ impl Driver {
     }
 }
 
-fn emit(
-    events: &mpsc::Sender<Result<SecureEvent, SecureClientError>>,
-    e: Result<SecureEvent, SecureClientError>,
-) -> Result<(), SecureClientError> {
-    events.try_send(e).map_err(|_| {
-        ClientError::Overflow {
-            waiting: EVENT_QUEUE,
-        }
-        .into()
-    })
-}
-
 /// Hands the group's events to the application and its commands to the session (written out at
 /// the end of the batch); gives the group's name if the member is out of it.
 async fn pump(
     g: &mut SecureGroup,
     sender: &mut crate::Sender,
-    events: &mpsc::Sender<Result<SecureEvent, SecureClientError>>,
+    out: &mut Vec<Item>,
 ) -> Result<Option<String>, SecureClientError> {
     let mut left = None;
     while let Some(e) = g.poll_event() {
         if let SecureEvent::Left { group, .. } = &e {
             left = Some(group.clone());
         }
-        emit(events, Ok(e))?;
+        out.push(Ok(e));
     }
     while let Some(c) = g.poll_command() {
-        match c {
-            ClientCommand::Join { group, vs } => sender.join(&group, vs).await?,
-            ClientCommand::Leave { group } => sender.leave(&group).await?,
-            ClientCommand::FlushAck { group, view } => sender.flush_ack(&group, view).await?,
-            c @ ClientCommand::Multicast { .. } => sender.queue_multicast(c).await?,
+        let multicast = matches!(c, ClientCommand::Multicast { .. });
+        let r = match c {
+            ClientCommand::Join { group, vs } => sender.join(&group, vs).await,
+            ClientCommand::Leave { group } => sender.leave(&group).await,
+            ClientCommand::FlushAck { group, view } => sender.flush_ack(&group, view).await,
+            c @ ClientCommand::Multicast { .. } => sender.queue_multicast(c).await,
+        };
+        match r {
+            Ok(()) => {}
+            // Refused before it travels (the session saw the group's end before this layer
+            // did): the session goes on, and the group forgets what never went.
+            Err(e @ ClientError::Refused { .. }) => {
+                if multicast {
+                    g.command_refused();
+                }
+                out.push(Err(e.into()));
+            }
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(left)

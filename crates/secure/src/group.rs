@@ -382,6 +382,25 @@ impl SecureGroup {
         self.commands.pop_front()
     }
 
+    /// The session refused the multicast last taken with [`SecureGroup::poll_command`] (its
+    /// own checks, before it travels): it never goes, so no `Sent` will answer it. Data is
+    /// dropped (the application learns of the refusal from the session); a key agreement
+    /// message left out keeps the run from completing in this view, and the next view starts
+    /// from what the members share.
+    pub fn command_refused(&mut self) {
+        // Commands and entries on their way are in one order: the refused one is followed by
+        // as many entries as multicasts are still waiting to be taken.
+        let later = self
+            .commands
+            .iter()
+            .filter(|c| matches!(c, ClientCommand::Multicast { .. }))
+            .count();
+        if let Some(at) = self.inflight.len().checked_sub(later + 1) {
+            self.inflight.remove(at);
+        }
+        self.release();
+    }
+
     /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<SecureEvent> {
         self.events.pop_front()

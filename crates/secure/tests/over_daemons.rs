@@ -9,7 +9,9 @@ use conclave_gcs::testnet::{Hop, Links, TestNet};
 use conclave_gcs::{ClientEvent, ClientId, Daemon, DaemonConfig, LocalEvent, Time};
 use conclave_gka::{Directory, ProtocolId, SharedDirectory};
 use conclave_secure::{SecureConfig, SecureError, SecureEvent, SecureGroup};
+use conclave_wire::client::ClientCommand;
 use conclave_wire::gcs::{DaemonId, Packet, ServiceType};
+use conclave_wire::secure::SecureMessage;
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use std::sync::{Arc, RwLock};
@@ -49,6 +51,9 @@ struct Member {
     got: Vec<SecureEvent>,
     /// What the daemons delivered to this client, as they delivered it.
     raw: Vec<ClientEvent>,
+    /// Data multicasts of this member the session refuses before they travel (as a client
+    /// session does that saw the group's end first), this many of them.
+    refuse_data: usize,
 }
 
 struct World {
@@ -109,6 +114,7 @@ impl World {
             sg,
             got: Vec::new(),
             raw: Vec::new(),
+            refuse_data: 0,
         });
         self.pump();
         self.members.len() - 1
@@ -128,6 +134,11 @@ impl World {
             for m in &mut self.members {
                 while let Some(cmd) = m.sg.poll_command() {
                     moved = true;
+                    if m.refuse_data > 0 && is_data(&cmd) {
+                        m.refuse_data -= 1;
+                        m.sg.command_refused();
+                        continue;
+                    }
                     let now = self.net.now();
                     // A command of a client already gone is refused; that is no failure here.
                     let _ = self.net.peers[m.daemon].handle_client(now, m.id, cmd);
@@ -362,6 +373,37 @@ fn what_the_application_sends_before_the_key_goes_out_in_the_first_secure_view()
     w.settle(&["a", "b"]);
     w.run_until("b has a's early message", |w| !w.messages("b").is_empty());
     assert_eq!(w.messages("b"), vec![("a".into(), "early".into())]);
+}
+
+fn is_data(cmd: &ClientCommand) -> bool {
+    matches!(cmd, ClientCommand::Multicast { payload, .. }
+        if matches!(SecureMessage::decode(payload), Ok(SecureMessage::Data { .. })))
+}
+
+#[test]
+fn a_multicast_the_session_refuses_is_forgotten_and_what_follows_goes_on() {
+    let mut w = World::new(2, 11);
+    let a = w.join(0, "a", ProtocolId::Tgdh, true);
+    w.join(1, "b", ProtocolId::Tgdh, true);
+    w.settle(&["a", "b"]);
+    w.members[a].refuse_data = 1;
+    w.send("a", ServiceType::Agreed, "refused");
+    w.send("a", ServiceType::Agreed, "kept");
+    w.run_until("b has the second", |w| !w.messages("b").is_empty());
+    // The refused message waits for no acknowledgement: a view change neither waits for it
+    // nor sends it again under the next key.
+    w.join(1, "c", ProtocolId::Tgdh, true);
+    w.settle(&["a", "b", "c"]);
+    w.send("a", ServiceType::Agreed, "after");
+    w.run_until("b and c have it", |w| {
+        ["b", "c"]
+            .iter()
+            .all(|n| w.messages(n).iter().any(|m| m.1 == "after"))
+    });
+    let texts = |n: &str| -> Vec<String> { w.messages(n).into_iter().map(|m| m.1).collect() };
+    assert_eq!(texts("b"), ["kept", "after"]);
+    assert_eq!(texts("c"), ["after"]);
+    check_keys(&w, "after a refusal");
 }
 
 #[test]
