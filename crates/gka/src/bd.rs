@@ -164,8 +164,8 @@ impl<G: Group> KeyAgreement for Bd<G> {
                     // Not a neighbour: the content is never used, so it is not worth a verification.
                     return Ok(());
                 }
-                let z = ops::decode::<G>(&z)?;
                 let inc = self.core.verify(bytes, env, signed_len)?;
+                let z = ops::decode::<G>(&z)?;
                 let run = self.run.as_mut().expect("run checked above");
                 if j == run.prev {
                     run.z_prev = Some(z.clone());
@@ -181,8 +181,8 @@ impl<G: Group> KeyAgreement for Bd<G> {
                     return Err(GkaError::Misplaced("second X from one member"));
                 }
                 // With two members X is always the identity.
-                let x = G::decode(&x, true)?;
                 let inc = self.core.verify(bytes, env, signed_len)?;
+                let x = G::decode(&x, true)?;
                 self.run.as_mut().expect("run checked above").x.insert(j, x);
                 self.core.applied(&inc);
                 self.try_finish()

@@ -276,8 +276,9 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                 if !run.expect_hello {
                     return Err(GkaError::Misplaced("handshake already done"));
                 }
-                let cs = ops::decode::<G>(&controller_share)?;
+                // The signature first: only then is the sender's element worth decoding.
                 let inc = self.core.verify(bytes, env, signed_len)?;
+                let cs = ops::decode::<G>(&controller_share)?;
                 let controller = run.controller.clone();
                 self.core.send(
                     Dest::Unicast(controller.clone()),
@@ -297,8 +298,8 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                 if run.controller != me || !run.waiting.contains(&env.sender) {
                     return Err(GkaError::Misplaced("handshake answer not expected"));
                 }
-                let ms = ops::decode::<G>(&member_share)?;
                 let inc = self.core.verify(bytes, env, signed_len)?;
+                let ms = ops::decode::<G>(&member_share)?;
                 let k = ops::to_scalar::<G>(
                     CHANNEL_LABEL,
                     &ops::exp::<G>(&mut self.core.meter, &ms, &self.r),
@@ -335,6 +336,10 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                         "key distribution without an entry per member",
                     ));
                 }
+                // The signature before the entries: decoding one costs a subgroup check (an
+                // exponentiation with MODP), which a forger must not be able to make members
+                // spend n times over.
+                let inc = self.core.verify(bytes, env, signed_len)?;
                 let mut seen = std::collections::BTreeSet::new();
                 let mut mine = None;
                 for (m, value) in &entries {
@@ -351,7 +356,6 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                 }
                 let e = mine.ok_or(GkaError::Misplaced("no entry for this member"))?;
                 let k_inv = ops::inv::<G>(k);
-                let inc = self.core.verify(bytes, env, signed_len)?;
                 let ks = ops::exp::<G>(&mut self.core.meter, &e, &k_inv);
                 let mut run = self.run.take().expect("checked");
                 self.secure = Some(Secure {

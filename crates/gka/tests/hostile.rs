@@ -246,6 +246,57 @@ fn a_bad_entry_for_one_member_is_refused_by_all() {
     }
 }
 
+/// A forger's key distribution (CKD) is refused for its signature before any of its entries is
+/// decoded: with MODP each decoding is a subgroup check, an exponentiation, which a forger must
+/// not make every member spend n times over.
+#[test]
+fn a_forged_key_distribution_is_refused_before_its_entries_are_decoded() {
+    use conclave_wire::gka::CkdMsg;
+    let p = conclave_gka::ProtocolId::Ckd;
+    let mut tb = testbed(p, 22);
+    tb.apply(&action("init a b c d")).unwrap();
+    tb.run_until_quiet();
+    tb.apply(&action("leave b")).unwrap();
+    let (from, to, bytes) = tb
+        .queue_snapshot()
+        .into_iter()
+        .next()
+        .expect("the refresh message");
+    let (env, _) = Envelope::decode(&bytes).unwrap();
+    let body = match CkdMsg::decode(env.kind, &env.body).unwrap() {
+        CkdMsg::KeyDist {
+            roster,
+            mut entries,
+        } => {
+            // Every entry undecodable: a member that decoded first would answer BadElement.
+            for e in entries.iter_mut() {
+                e.1 = vec![0xffu8; 32];
+            }
+            CkdMsg::KeyDist { roster, entries }.encode()
+        }
+        other => panic!("unexpected {other:?}"),
+    };
+    // Signed, but by another member than the controller it names.
+    let other = to.iter().find(|m| **m != from).unwrap().clone();
+    let forged = conclave_gka::seal(
+        tb.identity(&other).unwrap(),
+        Envelope {
+            body,
+            signature: vec![],
+            ..env
+        },
+        &tb.member_names(),
+    )
+    .unwrap();
+    for m in to.iter().filter(|m| **m != other) {
+        let (r, sent) = tb.inject(m, &from, &forged);
+        assert!(matches!(r, Err(GkaError::BadSignature(_))), "{m}: {r:?}");
+        assert_eq!(sent, 0);
+    }
+    tb.run_until_quiet();
+    check(p, &tb, "after a forged key distribution");
+}
+
 /// A message signed by a member for another member list than the recipient's view has (a
 /// member that would be in the view, or one that would not) is refused: signatures cover the
 /// view's member list, which the message does not carry.
