@@ -6,8 +6,10 @@
 //! verifications along the critical path next to the Table I/II formulas, and the measured
 //! serial computation time along that path. The *floor* is what the counted operations alone cost
 //! (exponentiations x one measured exponentiation + signatures x one signature + verifications x
-//! one verification, measured in the same run); `ratio` = measured / floor shows the overhead of
-//! everything else (encoding, tree handling, hashing).
+//! one verification + decodings of received group elements x one decoding, measured in the same
+//! run); `ratio` = measured / floor shows the overhead of everything else (encoding, tree
+//! handling, hashing). `compute_total_us` adds up every member's computation: what members that
+//! share a processor spend between them.
 //!
 //! Events, with `n` the group size before the event: join (one member), leave (the member in the
 //! middle of the agreed order), merge (a group of `n/2` merging with one of `n/2`: the resulting
@@ -37,9 +39,11 @@ pub struct UnitCosts {
     pub exp_us: f64,
     pub sign_us: f64,
     pub verify_us: f64,
+    /// Decoding a received group element and checking it is in the group.
+    pub decode_us: f64,
 }
 
-/// Measures one exponentiation, signature and verification (median of `iters`).
+/// Measures one exponentiation, signature, verification and decoding (median of `iters`).
 pub fn unit_costs<G: Group>(scheme: SigScheme, iters: usize) -> UnitCosts {
     let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(1);
     let median = |mut v: Vec<f64>| {
@@ -57,6 +61,14 @@ pub fn unit_costs<G: Group>(scheme: SigScheme, iters: usize) -> UnitCosts {
         })
         .collect();
     std::hint::black_box(&acc);
+    let encoded = G::encode(&acc);
+    let decode = (0..iters)
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(G::decode(&encoded, false).expect("a group element"));
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
     let id = Identity::generate(scheme, &mut rng).expect("identity");
     let pk = id.public();
     let msg = [7u8; 32];
@@ -79,6 +91,7 @@ pub fn unit_costs<G: Group>(scheme: SigScheme, iters: usize) -> UnitCosts {
         exp_us: median(exp),
         sign_us: median(sign),
         verify_us: median(verify),
+        decode_us: median(decode),
     }
 }
 
@@ -182,7 +195,9 @@ pub struct E1Row {
     pub table_exps: Option<f64>,
     pub table_sigs: Option<f64>,
     pub table_verifs: Option<f64>,
+    pub decodes: u64,
     pub compute_us: f64,
+    pub compute_total_us: f64,
     pub floor_us: f64,
     pub ratio: f64,
     pub units: UnitCosts,
@@ -312,7 +327,8 @@ fn run_group<G: Group>(
                 let (r, h) = measured.swap_remove(runs / 2);
                 let floor_us = r.exps_critical as f64 * units.exp_us
                     + r.sigs_critical as f64 * units.sign_us
-                    + r.verifs_critical as f64 * units.verify_us;
+                    + r.verifs_critical as f64 * units.verify_us
+                    + r.decodes_critical as f64 * units.decode_us;
                 let t = table(p, event, n as u64, h.unwrap_or(0) as u64);
                 row(E1Row {
                     experiment: "E1",
@@ -329,12 +345,14 @@ fn run_group<G: Group>(
                     exps: r.exps_critical,
                     sigs: r.sigs_critical,
                     verifs: r.verifs_critical,
+                    decodes: r.decodes_critical,
                     table_rounds: t.map(|t| t[0]),
                     table_messages: t.map(|t| t[1]),
                     table_exps: t.map(|t| t[2]),
                     table_sigs: t.map(|t| t[3]),
                     table_verifs: t.map(|t| t[4]),
                     compute_us: r.compute_us,
+                    compute_total_us: r.compute_total_us,
                     floor_us,
                     ratio: if floor_us > 0.0 {
                         r.compute_us / floor_us

@@ -377,6 +377,12 @@ impl Sender {
         self.write(&bytes, true).await
     }
 
+    /// What the session would refuse of `cmd` (its form, and this session's groups), without
+    /// sending it.
+    pub(crate) fn check(&self, cmd: &ClientCommand) -> Result<(), ClientError> {
+        self.shared.core().check(cmd)
+    }
+
     /// Sends what [`Sender::queue`] buffered.
     pub async fn flush(&mut self) -> Result<(), ClientError> {
         self.shared.check_open()?;

@@ -292,7 +292,16 @@ impl Driver {
             // for want of reading.
             let r = tokio::select! {
                 biased;
-                ev = self.client.receiver.receive() => self.events(ev).await,
+                ev = self.client.receiver.receive() => match self.events(ev).await {
+                    // Then what the application asked meanwhile: a steady stream of events must
+                    // not keep a leave or a disconnect waiting.
+                    Ok(false) => match requests.try_recv() {
+                        Ok(req) => self.requests(req, &mut requests).await,
+                        Err(mpsc::error::TryRecvError::Empty) => Ok(false),
+                        Err(mpsc::error::TryRecvError::Disconnected) => return,
+                    },
+                    r => r,
+                },
                 req = requests.recv() => match req {
                     Some(req) => self.requests(req, &mut requests).await,
                     None => return,
@@ -328,6 +337,8 @@ impl Driver {
             };
             match req {
                 Request::Disconnect(reply) => {
+                    // What the batch gathered still reaches the application.
+                    let _ = self.hand_over();
                     let r = self.client.sender.disconnect().await;
                     let _ = reply.send(r.map_err(Into::into));
                     return Ok(true);
@@ -364,8 +375,15 @@ impl Driver {
     async fn request(&mut self, req: Request) -> Result<(), SecureClientError> {
         let (group, answer, reply) = match req {
             Request::Join(group, cfg, reply) => {
+                let join = ClientCommand::Join {
+                    group: group.clone(),
+                    vs: true,
+                };
                 let answer = if self.groups.contains_key(&group) {
                     Err(SecureClientError::AlreadyJoined(group.clone()))
+                } else if let Err(e) = self.client.sender.check(&join) {
+                    // A name the daemons refuse, or a group this session is in already.
+                    Err(e.into())
                 } else {
                     let g = SecureGroup::join(
                         &group,
@@ -400,7 +418,15 @@ impl Driver {
             }
             Request::Disconnect(_) | Request::ViewKey(..) => unreachable!("handled by the batch"),
         };
-        let pumped = self.pump(&group).await;
+        let (pumped, mut refused) = match self.pump(&group).await {
+            Ok(refused) => (Ok(()), refused),
+            Err(e) => (Err(e), Vec::new()),
+        };
+        // The request's own command refused by the session is the request's answer.
+        let answer = match answer {
+            Ok(()) if !refused.is_empty() => Err(refused.remove(0)),
+            a => a,
+        };
         match reply {
             Some(reply) => {
                 let _ = reply.send(answer.and(pumped.clone()));
@@ -410,6 +436,9 @@ impl Driver {
                     self.emit(Err(e))?;
                 }
             }
+        }
+        for e in refused {
+            self.emit(Err(e))?;
         }
         pumped
     }
@@ -431,9 +460,12 @@ impl Driver {
             return Ok(());
         };
         g.handle_event(ev);
-        let left = pump(g, &mut self.client.sender, &mut self.out).await?;
-        if let Some(name) = left {
+        let pumped = pump(g, &mut self.client.sender, &mut self.out).await?;
+        if let Some(name) = pumped.left {
             self.groups.remove(&name);
+        }
+        for e in pumped.refused {
+            self.emit(Err(e))?;
         }
         Ok(())
     }
@@ -462,28 +494,36 @@ impl Driver {
             .map_err(|_| ClientError::Disconnected.into())
     }
 
-    async fn pump(&mut self, group: &str) -> Result<(), SecureClientError> {
+    /// [`pump`] of one group; gives the session's refusals of its commands.
+    async fn pump(&mut self, group: &str) -> Result<Vec<SecureClientError>, SecureClientError> {
         let Some(g) = self.groups.get_mut(group) else {
-            return Ok(());
+            return Ok(Vec::new());
         };
-        if pump(g, &mut self.client.sender, &mut self.out)
-            .await?
-            .is_some()
-        {
+        let pumped = pump(g, &mut self.client.sender, &mut self.out).await?;
+        if pumped.left.is_some() {
             self.groups.remove(group);
         }
-        Ok(())
+        Ok(pumped.refused)
     }
 }
 
+/// What [`pump`] leaves to its caller.
+struct Pumped {
+    /// The group's name, if the member is out of it.
+    left: Option<String>,
+    /// Commands the session refused before they travelled, in order.
+    refused: Vec<SecureClientError>,
+}
+
 /// Hands the group's events to the application and its commands to the session (written out at
-/// the end of the batch); gives the group's name if the member is out of it.
+/// the end of the batch).
 async fn pump(
     g: &mut SecureGroup,
     sender: &mut crate::Sender,
     out: &mut Vec<Item>,
-) -> Result<Option<String>, SecureClientError> {
+) -> Result<Pumped, SecureClientError> {
     let mut left = None;
+    let mut refused = Vec::new();
     while let Some(e) = g.poll_event() {
         if let SecureEvent::Left { group, .. } = &e {
             left = Some(group.clone());
@@ -492,6 +532,10 @@ async fn pump(
     }
     while let Some(c) = g.poll_command() {
         let multicast = matches!(c, ClientCommand::Multicast { .. });
+        let joining = match &c {
+            ClientCommand::Join { group, .. } => Some(group.clone()),
+            _ => None,
+        };
         let r = match c {
             ClientCommand::Join { group, vs } => sender.join(&group, vs).await,
             ClientCommand::Leave { group } => sender.leave(&group).await,
@@ -506,10 +550,15 @@ async fn pump(
                 if multicast {
                     g.command_refused();
                 }
-                out.push(Err(e.into()));
+                // A join that cannot go (a name the daemons refuse, too many groups): the
+                // member never gets into the group, so the group is dropped.
+                if joining.is_some() {
+                    left = joining;
+                }
+                refused.push(e.into());
             }
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(left)
+    Ok(Pumped { left, refused })
 }

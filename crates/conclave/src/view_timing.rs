@@ -120,11 +120,17 @@ pub(crate) async fn time_event<M: Members>(
     let (receivers, times) = wait_all::<M>(receivers, &wanted, t0).await;
     let times = match times {
         Ok(t) => t.into_iter().flatten().collect::<Vec<f64>>(),
-        Err((i, e)) => bail!(
-            "{event} with {k} members: member {i} saw no view of {:?}: {e:#} ({})",
-            wanted[i],
-            statuses(net).await
-        ),
+        Err((i, e)) => {
+            if event == "partition" || event == "merge" {
+                // Healed first: the caller goes on with the network whole.
+                let _ = partition(net, false).await;
+            }
+            bail!(
+                "{event} with {k} members: member {i} saw no view of {:?}: {e:#} ({})",
+                wanted[i],
+                statuses(net).await
+            )
+        }
     };
     let max = times.iter().cloned().fold(0.0, f64::max);
     let avg = times.iter().sum::<f64>() / times.len() as f64;
@@ -231,11 +237,15 @@ pub(crate) async fn time_clustering<M: Members>(
         receivers = back;
         let times = match times {
             Ok(t) => t,
-            Err((i, e)) => bail!(
-                "P{}: member {i} saw no view of its side: {e:#} ({})",
-                cut + 1,
-                statuses(net).await
-            ),
+            // Healed first: the caller goes on with the network whole.
+            Err((i, e)) => {
+                let _ = split(net, None).await;
+                bail!(
+                    "P{}: member {i} saw no view of its side: {e:#} ({})",
+                    cut + 1,
+                    statuses(net).await
+                )
+            }
         };
         for (i, t) in times.into_iter().enumerate() {
             let slot = &mut out[2 * cut + i % 2];

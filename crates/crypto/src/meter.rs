@@ -13,6 +13,10 @@ pub struct Meter {
     pub sigs: u64,
     /// Signatures verified.
     pub verifs: u64,
+    /// Group elements received and decoded (each checked to be in the group: a point
+    /// decompression on ristretto255, a subgroup check, that is an exponentiation, with MODP).
+    #[serde(default)]
+    pub decodes: u64,
 }
 
 impl Meter {
@@ -21,6 +25,7 @@ impl Meter {
         self.small_exps += other.small_exps;
         self.sigs += other.sigs;
         self.verifs += other.verifs;
+        self.decodes += other.decodes;
     }
     pub fn since(&self, earlier: &Meter) -> Meter {
         Meter {
@@ -28,12 +33,16 @@ impl Meter {
             small_exps: self.small_exps - earlier.small_exps,
             sigs: self.sigs - earlier.sigs,
             verifs: self.verifs - earlier.verifs,
+            decodes: self.decodes - earlier.decodes,
         }
     }
     /// A total order used to pick the longer of two paths: weighted by the typical relative cost
     /// of each operation (a verification and an exponentiation cost about the same on ristretto255,
-    /// a signature about half), ties broken by exponentiations.
+    /// a signature about half, a decoding about an eighth), ties broken by exponentiations.
     pub fn weight(&self) -> (u64, u64) {
-        (2 * self.exps + self.sigs + 2 * self.verifs, self.exps)
+        (
+            16 * self.exps + 8 * self.sigs + 16 * self.verifs + self.decodes,
+            self.exps,
+        )
     }
 }

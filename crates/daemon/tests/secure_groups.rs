@@ -2,7 +2,7 @@
 //! TCP with the secure layer of the client library. A key per view, data sealed under it, and a
 //! leaver that gets nothing after it left.
 
-use conclave_client::secure::{SecureClient, SecureConfig, SecureEvent};
+use conclave_client::secure::{SecureClient, SecureClientError, SecureConfig, SecureEvent};
 use conclave_client::{Address, Client, ServiceType};
 use conclave_crypto::{Fingerprint, Identity, SigScheme};
 use conclave_daemon::{AdminRequest, Config, Options, Running};
@@ -156,6 +156,18 @@ async fn queued_messages_arrive_in_order_and_a_failed_one_is_an_event_that_ends_
     for s in &mut members {
         until(s, view_of(2)).await;
     }
+    // A group name the session refuses: the join's answer says so, and nothing is left joined.
+    let long = "x".repeat(1000);
+    let e = members[0]
+        .join_secure(&long, SecureConfig::default())
+        .await
+        .unwrap_err();
+    assert!(!e.is_final(), "{e}");
+    let e = members[0]
+        .send(&long, ServiceType::Agreed, b"x")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, SecureClientError::NotJoined(_)), "{e}");
     let (mut tx, mut rx) = members.remove(0).split();
     // Not a group of this client: the queue call succeeds, the failure comes back as an event.
     tx.queue("elsewhere", ServiceType::Agreed, b"lost")

@@ -165,7 +165,7 @@ impl<G: Group> KeyAgreement for Bd<G> {
                     return Ok(());
                 }
                 let inc = self.core.verify(bytes, env, signed_len)?;
-                let z = ops::decode::<G>(&z)?;
+                let z = ops::decode::<G>(&mut self.core.meter, &z)?;
                 let run = self.run.as_mut().expect("run checked above");
                 if j == run.prev {
                     run.z_prev = Some(z.clone());
@@ -182,7 +182,7 @@ impl<G: Group> KeyAgreement for Bd<G> {
                 }
                 // With two members X is always the identity.
                 let inc = self.core.verify(bytes, env, signed_len)?;
-                let x = G::decode(&x, true)?;
+                let x = ops::decode_any::<G>(&mut self.core.meter, &x)?;
                 self.run.as_mut().expect("run checked above").x.insert(j, x);
                 self.core.applied(&inc);
                 self.try_finish()

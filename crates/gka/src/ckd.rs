@@ -278,7 +278,7 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                 }
                 // The signature first: only then is the sender's element worth decoding.
                 let inc = self.core.verify(bytes, env, signed_len)?;
-                let cs = ops::decode::<G>(&controller_share)?;
+                let cs = ops::decode::<G>(&mut self.core.meter, &controller_share)?;
                 let controller = run.controller.clone();
                 self.core.send(
                     Dest::Unicast(controller.clone()),
@@ -299,7 +299,7 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                     return Err(GkaError::Misplaced("handshake answer not expected"));
                 }
                 let inc = self.core.verify(bytes, env, signed_len)?;
-                let ms = ops::decode::<G>(&member_share)?;
+                let ms = ops::decode::<G>(&mut self.core.meter, &member_share)?;
                 let k = ops::to_scalar::<G>(
                     CHANNEL_LABEL,
                     &ops::exp::<G>(&mut self.core.meter, &ms, &self.r),
@@ -349,7 +349,7 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                     {
                         return Err(GkaError::Misplaced("key distribution names a wrong member"));
                     }
-                    let e = ops::decode::<G>(value)?;
+                    let e = ops::decode::<G>(&mut self.core.meter, value)?;
                     if *m == me {
                         mine = Some(e);
                     }

@@ -330,7 +330,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                         "upflow from a member that is not my predecessor",
                     ));
                 }
-                let token = ops::decode::<G>(&token)?;
+                let token = ops::decode::<G>(&mut self.core.meter, &token)?;
                 if pos + 1 < roster.len() {
                     let next = ops::exp::<G>(&mut self.core.meter, &token, &run.r);
                     let to = roster[pos + 1].clone();
@@ -391,7 +391,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                 if set != *view_members || set.len() != roster.len() {
                     return Err(GkaError::Misplaced("downflow roster is not the view"));
                 }
-                let token = ops::decode::<G>(&token)?;
+                let token = ops::decode::<G>(&mut self.core.meter, &token)?;
                 let fo = ops::exp::<G>(&mut self.core.meter, &token, &ops::inv::<G>(&run.r));
                 run.roster = Some(roster);
                 run.stage = Stage::ExpectPartials { token: Some(token) };
@@ -409,7 +409,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                 if got.contains_key(&inc.sender) {
                     return Err(GkaError::Misplaced("second factor-out from one member"));
                 }
-                let v = ops::decode::<G>(&value)?;
+                let v = ops::decode::<G>(&mut self.core.meter, &value)?;
                 got.insert(inc.sender.clone(), v);
                 if got.len() + 1 == view_members.len() {
                     let roster = run.roster.clone().expect("set with the upflow");
@@ -438,7 +438,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                     }
                     // Every entry is decoded, not only this member's: members must all accept or
                     // all refuse a message, or those that move together would part ways.
-                    let partial: Partial<G> = BkData::checked(p)?;
+                    let partial: Partial<G> = BkData::checked(&mut self.core.meter, p)?;
                     map.insert(m.clone(), partial);
                 }
                 if map.len() + 1 != roster.len() {

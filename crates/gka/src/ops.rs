@@ -12,8 +12,14 @@ pub(crate) fn exp_g<G: Group>(m: &mut Meter, s: &G::Scalar) -> G::Element {
     G::exp_g(s)
 }
 /// Decodes a group element received from another member (never the identity).
-pub(crate) fn decode<G: Group>(bytes: &[u8]) -> Result<G::Element, GroupError> {
+pub(crate) fn decode<G: Group>(m: &mut Meter, bytes: &[u8]) -> Result<G::Element, GroupError> {
+    m.decodes += 1;
     G::decode(bytes, false)
+}
+/// [`decode`] of a value that may be the identity (BD's `X` with two members).
+pub(crate) fn decode_any<G: Group>(m: &mut Meter, bytes: &[u8]) -> Result<G::Element, GroupError> {
+    m.decodes += 1;
+    G::decode(bytes, true)
 }
 /// `1/s`; contributions are drawn non-zero, so this never fails for our own scalars.
 pub(crate) fn inv<G: Group>(s: &G::Scalar) -> G::Scalar {

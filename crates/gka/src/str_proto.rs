@@ -514,14 +514,14 @@ impl<G: Group> Str<G> {
                     // Decoded now: every member must accept or refuse a chain alike.
                     leaf_bk: leaves
                         .iter()
-                        .map(|(_, b)| BkData::checked(b).map(Some))
+                        .map(|(_, b)| BkData::checked(&mut self.core.meter, b).map(Some))
                         .collect::<Result<_, _>>()?,
                     node_bk: std::iter::once(Ok(None))
-                        .chain(
-                            internal
-                                .iter()
-                                .map(|b| b.as_ref().map(|b| BkData::checked(b)).transpose()),
-                        )
+                        .chain(internal.iter().map(|b| {
+                            b.as_ref()
+                                .map(|b| BkData::checked(&mut self.core.meter, b))
+                                .transpose()
+                        }))
                         .collect::<Result<_, _>>()?,
                     leaf_key: None,
                     node_key: vec![None; names.len()],
@@ -586,7 +586,7 @@ impl<G: Group> Str<G> {
                         ));
                     }
                     if c.leaf_bk[sp].as_ref().map(|x| x.bytes()) != Some(b.as_slice()) {
-                        c.leaf_bk[sp] = Some(BkData::checked(b)?);
+                        c.leaf_bk[sp] = Some(BkData::checked(&mut self.core.meter, b)?);
                         lowest_changed = lowest_changed.min(sp.max(1));
                     }
                 }
@@ -598,7 +598,7 @@ impl<G: Group> Str<G> {
                         ));
                     }
                     if c.node_bk[k].as_ref().map(|x| x.bytes()) != Some(b.as_slice()) {
-                        c.node_bk[k] = Some(BkData::checked(b)?);
+                        c.node_bk[k] = Some(BkData::checked(&mut self.core.meter, b)?);
                         lowest_changed = lowest_changed.min(k + 1);
                     }
                 }

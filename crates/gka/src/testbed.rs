@@ -125,12 +125,17 @@ pub struct ViewRecord {
     pub exps: u64,
     pub sigs: u64,
     pub verifs: u64,
+    pub decodes: u64,
     /// Along the critical path.
     pub exps_critical: u64,
     pub sigs_critical: u64,
     pub verifs_critical: u64,
+    pub decodes_critical: u64,
     /// Serial computation time along the critical path, in microseconds.
     pub compute_us: f64,
+    /// Every member's computation added up, in microseconds: what members that share a
+    /// processor spend between them.
+    pub compute_total_us: f64,
     #[serde(skip)]
     pub secret_fingerprints: BTreeMap<MemberId, Fingerprint>,
     #[serde(skip)]
@@ -148,6 +153,8 @@ struct ViewStats {
     total: Meter,
     critical: Path,
     critical_time_ns: u64,
+    /// Every member's computation, added up.
+    total_time_ns: u64,
     done: bool,
 }
 
@@ -579,6 +586,7 @@ impl<G: Group> Testbed<G> {
         member.path.time_ns += elapsed;
         if let Some(s) = self.stats.get_mut(&view_id) {
             s.total.add(&delta);
+            s.total_time_ns += elapsed;
         }
         if let Err(e) = result {
             self.errors.push((name.to_owned(), e));
@@ -607,6 +615,7 @@ impl<G: Group> Testbed<G> {
         let final_path = member.path;
         if let Some(s) = self.stats.get_mut(&view_id) {
             s.total.add(&delta);
+            s.total_time_ns += elapsed;
         }
         {
             let members = self.components.get(&view_id).cloned().unwrap_or_default();
@@ -676,10 +685,13 @@ impl<G: Group> Testbed<G> {
             exps: s.total.exps,
             sigs: s.total.sigs,
             verifs: s.total.verifs,
+            decodes: s.total.decodes,
             exps_critical: s.critical.meter.exps,
             sigs_critical: s.critical.meter.sigs,
             verifs_critical: s.critical.meter.verifs,
+            decodes_critical: s.critical.meter.decodes,
             compute_us: s.critical_time_ns as f64 / 1000.0,
+            compute_total_us: s.total_time_ns as f64 / 1000.0,
             secret_fingerprints: s
                 .keys
                 .iter()

@@ -421,7 +421,8 @@ impl<G: Group> Tgdh<G> {
                         "tree outside the first round of a merge",
                     ));
                 }
-                let t = Node::<G>::from_wire(&nodes).map_err(GkaError::Misplaced)?;
+                let t = Node::<G>::from_wire(&mut self.core.meter, &nodes, Some(&run.tree))
+                    .map_err(GkaError::Misplaced)?;
                 let leaves = t.leaves();
                 if t.rightmost() != sender {
                     return Err(GkaError::Misplaced("tree not sent by its sponsor"));
@@ -500,7 +501,7 @@ impl<G: Group> Tgdh<G> {
                         .map(|b| b.bytes() != bk.as_slice())
                         .unwrap_or(true)
                     {
-                        node.set_bk(Some(BkData::checked(bk)?));
+                        node.set_bk(Some(BkData::checked(&mut self.core.meter, bk)?));
                         // Keys computed from the old value are stale.
                         for d in 0..p.len() {
                             if let Some(n) = tree.at_mut(&p[..d]) {

@@ -37,9 +37,12 @@ impl<G: Group> BkData<G> {
             elem,
         })
     }
-    /// Received bytes, decoded and checked to be in the group.
-    pub fn checked(bytes: &[u8]) -> Result<Bk<G>, conclave_crypto::GroupError> {
-        let e = G::decode(bytes, false)?;
+    /// Received bytes, decoded and checked to be in the group (counted in `m`).
+    pub fn checked(
+        m: &mut conclave_crypto::Meter,
+        bytes: &[u8],
+    ) -> Result<Bk<G>, conclave_crypto::GroupError> {
+        let e = crate::ops::decode::<G>(m, bytes)?;
         Ok(Self::from_parts(e, bytes.to_vec()))
     }
     pub fn bytes(&self) -> &[u8] {
@@ -425,7 +428,16 @@ impl<G: Group> Node<G> {
     }
     /// Rebuilds a tree from its preorder wire form, checking it is exactly one well-formed tree
     /// with distinct members, no deeper than the path limit, and blinded keys of the right size.
-    pub fn from_wire(nodes: &[WireNode]) -> Result<Node<G>, &'static str> {
+    /// A blinded key with the bytes of one in `known` (a tree whose keys this member decoded
+    /// and checked before) is taken from it; every other one is decoded and checked now. So all
+    /// members accept or refuse a tree alike (an element is in the group or not whoever checks
+    /// it), and a member decodes only what it has not seen: in a join, the sponsor's path, not
+    /// the whole tree it holds already.
+    pub fn from_wire(
+        m: &mut conclave_crypto::Meter,
+        nodes: &[WireNode],
+        known: Option<&Node<G>>,
+    ) -> Result<Node<G>, &'static str> {
         enum Frame<G: Group> {
             Open(Option<Bk<G>>),
             Half(Option<Bk<G>>, Node<G>),
@@ -433,13 +445,20 @@ impl<G: Group> Node<G> {
         let mut seen = BTreeSet::new();
         let mut stack: Vec<Frame<G>> = Vec::new();
         let mut done: Option<Node<G>> = None;
-        let check = |bk: &Option<Vec<u8>>| -> Result<Option<Bk<G>>, &'static str> {
+        let mut checked: std::collections::HashMap<&[u8], Bk<G>> = Default::default();
+        if let Some(k) = known {
+            k.collect_bks(&mut checked);
+        }
+        let mut check = |bk: &Option<Vec<u8>>| -> Result<Option<Bk<G>>, &'static str> {
             match bk {
                 Some(b) if b.len() != G::ELEMENT_BYTES => Err("blinded key of the wrong size"),
-                // Decoded now: every member must accept or refuse a tree alike (see `tgdh`).
-                Some(b) => BkData::checked(b)
-                    .map(Some)
-                    .map_err(|_| "blinded key not in the group"),
+                Some(b) => match checked.get(b.as_slice()) {
+                    Some(known) => Ok(Some(known.clone())),
+                    // Decoded now: every member must accept or refuse a tree alike (see `tgdh`).
+                    None => BkData::checked(m, b)
+                        .map(Some)
+                        .map_err(|_| "blinded key not in the group"),
+                },
                 None => Ok(None),
             }
         };
@@ -483,6 +502,16 @@ impl<G: Group> Node<G> {
             }
         }
         done.ok_or("incomplete tree")
+    }
+    /// Every blinded key of the tree, by its bytes.
+    fn collect_bks<'a>(&'a self, into: &mut std::collections::HashMap<&'a [u8], Bk<G>>) {
+        if let Some(bk) = self.bk() {
+            into.insert(bk.bytes(), bk.clone());
+        }
+        if let Node::Internal { left, right, .. } = self {
+            left.collect_bks(into);
+            right.collect_bks(into);
+        }
     }
     /// True if every node but the root has a blinded key.
     pub fn all_bks_known(&self) -> bool {
@@ -571,16 +600,57 @@ mod tests {
     fn wire_round_trip_and_rejections() {
         let t = build(&["a", "b", "c", "d", "e"]);
         let w = t.to_wire();
-        let back = N::from_wire(&w).unwrap();
+        let mut m = conclave_crypto::Meter::default();
+        let back = N::from_wire(&mut m, &w, None).unwrap();
         assert!(back.same_shape(&t));
         assert_eq!(back.size(), 5);
-        assert!(N::from_wire(&w[..w.len() - 1]).is_err());
+        assert!(N::from_wire(&mut m, &w[..w.len() - 1], None).is_err());
         let mut dup = w.clone();
         dup.push(WireNode::Leaf {
             member: "a".into(),
             bk: None,
         });
-        assert!(N::from_wire(&dup).is_err());
-        assert!(N::from_wire(&[]).is_err());
+        assert!(N::from_wire(&mut m, &dup, None).is_err());
+        assert!(N::from_wire(&mut m, &[], None).is_err());
+    }
+
+    #[test]
+    fn known_blinded_keys_are_not_decoded_again_and_new_ones_are_checked() {
+        use rand_chacha::rand_core::SeedableRng;
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(5);
+        let mut t = build(&["a", "b", "c", "d"]);
+        for name in ["a", "b", "c", "d"] {
+            let p = t.find(name).unwrap();
+            let e = Ristretto255::exp_g(&Ristretto255::random_scalar(&mut rng));
+            t.at_mut(&p).unwrap().set_bk(Some(BkData::from_elem(e)));
+        }
+        let w = t.to_wire();
+        let mut m = conclave_crypto::Meter::default();
+        N::from_wire(&mut m, &w, None).unwrap();
+        assert_eq!(m.decodes, 4, "a stranger decodes every blinded key");
+        let mut m = conclave_crypto::Meter::default();
+        N::from_wire(&mut m, &w, Some(&t)).unwrap();
+        assert_eq!(m.decodes, 0, "a holder of the tree decodes none");
+        // One key changed: only it is decoded; one not in the group: refused by both alike.
+        let mut changed = t.clone();
+        let e = Ristretto255::exp_g(&Ristretto255::random_scalar(&mut rng));
+        let pa = t.find("a").unwrap();
+        changed
+            .at_mut(&pa)
+            .unwrap()
+            .set_bk(Some(BkData::from_elem(e)));
+        let mut m = conclave_crypto::Meter::default();
+        N::from_wire(&mut m, &changed.to_wire(), Some(&t)).unwrap();
+        assert_eq!(m.decodes, 1);
+        let mut bad = changed.to_wire();
+        for n in bad.iter_mut() {
+            if let WireNode::Leaf { member, bk } = n {
+                if member == "a" {
+                    *bk = Some(vec![0xff; Ristretto255::ELEMENT_BYTES]);
+                }
+            }
+        }
+        assert!(N::from_wire(&mut m, &bad, Some(&t)).is_err());
+        assert!(N::from_wire(&mut m, &bad, None).is_err());
     }
 }

@@ -232,7 +232,9 @@ pub struct SecureGroup {
 
 impl SecureGroup {
     /// Joins `group` as `me` (the name the daemon gave this client, as views list it); the join
-    /// is the first command.
+    /// is the first command. Both names must be ones the client session accepts (1 to 64
+    /// bytes): a caller checks a name it takes from a user first (the async client does), as
+    /// this panics on one the key agreement cannot carry.
     pub fn join(
         group: &str,
         me: &str,
