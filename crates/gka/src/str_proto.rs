@@ -506,23 +506,40 @@ impl<G: Group> Str<G> {
                 if distinct.len() != names.len() {
                     return Err(GkaError::Misplaced("member appears twice in the chain"));
                 }
+                // Decoded now, unless this member holds the same bytes decoded already (its own
+                // chain's): every member must accept or refuse a chain alike, and an element is
+                // in the group or not whoever checks it.
+                let known: std::collections::HashMap<&[u8], &Bk<G>> = run
+                    .chain
+                    .leaf_bk
+                    .iter()
+                    .chain(&run.chain.node_bk)
+                    .flatten()
+                    .map(|b| (b.bytes(), b))
+                    .collect();
+                let meter = &mut self.core.meter;
+                let mut check = |b: &[u8]| match known.get(b) {
+                    Some(k) => Ok((*k).clone()),
+                    None => BkData::checked(meter, b),
+                };
+                let leaf_bk = leaves
+                    .iter()
+                    .map(|(_, b)| check(b).map(Some))
+                    .collect::<Result<_, _>>()?;
+                let node_bk = std::iter::once(Ok(None))
+                    .chain(
+                        internal
+                            .iter()
+                            .map(|b| b.as_ref().map(|b| check(b)).transpose()),
+                    )
+                    .collect::<Result<_, _>>()?;
                 let c = Chain::<G> {
                     members: names
                         .iter()
                         .map(|m| std::sync::Arc::from(m.as_str()))
                         .collect(),
-                    // Decoded now: every member must accept or refuse a chain alike.
-                    leaf_bk: leaves
-                        .iter()
-                        .map(|(_, b)| BkData::checked(&mut self.core.meter, b).map(Some))
-                        .collect::<Result<_, _>>()?,
-                    node_bk: std::iter::once(Ok(None))
-                        .chain(internal.iter().map(|b| {
-                            b.as_ref()
-                                .map(|b| BkData::checked(&mut self.core.meter, b))
-                                .transpose()
-                        }))
-                        .collect::<Result<_, _>>()?,
+                    leaf_bk,
+                    node_bk,
                     leaf_key: None,
                     node_key: vec![None; names.len()],
                 };
