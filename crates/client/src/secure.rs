@@ -293,23 +293,33 @@ impl Driver {
             let r = tokio::select! {
                 biased;
                 ev = self.client.receiver.receive() => match self.events(ev).await {
-                    // Then what the application asked meanwhile: a steady stream of events must
-                    // not keep a leave or a disconnect waiting.
-                    Ok(false) => match requests.try_recv() {
-                        Ok(req) => self.requests(req, &mut requests).await,
+                    // Then the application's requests: all that wait if the events are drained,
+                    // one if more are waiting (a full batch), so that a steady stream of events
+                    // keeps no leave or disconnect waiting while the member's sends still wait
+                    // for its deliveries.
+                    Ok(taken) => match requests.try_recv() {
+                        Ok(req) => {
+                            let most = if taken >= BATCH { 1 } else { BATCH };
+                            self.requests(req, &mut requests, most).await
+                        }
                         Err(mpsc::error::TryRecvError::Empty) => Ok(false),
-                        Err(mpsc::error::TryRecvError::Disconnected) => return,
+                        Err(mpsc::error::TryRecvError::Disconnected) => Ok(true),
                     },
-                    r => r,
+                    Err(e) => Err(e),
                 },
                 req = requests.recv() => match req {
-                    Some(req) => self.requests(req, &mut requests).await,
+                    Some(req) => self.requests(req, &mut requests, BATCH).await,
                     None => return,
                 },
             };
             // What the batch made goes out before the task waits again.
             let r = match r {
-                Ok(true) => return,
+                Ok(true) => {
+                    // What the batch made still goes out (after a disconnect, nowhere).
+                    let _ = self.hand_over();
+                    let _ = self.client.sender.flush().await;
+                    return;
+                }
                 Ok(false) => match self.hand_over() {
                     Ok(()) => self.client.sender.flush().await.map_err(Into::into),
                     Err(e) => Err(e),
@@ -324,14 +334,15 @@ impl Driver {
         let _ = self.hand_over();
     }
 
-    /// `first` and the requests waiting behind it, up to a batch; true once the session is closed.
+    /// `first` and the requests waiting behind it, up to `most`; true once the session is closed.
     async fn requests(
         &mut self,
         first: Request,
         requests: &mut mpsc::Receiver<Request>,
+        most: usize,
     ) -> Result<bool, SecureClientError> {
         let mut next = Some(first);
-        for _ in 0..BATCH {
+        for _ in 0..most {
             let Some(req) = next.take().or_else(|| requests.try_recv().ok()) else {
                 break;
             };
@@ -352,16 +363,18 @@ impl Driver {
         Ok(false)
     }
 
-    /// `first` and the events waiting behind it, up to a batch.
+    /// `first` and the events waiting behind it, up to a batch; how many it took.
     async fn events(
         &mut self,
         first: Result<ClientEvent, ClientError>,
-    ) -> Result<bool, SecureClientError> {
+    ) -> Result<usize, SecureClientError> {
         let mut next = Some(first);
-        for _ in 0..BATCH {
+        let mut taken = 0;
+        while taken < BATCH {
             let Some(ev) = next.take().or_else(|| self.client.receiver.try_receive()) else {
                 break;
             };
+            taken += 1;
             match ev {
                 Ok(ev) => self.event(ev).await?,
                 // A refused request is not the session's end.
@@ -369,7 +382,7 @@ impl Driver {
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(false)
+        Ok(taken)
     }
 
     async fn request(&mut self, req: Request) -> Result<(), SecureClientError> {
@@ -550,8 +563,10 @@ async fn pump(
                 if multicast {
                     g.command_refused();
                 }
-                // A join that cannot go (a name the daemons refuse, too many groups): the
-                // member never gets into the group, so the group is dropped.
+                // A join the session's own checks refuse: the member never gets into the
+                // group, so the group is dropped. (A join the daemon refuses later, past its
+                // limit of groups per client, comes back as an event naming no group, and the
+                // group stays until the application leaves it.)
                 if joining.is_some() {
                     left = joining;
                 }

@@ -81,6 +81,23 @@ impl Aead {
         buf.extend_from_slice(tag.as_ref());
     }
 
+    /// Decrypts `buf` (ciphertext and tag) in place; gives the plaintext's length (it is
+    /// `buf[..len]`). On failure `buf` holds nothing of the plaintext.
+    pub fn open_in_place(
+        &self,
+        nonce: [u8; NONCE_BYTES],
+        aad: &[u8],
+        buf: &mut [u8],
+    ) -> Result<usize, AeadError> {
+        if buf.len() < TAG_BYTES {
+            return Err(AeadError::Truncated);
+        }
+        self.key
+            .open_in_place(Nonce::assume_unique_for_key(nonce), Aad::from(aad), buf)
+            .map(|p| p.len())
+            .map_err(|_| AeadError::Auth)
+    }
+
     pub fn open(
         &self,
         nonce: [u8; NONCE_BYTES],
@@ -130,5 +147,18 @@ mod tests {
         assert_eq!(&buf[..5], b"head:");
         assert_eq!(buf[5..], a.seal([2; 12], b"aad", b"secret data")[..]);
         assert_eq!(a.open([2; 12], b"aad", &buf[5..]).unwrap(), b"secret data");
+        let mut inplace = buf[5..].to_vec();
+        let n = a.open_in_place([2; 12], b"aad", &mut inplace).unwrap();
+        assert_eq!(&inplace[..n], b"secret data");
+        inplace = buf[5..].to_vec();
+        inplace[0] ^= 1;
+        assert_eq!(
+            a.open_in_place([2; 12], b"aad", &mut inplace),
+            Err(AeadError::Auth)
+        );
+        assert_eq!(
+            a.open_in_place([2; 12], b"aad", &mut [0u8; 3]),
+            Err(AeadError::Truncated)
+        );
     }
 }

@@ -359,7 +359,7 @@ impl SecureGroup {
                 payload,
                 view,
                 ..
-            } if !self.left => self.on_message(sender, service, &payload, view),
+            } if !self.left => self.on_message(sender, service, payload, view),
             ClientEvent::FlushRequest { view, .. } => self.on_flush_request(view),
             ClientEvent::Sent { view, .. } => self.on_sent(view),
             ClientEvent::Left { group } => {
@@ -480,10 +480,10 @@ impl SecureGroup {
         &mut self,
         sender: String,
         service: ServiceType,
-        payload: &[u8],
+        payload: Bytes,
         at: GroupViewId,
     ) {
-        let msg = match SecureMessage::decode(payload) {
+        let msg = match SecureMessage::decode(&payload) {
             Ok(m) => m,
             Err(e) => return self.refused(sender, SecureError::Malformed(e)),
         };
@@ -514,21 +514,26 @@ impl SecureGroup {
                 if current != Some(view) || at != view {
                     return self.refused(sender, SecureError::OtherView { got: view, current });
                 }
+                // The sealed part is the message's tail.
+                let at = payload.len() - sealed.len();
                 if self.keyed.is_none() {
                     return self.hold_early(sender, service, payload);
                 }
-                self.open(sender, service, view, counter, sealed);
+                self.open(sender, service, view, counter, payload, at);
             }
         }
     }
 
+    /// Opens the sealed part of `payload` (from `at`), in place when this layer holds the only
+    /// copy of the bytes (as a client session's delivery does): no second buffer per message.
     fn open(
         &mut self,
         sender: String,
         service: ServiceType,
         view: GroupViewId,
         counter: u64,
-        sealed: &[u8],
+        payload: Bytes,
+        at: usize,
     ) {
         let Some(k) = self.keyed.as_mut() else {
             return;
@@ -549,14 +554,22 @@ impl SecureGroup {
         if !window.fresh(counter) {
             return self.refused(sender, SecureError::Replay { counter });
         }
-        match key.open(group, &view, &sender, service, counter, sealed) {
+        let opened = match payload.try_into_mut() {
+            Ok(mut buf) => key
+                .open_in_place(group, &view, &sender, service, counter, &mut buf[at..])
+                .map(|len| buf.freeze().slice(at..at + len)),
+            Err(shared) => key
+                .open(group, &view, &sender, service, counter, &shared[at..])
+                .map(Bytes::from),
+        };
+        match opened {
             Ok(plain) => {
                 window.accept(counter);
                 self.events.push_back(SecureEvent::Message {
                     group: self.group.clone(),
                     sender,
                     service,
-                    payload: Bytes::from(plain),
+                    payload: plain,
                 });
             }
             Err(_) => self.refused(sender, SecureError::OpenFailed),
@@ -565,7 +578,7 @@ impl SecureGroup {
 
     /// Data sealed under this view's key by a member that has it already: kept until this
     /// member has it too (thesis 004 §3).
-    fn hold_early(&mut self, sender: String, service: ServiceType, payload: &[u8]) {
+    fn hold_early(&mut self, sender: String, service: ServiceType, payload: Bytes) {
         if self.early.len() >= self.cfg.max_early
             || self.early_bytes + payload.len() > self.cfg.max_early_bytes
         {
@@ -577,8 +590,7 @@ impl SecureGroup {
             );
         }
         self.early_bytes += payload.len();
-        self.early
-            .push_back((sender, service, Bytes::copy_from_slice(payload)));
+        self.early.push_back((sender, service, payload));
     }
 
     /// The daemon sent this member's oldest message on its way, in `view`.
@@ -779,13 +791,16 @@ impl SecureGroup {
                 .push_back(SecureEvent::ViewEnding { group, view });
         }
         for (sender, service, payload) in std::mem::take(&mut self.early) {
-            if let Ok(SecureMessage::Data {
-                view,
-                counter,
-                sealed,
-            }) = SecureMessage::decode(&payload)
-            {
-                self.open(sender, service, view, counter, sealed);
+            let found = match SecureMessage::decode(&payload) {
+                Ok(SecureMessage::Data {
+                    view,
+                    counter,
+                    sealed,
+                }) => Some((view, counter, payload.len() - sealed.len())),
+                _ => None,
+            };
+            if let Some((view, counter, at)) = found {
+                self.open(sender, service, view, counter, payload, at);
             }
         }
         self.early_bytes = 0;

@@ -60,6 +60,22 @@ impl SenderKey {
         out
     }
 
+    /// [`SenderKey::open`] of `buf`, in place: the plaintext is `buf[..len]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_in_place(
+        &self,
+        group: &str,
+        view: &GroupViewId,
+        sender: &str,
+        service: ServiceType,
+        counter: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, AeadError> {
+        let header = SecureMessage::data_header(view, counter);
+        self.aead
+            .open_in_place(nonce(counter), &aad(&header, group, sender, service), buf)
+    }
+
     pub fn open(
         &self,
         group: &str,
