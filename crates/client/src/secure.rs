@@ -537,6 +537,8 @@ async fn pump(
 ) -> Result<Pumped, SecureClientError> {
     let mut left = None;
     let mut refused = Vec::new();
+    // A trace for histories (the simulator records it); nothing here records.
+    while g.poll_consumed().is_some() {}
     while let Some(e) = g.poll_event() {
         if let SecureEvent::Left { group, .. } = &e {
             left = Some(group.clone());

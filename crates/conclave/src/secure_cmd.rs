@@ -120,12 +120,14 @@ pub fn secure_event(ev: &SecureEvent) -> (serde_json::Value, String) {
             group,
             sender,
             service,
+            view,
             payload,
         } => {
             let text = String::from_utf8_lossy(payload);
             (
                 json!({"ev": "message", "group": group, "sender": sender,
-                       "service": service_name(*service), "payload": text}),
+                       "service": service_name(*service), "view": view_text(view),
+                       "payload": text}),
                 format!(
                     "{group} <{sender}> [{}, sealed] {text}",
                     service_name(*service)

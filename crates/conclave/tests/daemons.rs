@@ -384,8 +384,14 @@ struct SecureMember {
     daemon: usize,
     name: String,
     tx: conclave_client::secure::SecureSender,
+    /// Which connection of the test this is: a member that connects again under the same name
+    /// sends other payloads.
+    connection: u64,
     count: u64,
+    seen: Arc<Mutex<SecureSeen>>,
 }
+
+static SECURE_CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Secure views (group -> members) and opened payloads, by member; and the secure layer's
 /// records, each with the wall-clock time it was made at.
@@ -448,7 +454,7 @@ async fn connect_secure(
         };
         tx.join_secure(group, cfg).await.unwrap();
     }
-    let (seen, who) = (seen.clone(), name.clone());
+    let (mine, who) = (seen.clone(), name.clone());
     tokio::spawn(async move {
         loop {
             let ev = match rx.receive().await {
@@ -457,7 +463,7 @@ async fn connect_secure(
                 Err(_) => return,
             };
             let t = conclave_daemon::record::wall_us();
-            let mut seen = seen.lock().unwrap();
+            let mut seen = mine.lock().unwrap();
             let record = |ev| Record {
                 t,
                 p: who.clone(),
@@ -491,7 +497,23 @@ async fn connect_secure(
                     });
                     seen.records.push(r);
                 }
-                SecureEvent::Message { payload, .. } => {
+                SecureEvent::Message {
+                    group,
+                    sender,
+                    view,
+                    payload,
+                    ..
+                } => {
+                    let r = record(Event::SecureDeliver {
+                        msg: conclave_daemon::record::message_name(&sender, &group, &payload),
+                        group,
+                        sender,
+                        view: conclave_daemon::record::group_view_id(
+                            &format!("d{}", view.ring.rep),
+                            view,
+                        ),
+                    });
+                    seen.records.push(r);
                     seen.opened
                         .entry(who.clone())
                         .or_default()
@@ -505,13 +527,29 @@ async fn connect_secure(
         daemon,
         name,
         tx,
+        connection: SECURE_CONNECTIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         count: 0,
+        seen: seen.clone(),
     }
 }
 
 impl SecureMember {
+    /// The history's record of a message handed to the secure layer.
+    fn record_send(&self, group: &str, payload: &[u8]) {
+        let r = Record {
+            t: conclave_daemon::record::wall_us(),
+            p: self.name.clone(),
+            inc: 0,
+            ev: Event::SecureSend {
+                group: group.to_owned(),
+                msg: conclave_daemon::record::message_name(&self.name, group, payload),
+            },
+        };
+        self.seen.lock().unwrap().records.push(r);
+    }
+
     fn payload(&self, group: &str) -> Vec<u8> {
-        format!("{group}/{}/{}", self.name, self.count).into_bytes()
+        format!("{group}/{}/{}/{}", self.name, self.connection, self.count).into_bytes()
     }
 
     /// One message of each service type to each secure group, queued: a key agreement may be
@@ -521,7 +559,9 @@ impl SecureMember {
             for s in SERVICES {
                 self.count += 1;
                 let p = self.payload(group);
-                let _ = self.tx.queue(group, s, &p).await;
+                if self.tx.queue(group, s, &p).await.is_ok() {
+                    self.record_send(group, &p);
+                }
             }
         }
     }
@@ -690,6 +730,7 @@ async fn secure_groups_survive_a_partition_a_kill_and_a_restart_checked_from_the
         m.count += 1;
         for (group, _) in SECURE_GROUPS {
             let p = m.payload(group);
+            m.record_send(group, &p);
             m.tx.send(group, ServiceType::Safe, &p).await.unwrap();
             finals.push(p);
         }

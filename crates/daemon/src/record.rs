@@ -6,8 +6,9 @@
 //! delivers has its send on disk.
 
 use conclave_history::Record;
-/// How a history names a group view (for records a client makes beside the daemons').
-pub use conclave_node::record::group_view_id;
+/// How a history names a group view and a message (for records a client makes beside the
+/// daemons').
+pub use conclave_node::record::{group_view_id, message_name};
 use std::io::Write;
 
 /// Wall-clock microseconds since the Unix epoch.

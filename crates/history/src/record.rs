@@ -105,6 +105,25 @@ pub enum Event {
         sender: String,
         error: String,
     },
+    /// The application handed `msg` to the secure layer of `group` (`msg` names it by sender
+    /// and a digest of its plaintext; the layer seals it in the secure view it goes out in).
+    SecureSend { group: String, msg: String },
+    /// The secure layer opened `msg` from `sender` and delivered it in secure view `view`, the
+    /// view whose key it was sealed under.
+    SecureDeliver {
+        group: String,
+        msg: String,
+        sender: String,
+        view: ViewId,
+    },
+    /// The key agreement run of secure view `run` took in a message of `sender` that names
+    /// view `signed_for` under its signature (K5: the two are one).
+    SecureConsumed {
+        group: String,
+        sender: String,
+        signed_for: ViewId,
+        run: ViewId,
+    },
     /// The process crashed (this incarnation ends).
     Crash,
     /// Faults stopped; `processes` are alive and connected from here on (liveness is checked
@@ -185,7 +204,10 @@ impl Record {
             | Event::Send { group, .. }
             | Event::Deliver { group, .. }
             | Event::SecureView { group, .. }
-            | Event::SecureRefused { group, .. } => Some(group),
+            | Event::SecureRefused { group, .. }
+            | Event::SecureSend { group, .. }
+            | Event::SecureDeliver { group, .. }
+            | Event::SecureConsumed { group, .. } => Some(group),
             Event::Crash | Event::Stable { .. } => None,
         }
     }

@@ -34,6 +34,11 @@ fn digest(payload: &[u8]) -> String {
     hex::encode(&Sha256::digest(payload)[..8])
 }
 
+/// A message's name in a history: its sender, a digest of its payload, its group.
+pub fn message_name(sender: &str, group: &str, payload: &[u8]) -> String {
+    format!("{sender}:{}@{group}", digest(payload))
+}
+
 /// A group view's id as histories name it, its ring's representative being `daemon`.
 pub fn group_view_id(daemon: &str, v: GroupViewId) -> ViewId {
     ViewId(
@@ -83,15 +88,12 @@ impl Recorder {
 
     /// One client event, as the history has it (`None` for events the history leaves out).
     pub fn client_event(&self, client: &str, ev: &ClientEvent) -> Option<Event> {
-        let msg = |sender: &str, group: &str, payload: &[u8]| {
-            format!("{sender}:{}@{group}", digest(payload))
-        };
         match ev {
             ClientEvent::Closed { .. } => Some(Event::Crash),
             ev => {
                 let naming = Naming {
                     view: &|v| self.group_view(v),
-                    msg: &msg,
+                    msg: &message_name,
                     payload: &|p: &[u8]| hex::encode(p),
                 };
                 client_event(client, ev.clone(), &naming)

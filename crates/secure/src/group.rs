@@ -28,6 +28,7 @@ use conclave_gka::{
 };
 use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId};
 use conclave_wire::gcs::{ServiceType, MAX_PAYLOAD_BYTES};
+use conclave_wire::gka::Envelope;
 use conclave_wire::secure::{SecureMessage, MAX_PLAINTEXT_BYTES};
 use std::collections::{HashMap, VecDeque};
 
@@ -78,11 +79,13 @@ pub struct SecureViewInfo {
 pub enum SecureEvent {
     /// A new secure view: its key is agreed; what follows is sealed under it.
     View(SecureViewInfo),
-    /// A message of a member, opened: it was sealed under the current secure view's key.
+    /// A message of a member, opened: it was sealed under the key of `view`, the current
+    /// secure view, and is delivered in it.
     Message {
         group: String,
         sender: String,
         service: ServiceType,
+        view: GroupViewId,
         payload: Bytes,
     },
     /// The daemons are changing the view: what the application sends from now on goes out in
@@ -103,6 +106,20 @@ pub enum SecureEvent {
     /// This member is out of the group (its leave, or a join the group could not take).
     Left { group: String, reason: String },
 }
+
+/// A key agreement message this member's run took in ([`SecureGroup::poll_consumed`]): what a
+/// history needs to show that no run consumes another run's messages (K5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Consumed {
+    pub sender: String,
+    /// The view the message names, under its sender's signature.
+    pub signed_for: GroupViewId,
+    /// The view of the run that took it in.
+    pub run: GroupViewId,
+}
+
+/// Records of [`Consumed`] kept for a caller that does not take them: the oldest go first.
+pub const MAX_CONSUMED: usize = 1024;
 
 /// The key of one secure view, outside its group ([`SecureGroup::view_key`]).
 pub struct ViewKey {
@@ -228,6 +245,7 @@ pub struct SecureGroup {
     early_bytes: usize,
     commands: VecDeque<ClientCommand>,
     events: VecDeque<SecureEvent>,
+    consumed: VecDeque<Consumed>,
 }
 
 impl SecureGroup {
@@ -278,6 +296,7 @@ impl SecureGroup {
             early_bytes: 0,
             commands: VecDeque::new(),
             events: VecDeque::new(),
+            consumed: VecDeque::new(),
         };
         g.commands.push_back(ClientCommand::Join {
             group: group.to_owned(),
@@ -408,6 +427,12 @@ impl SecureGroup {
         self.events.pop_front()
     }
 
+    /// The next key agreement message the runs took in, for a recorder of the history (the
+    /// last [`MAX_CONSUMED`] are kept for a caller that does not take them).
+    pub fn poll_consumed(&mut self) -> Option<Consumed> {
+        self.consumed.pop_front()
+    }
+
     fn on_view(&mut self, ev: ClientEvent) {
         let Some(mut view) = View::from_event(&ev) else {
             return;
@@ -494,7 +519,20 @@ impl SecureGroup {
                     return;
                 }
                 match self.gka.handle_message(&mut *self.rng, &sender, envelope) {
-                    Ok(()) => {}
+                    Ok(()) => {
+                        // A message the key agreement took in decoded as an envelope.
+                        if let (Ok(signed_for), Some(run)) = (Envelope::view_of(envelope), current)
+                        {
+                            if self.consumed.len() == MAX_CONSUMED {
+                                self.consumed.pop_front();
+                            }
+                            self.consumed.push_back(Consumed {
+                                sender: sender.clone(),
+                                signed_for,
+                                run,
+                            });
+                        }
+                    }
                     // Messages of a run a newer view interrupted (K5): expected in cascades.
                     Err(GkaError::Stale { .. } | GkaError::Future { .. }) => {}
                     Err(GkaError::WrongProtocol { expected, got }) => {
@@ -569,6 +607,7 @@ impl SecureGroup {
                     group: self.group.clone(),
                     sender,
                     service,
+                    view,
                     payload: plain,
                 });
             }

@@ -8,7 +8,9 @@ pub mod files;
 mod group;
 mod seal;
 
-pub use group::{SecureConfig, SecureEvent, SecureGroup, SecureViewInfo, ViewKey};
+pub use group::{
+    Consumed, SecureConfig, SecureEvent, SecureGroup, SecureViewInfo, ViewKey, MAX_CONSUMED,
+};
 
 use conclave_gka::{GkaError, ProtocolId};
 use conclave_wire::client::GroupViewId;

@@ -602,6 +602,62 @@ fn cascades_of_events_end_in_one_key_and_never_share_or_mix_keys() {
     }
 }
 
+/// K7: one script of membership events, each let settle before the next (joins, a leave, a
+/// partition, its heal), gives the same secure views, ids and members, at every member with
+/// every protocol; and each is a view the daemons delivered.
+#[test]
+fn the_five_protocols_give_the_same_secure_views_for_one_script() {
+    type Views = Vec<(
+        String,
+        Vec<(conclave_wire::client::GroupViewId, Vec<String>)>,
+    )>;
+    let run = |p: ProtocolId| -> Views {
+        let mut w = World::new(3, 7);
+        w.join(0, "a", p, true);
+        w.settle(&["a"]);
+        w.join(1, "b", p, true);
+        w.settle(&["a", "b"]);
+        w.join(2, "c", p, true);
+        w.settle(&["a", "b", "c"]);
+        w.join(0, "d", p, true);
+        w.settle(&["a", "b", "c", "d"]);
+        let c = w.member("c");
+        w.members[c].sg.leave();
+        w.pump();
+        w.settle(&["a", "b", "d"]);
+        w.net.links.split = Some(vec![vec![1], vec![2, 3]]);
+        w.settle(&["a", "d"]);
+        w.settle(&["b"]);
+        w.net.links.split = None;
+        w.settle(&["a", "b", "d"]);
+        w.join(2, "e", p, true);
+        w.settle(&["a", "b", "d", "e"]);
+        check_keys(&w, &format!("{p:?}"));
+        w.members
+            .iter()
+            .map(|m| {
+                let views = m
+                    .got
+                    .iter()
+                    .filter_map(|e| match e {
+                        SecureEvent::View(v) => Some((v.view, v.members.clone())),
+                        _ => None,
+                    })
+                    .collect();
+                (m.name.clone(), views)
+            })
+            .collect()
+    };
+    let first = run(ALL[0]);
+    assert!(
+        first.iter().all(|(_, v)| !v.is_empty()) && first[0].1.len() >= 6,
+        "every member has secure views: {first:?}"
+    );
+    for p in &ALL[1..] {
+        assert_eq!(run(*p), first, "{p:?} against {:?}", ALL[0]);
+    }
+}
+
 /// K1, K2 and K3 over everything every member saw.
 fn check_keys(w: &World, what: &str) {
     use std::collections::BTreeMap;

@@ -249,7 +249,7 @@ fn nine_thousand_agreed_messages_per_daemon_in_one_order() {
 }
 
 /// Secure runs (`conclave sim --secure`): every group a secure group, the protocol each seed
-/// draws, every fault; the checker's key properties (K1-K4, K6) on top of the others, and every
+/// draws, every fault; the checker's key properties (K1-K6) on top of the others, and every
 /// run ends with secure views.
 #[test]
 fn secure_swarm_seeds() {

@@ -93,6 +93,19 @@ impl Envelope {
         w.into_vec()
     }
     /// Decodes an envelope; returns it with the length of its signed part.
+    /// The view an encoded envelope names, read without decoding the rest (nothing is checked
+    /// beyond the fields up to the view).
+    pub fn view_of(buf: &[u8]) -> Result<GroupViewId, DecodeError> {
+        let mut r = Reader::new(buf);
+        let v = r.u8("version")?;
+        if v != VERSION {
+            return Err(DecodeError::BadVersion(v));
+        }
+        ProtocolId::from_u8(r.u8("protocol")?)?;
+        r.name("group", MAX_NAME_BYTES)?;
+        read_view(&mut r)
+    }
+
     pub fn decode(buf: &[u8]) -> Result<(Envelope, usize), DecodeError> {
         let mut r = Reader::new(buf);
         let v = r.u8("version")?;

@@ -191,7 +191,11 @@ fn gather(records: &[Record], rep: &mut Report<'_>) -> Facts {
                 f.crashed.insert(proc, (r.t, i));
             }
             // The secure layer's records are checked on their own (`secure`).
-            Event::SecureView { .. } | Event::SecureRefused { .. } => {}
+            Event::SecureView { .. }
+            | Event::SecureRefused { .. }
+            | Event::SecureSend { .. }
+            | Event::SecureDeliver { .. }
+            | Event::SecureConsumed { .. } => {}
             Event::Join { group, vs } => {
                 if *vs {
                     f.vs.insert((proc.clone(), group.clone()));

@@ -2,9 +2,14 @@
 //! two, K2 a secure view is a view of the layer below that the process installed, with the same
 //! members, K3 nothing fails to open in a correct run, K4 a process holds only keys of views it is
 //! a member of (so, with K1, a leaver holds no later key and a joiner no earlier one), K6 once
-//! stable every member's secure view is its final view. Keys appear only as fingerprints. (K5, an
-//! old run's message never consumed by a newer one, is the key agreement's own check of view ids,
-//! which leaves no trace to check here; K7 compares runs of the five protocols, not one history.)
+//! stable every member's secure view is its final view. Keys appear only as fingerprints.
+//!
+//! Where the history has the secure layer's data (`secure_send`, `secure_deliver`): K2 at this
+//! layer, every message is delivered in the receiver's current secure view, the one it was
+//! sealed in, the same at every receiver, and from a member of it; K3, nothing is delivered
+//! twice or without having been sent. Where it has the key agreement's intake
+//! (`secure_consumed`): K5, a run takes in only messages signed for its own view. (K7 compares
+//! runs of the five protocols, not one history: `crates/secure/tests/over_daemons.rs`.)
 //!
 //! A daemon records the views it hands a client when it hands them; the client installs a view's
 //! secure view later, when it has read the view and agreed the key. So a secure view is checked
@@ -22,6 +27,11 @@ pub(super) fn secure(records: &[Record], f: &Facts, rep: &mut Report<'_>) {
     let mut by_view: HashMap<(&str, &ViewId), (&str, usize)> = HashMap::new();
     let mut by_key: HashMap<&str, (&str, &ViewId, usize)> = HashMap::new();
     let mut secure_groups: HashSet<&str> = HashSet::new();
+    // What the applications handed their secure layers, and where each message was delivered.
+    let mut sent: HashSet<(&str, &str)> = HashSet::new();
+    let mut delivered_in: HashMap<(&str, &str), (&ViewId, usize)> = HashMap::new();
+    let mut delivered: HashMap<(Proc, &str, &str), usize> = HashMap::new();
+    let mut deliveries: Vec<(&str, &str, usize)> = Vec::new();
     for (i, r) in records.iter().enumerate() {
         let proc: Proc = (r.p.clone(), r.inc);
         match &r.ev {
@@ -95,6 +105,84 @@ pub(super) fn secure(records: &[Record], f: &Facts, rep: &mut Report<'_>) {
                 }
                 last_secure.insert((proc, group), (view, i));
             }
+            Event::SecureSend { group, msg } => {
+                sent.insert((group, msg));
+            }
+            Event::SecureDeliver {
+                group,
+                msg,
+                sender,
+                view,
+            } => {
+                // Delivered in the secure view it was sealed in, which is the receiver's
+                // current one, and whose members include the sender.
+                match last_secure.get(&(proc.clone(), group.as_str())) {
+                    Some((v, srec)) if *v == view => {
+                        let members = match &records[*srec].ev {
+                            Event::SecureView { members, .. } => members.as_slice(),
+                            _ => &[],
+                        };
+                        if !members.contains(sender) {
+                            rep.add(
+                                "K2",
+                                format!(
+                                    "{} delivered {msg} of {group} from {sender}, not a member \
+                                     of secure view {view}",
+                                    r.p
+                                ),
+                                &[*srec, i],
+                            );
+                        }
+                    }
+                    other => {
+                        let mut recs: Vec<usize> = other.iter().map(|(_, s)| *s).collect();
+                        recs.push(i);
+                        rep.add(
+                            "K2",
+                            format!(
+                                "{} delivered {msg} of {group} sealed in secure view {view}, its \
+                                 secure view being {}",
+                                r.p,
+                                other.map_or("none".to_owned(), |(v, _)| v.to_string())
+                            ),
+                            &recs,
+                        );
+                    }
+                }
+                match delivered_in.get(&(group.as_str(), msg.as_str())) {
+                    Some((v, first)) if *v != view => rep.add(
+                        "K2",
+                        format!("{msg} of {group} delivered in secure views {v} and {view}"),
+                        &[*first, i],
+                    ),
+                    Some(_) => {}
+                    None => {
+                        delivered_in.insert((group, msg), (view, i));
+                    }
+                }
+                if let Some(first) = delivered.insert((proc.clone(), group, msg), i) {
+                    rep.add(
+                        "K3",
+                        format!("{} delivered {msg} of {group} twice", r.p),
+                        &[first, i],
+                    );
+                }
+                deliveries.push((group, msg, i));
+            }
+            Event::SecureConsumed {
+                group,
+                sender,
+                signed_for,
+                run,
+            } if signed_for != run => rep.add(
+                "K5",
+                format!(
+                    "{}'s key agreement run of view {run} of {group} took in a message of \
+                     {sender} for view {signed_for}",
+                    r.p
+                ),
+                &[i],
+            ),
             Event::SecureRefused {
                 group,
                 sender,
@@ -105,6 +193,18 @@ pub(super) fn secure(records: &[Record], f: &Facts, rep: &mut Report<'_>) {
                 &[i],
             ),
             _ => {}
+        }
+    }
+    // K3: what is delivered was sent (where the history records the sends).
+    if !sent.is_empty() {
+        for (group, msg, i) in deliveries {
+            if !sent.contains(&(group, msg)) {
+                rep.add(
+                    "K3",
+                    format!("{} delivered {msg} of {group}, never sent", records[i].p),
+                    &[i],
+                );
+            }
         }
     }
     // K6: once stable, every secure member's last secure view is its last view.
@@ -222,9 +322,97 @@ mod tests {
         p
     }
 
+    fn send(p: &str, msg: &str) -> Record {
+        rec(
+            4,
+            p,
+            Event::SecureSend {
+                group: "g".into(),
+                msg: msg.into(),
+            },
+        )
+    }
+
+    fn deliver(p: &str, msg: &str, sender: &str, view: u64) -> Record {
+        rec(
+            4,
+            p,
+            Event::SecureDeliver {
+                group: "g".into(),
+                msg: msg.into(),
+                sender: sender.into(),
+                view: ViewId(view, "d1".into()),
+            },
+        )
+    }
+
+    fn consumed(p: &str, signed_for: u64, run: u64) -> Record {
+        rec(
+            3,
+            p,
+            Event::SecureConsumed {
+                group: "g".into(),
+                sender: "b".into(),
+                signed_for: ViewId(signed_for, "d1".into()),
+                run: ViewId(run, "d1".into()),
+            },
+        )
+    }
+
+    /// [`good`] with the secure layer's data and key agreement intake in view 1: a sends m1 and
+    /// m2, both deliver m1.
+    fn with_data() -> Vec<Record> {
+        let mut h = good();
+        h.splice(
+            6..6,
+            [
+                send("a", "a:m1"),
+                send("a", "a:m2"),
+                deliver("a", "a:m1", "a", 1),
+                deliver("b", "a:m1", "a", 1),
+            ],
+        );
+        h.insert(4, consumed("a", 1, 1));
+        h
+    }
+
     #[test]
     fn a_correct_history_has_no_key_violation() {
         assert_eq!(properties(&good()), Vec::<&str>::new());
+        assert_eq!(properties(&with_data()), Vec::<&str>::new());
+    }
+
+    /// A layer that delivers across views, delivers twice, delivers what nobody sent or from a
+    /// non-member, or lets a run take in another run's message, is caught.
+    #[test]
+    fn the_checker_catches_a_layer_that_mixes_views_or_runs() {
+        let at = |h: &[Record], p: &str| {
+            h.iter()
+                .position(|r| r.p == p && matches!(r.ev, Event::SecureDeliver { .. }))
+                .unwrap()
+        };
+        let mut across = with_data();
+        let i = at(&across, "b");
+        across[i] = deliver("b", "a:m1", "a", 2);
+        assert_eq!(properties(&across), ["K2"]);
+
+        let mut twice = with_data();
+        let i = at(&twice, "b");
+        twice.insert(i, deliver("b", "a:m1", "a", 1));
+        assert_eq!(properties(&twice), ["K3"]);
+
+        let mut unsent = with_data();
+        unsent.retain(|r| !matches!(&r.ev, Event::SecureSend { msg, .. } if msg == "a:m1"));
+        assert_eq!(properties(&unsent), ["K3"]);
+
+        let mut outsider = with_data();
+        let i = at(&outsider, "b");
+        outsider[i] = deliver("b", "a:m1", "c", 1);
+        assert_eq!(properties(&outsider), ["K2"]);
+
+        let mut old_run = with_data();
+        old_run[4] = consumed("a", 0, 1);
+        assert_eq!(properties(&old_run), ["K5"]);
     }
 
     /// Each broken layer is caught: a key reused, a key in a view that is not the member's, a

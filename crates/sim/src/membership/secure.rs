@@ -1,7 +1,9 @@
 //! Secure runs (`conclave sim --secure`): every client's groups are secure groups (the secure
 //! layer of the client library, `conclave-secure`, over the client's session core), with
 //! identities and a trust directory naming every client. The history gains each client's secure
-//! views (keys by fingerprint) and the secure layer's refusals, for the checker's K properties.
+//! views (keys by fingerprint), the messages its secure layer took and delivered (named by a
+//! digest, never the plaintext), what its key agreement took in and the layer's refusals, for
+//! the checker's K properties.
 
 use super::*;
 use bytes::Bytes;
@@ -103,9 +105,21 @@ impl World {
     }
 
     pub(super) fn secure_send(&mut self, ci: usize, group: &str, s: ServiceType, payload: Bytes) {
-        if let Some(g) = self.clients[ci].secure.get_mut(group) {
+        let c = &mut self.clients[ci];
+        if let Some(g) = c.secure.get_mut(group) {
+            let msg = conclave_node::record::message_name(&c.name, group, &payload);
             // A full queue refuses: the message was never sent.
             if g.send(s, payload).is_ok() {
+                let (p, inc) = (c.name.clone(), c.inc.unwrap_or(0));
+                self.history.push(Record {
+                    t: self.now,
+                    p,
+                    inc,
+                    ev: Event::SecureSend {
+                        group: group.to_owned(),
+                        msg,
+                    },
+                });
                 self.secure_send_commands(ci, group);
             }
         }
@@ -132,6 +146,14 @@ impl World {
         }
         let (p, inc) = (c.name.clone(), c.inc.unwrap_or(0));
         let mut records = Vec::new();
+        while let Some(c) = g.poll_consumed() {
+            records.push(Event::SecureConsumed {
+                group: group.to_owned(),
+                sender: c.sender,
+                signed_for: view_id(c.signed_for),
+                run: view_id(c.run),
+            });
+        }
         while let Some(e) = g.poll_event() {
             match e {
                 SecureEvent::View(v) => records.push(Event::SecureView {
@@ -139,6 +161,18 @@ impl World {
                     view: view_id(v.view),
                     members: v.members,
                     key: v.fingerprint.to_string(),
+                }),
+                SecureEvent::Message {
+                    group,
+                    sender,
+                    view,
+                    payload,
+                    ..
+                } => records.push(Event::SecureDeliver {
+                    msg: conclave_node::record::message_name(&sender, &group, &payload),
+                    group,
+                    sender,
+                    view: view_id(view),
                 }),
                 SecureEvent::Refused {
                     group,

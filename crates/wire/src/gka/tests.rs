@@ -87,6 +87,7 @@ proptest! {
         let (d, signed_len) = Envelope::decode(&bytes).unwrap();
         prop_assert_eq!(&d, &e);
         prop_assert_eq!(&bytes[..signed_len], &e.signed_part()[..]);
+        prop_assert_eq!(Envelope::view_of(&bytes), Ok(view));
     }
 
     #[test]
@@ -101,6 +102,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(kind: u8, bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         let _ = Envelope::decode(&bytes);
+        let _ = Envelope::view_of(&bytes);
         let _ = GdhMsg::decode(kind, &bytes);
         let _ = CkdMsg::decode(kind, &bytes);
         let _ = TgdhMsg::decode(kind, &bytes);
