@@ -595,7 +595,12 @@ impl SecureGroup {
         let opened = match payload.try_into_mut() {
             Ok(mut buf) => key
                 .open_in_place(group, &view, &sender, service, counter, &mut buf[at..])
-                .map(|len| buf.freeze().slice(at..at + len)),
+                .map(|len| {
+                    // Narrowed in place: a slice of the frozen buffer would allocate.
+                    buf.truncate(at + len);
+                    bytes::Buf::advance(&mut buf, at);
+                    buf.freeze()
+                }),
             Err(shared) => key
                 .open(group, &view, &sender, service, counter, &shared[at..])
                 .map(Bytes::from),

@@ -51,12 +51,13 @@ impl SenderKey {
         plaintext: &[u8],
     ) -> Vec<u8> {
         let header = SecureMessage::data_header(view, counter);
-        let aad = aad(&header, group, sender, service);
         let at = header.len();
         let mut out = Vec::with_capacity(at + plaintext.len() + TAG_BYTES);
         out.extend_from_slice(&header);
         out.extend_from_slice(plaintext);
-        self.aead.seal_tail(nonce(counter), &aad, &mut out, at);
+        with_aad(&header, group, sender, service, |aad| {
+            self.aead.seal_tail(nonce(counter), aad, &mut out, at)
+        });
         out
     }
 
@@ -72,8 +73,9 @@ impl SenderKey {
         buf: &mut [u8],
     ) -> Result<usize, AeadError> {
         let header = SecureMessage::data_header(view, counter);
-        self.aead
-            .open_in_place(nonce(counter), &aad(&header, group, sender, service), buf)
+        with_aad(&header, group, sender, service, |aad| {
+            self.aead.open_in_place(nonce(counter), aad, buf)
+        })
     }
 
     pub fn open(
@@ -86,11 +88,9 @@ impl SenderKey {
         sealed: &[u8],
     ) -> Result<Vec<u8>, AeadError> {
         let header = SecureMessage::data_header(view, counter);
-        self.aead.open(
-            nonce(counter),
-            &aad(&header, group, sender, service),
-            sealed,
-        )
+        with_aad(&header, group, sender, service, |aad| {
+            self.aead.open(nonce(counter), aad, sealed)
+        })
     }
 }
 
@@ -100,14 +100,38 @@ fn nonce(counter: u64) -> [u8; NONCE_BYTES] {
     n
 }
 
-fn aad(header: &[u8], group: &str, sender: &str, service: ServiceType) -> Vec<u8> {
-    kdf::info(&[
+/// Associated data that fits here is built on the stack (every message has some): the label,
+/// the header, two names of at most 64 bytes and the service, each with its length.
+const AAD_STACK_BYTES: usize = 256;
+
+/// `f` of the associated data: `kdf::info` of the label, the header, the group, the sender and
+/// the service.
+fn with_aad<R>(
+    header: &[u8],
+    group: &str,
+    sender: &str,
+    service: ServiceType,
+    f: impl FnOnce(&[u8]) -> R,
+) -> R {
+    let parts: [&[u8]; 5] = [
         b"conclave data v1",
         header,
         group.as_bytes(),
         sender.as_bytes(),
         &[service as u8],
-    ])
+    ];
+    let len: usize = parts.iter().map(|p| 4 + p.len()).sum();
+    if len > AAD_STACK_BYTES {
+        return f(&kdf::info(&parts));
+    }
+    let mut buf = [0u8; AAD_STACK_BYTES];
+    let mut at = 0;
+    for p in parts {
+        buf[at..at + 4].copy_from_slice(&(p.len() as u32).to_be_bytes());
+        buf[at + 4..at + 4 + p.len()].copy_from_slice(p);
+        at += 4 + p.len();
+    }
+    f(&buf[..at])
 }
 
 /// Which counters of one sender were opened in a view: the highest, and a window of the
@@ -239,6 +263,23 @@ mod tests {
         }
         // Nothing of the plaintext is in the message.
         assert!(!bytes.windows(5).any(|w| w == b"hello"));
+    }
+
+    #[test]
+    fn the_associated_data_is_the_same_on_the_stack_and_off_it() {
+        let header = SecureMessage::data_header(&view(1), 9);
+        let long = "x".repeat(300);
+        for (group, sender) in [("g", "a#d1"), ("g", long.as_str())] {
+            let got = with_aad(&header, group, sender, ServiceType::Fifo, |a| a.to_vec());
+            let want = kdf::info(&[
+                b"conclave data v1",
+                &header,
+                group.as_bytes(),
+                sender.as_bytes(),
+                &[ServiceType::Fifo as u8],
+            ]);
+            assert_eq!(got, want);
+        }
     }
 
     #[test]
