@@ -254,7 +254,7 @@ fn nine_thousand_agreed_messages_per_daemon_in_one_order() {
 #[test]
 fn secure_swarm_seeds() {
     use conclave_history::Event;
-    for seed in 0..200 {
+    for seed in 0..300 {
         let r = full_run_passes(seed, |m| m.secure = true);
         assert!(
             r.history
