@@ -3,7 +3,7 @@
 //! the daemons' recorded histories. Nothing may be violated, and every message sent in the final
 //! view must reach every member of it. The same run with secure groups adds the secure layer's
 //! records (made by the clients: the daemons see only sealed payloads) to the daemons', and the
-//! checker judges K1-K6 on them too.
+//! checker judges K1-K4 and K6 on them too.
 
 use conclave_client::{Address, Client, ClientError, ClientEvent, Sender, ServiceType};
 use conclave_daemon::{AdminReply, AdminRequest, Config};

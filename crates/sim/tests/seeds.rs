@@ -250,10 +250,12 @@ fn nine_thousand_agreed_messages_per_daemon_in_one_order() {
 
 /// Secure runs (`conclave sim --secure`): every group a secure group, the protocol each seed
 /// draws, every fault; the checker's key properties (K1-K6) on top of the others, and every
-/// run ends with secure views.
+/// run ends with secure views. The layer's deliveries and key agreement intake are in the
+/// histories, so that the checks over them judge something.
 #[test]
 fn secure_swarm_seeds() {
     use conclave_history::Event;
+    let (mut delivered, mut consumed) = (0, 0);
     for seed in 0..300 {
         let r = full_run_passes(seed, |m| m.secure = true);
         assert!(
@@ -262,5 +264,16 @@ fn secure_swarm_seeds() {
                 .any(|rec| matches!(rec.ev, Event::SecureView { .. })),
             "secure seed {seed} agreed no key"
         );
+        for rec in &r.history {
+            match rec.ev {
+                Event::SecureDeliver { .. } => delivered += 1,
+                Event::SecureConsumed { .. } => consumed += 1,
+                _ => {}
+            }
+        }
     }
+    assert!(
+        delivered > 10_000 && consumed > 1_000,
+        "{delivered} deliveries, {consumed} key agreement messages taken in"
+    );
 }
