@@ -2,8 +2,10 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use conclave_crypto::identity_file::IdentityFile;
 use conclave_daemon::{AdminReply, AdminRequest, Config, Options};
 use std::path::PathBuf;
+use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 #[derive(Args)]
@@ -16,6 +18,10 @@ pub struct DaemonArgs {
     /// Which daemon of the configuration this is.
     #[arg(long, default_value = "d1")]
     name: String,
+    /// This daemon's identity file (`conclave keygen`); by default the file its configuration
+    /// entry names.
+    #[arg(long)]
+    identity: Option<PathBuf>,
     /// Write the history of this daemon's clients (JSON lines, docs/history.md).
     #[arg(long)]
     record: Option<PathBuf>,
@@ -31,8 +37,53 @@ pub struct DaemonArgs {
 pub fn load_config(path: &Option<PathBuf>) -> Result<Config> {
     Ok(match path {
         Some(p) => Config::load(p)?,
-        None => Config::local(3, 4800),
+        None => local_network()?,
     })
+}
+
+/// The three local daemons of [`Config::local`], their identities kept in a directory of this
+/// user's (made on first use, readable by its owner alone), so that daemons started without a
+/// configuration file still seal their links.
+fn local_network() -> Result<Config> {
+    let dir = local_identity_dir();
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        b.mode(0o700);
+    }
+    b.create(&dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let mut cfg = Config::local(3, 4800);
+    for d in &mut cfg.daemon {
+        let path = dir.join(format!("{}.identity", d.name));
+        if !path.exists() {
+            // Written aside and linked into place: a daemon starting at the same moment reads
+            // either no file or a whole one, and one of them wins.
+            let id = IdentityFile::generate(&d.name, &mut rand_core::OsRng);
+            let tmp = dir.join(format!(".{}.{}", d.name, std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            crate::secure_cmd::write_private(&tmp, &id.to_text())?;
+            let _ = std::fs::hard_link(&tmp, &path);
+            let _ = std::fs::remove_file(&tmp);
+        }
+        let id = conclave_daemon::read_identity(&path)?;
+        d.key = Some(id.public_text());
+        d.identity = Some(path);
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Where the local daemons' identities are kept: `$XDG_STATE_HOME/conclave/local`, or
+/// `~/.local/state/conclave/local`.
+fn local_identity_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("conclave").join("local")
 }
 
 pub fn run_daemon(args: DaemonArgs) -> Result<()> {
@@ -50,6 +101,10 @@ pub fn run_daemon(args: DaemonArgs) -> Result<()> {
             record: args.record,
             incarnation: None,
             seed: args.seed,
+            identity: match &args.identity {
+                Some(p) => Some(Arc::new(conclave_daemon::read_identity(p)?.static_dh())),
+                None => None,
+            },
         };
         let mut d = conclave_daemon::start(cfg, &args.name, opts).await?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

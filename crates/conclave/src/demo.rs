@@ -9,6 +9,7 @@ use crate::user_cmd::{event_text, service_name};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use conclave_client::{Address, Client, ClientEvent, GroupViewId, Sender, ServiceType};
+use conclave_daemon::config::Identities;
 use conclave_daemon::{AdminRequest, Config, Options, Running};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -59,11 +60,16 @@ pub(crate) fn step(text: &str) {
 /// one ring of all of them; gives them and the ring's description.
 pub(crate) async fn start_ring(
     cfg: &Config,
+    ids: &Identities,
     options: impl Fn(&str) -> Options,
 ) -> Result<(Vec<Running>, String)> {
     let mut daemons = Vec::new();
     for d in &cfg.daemon {
-        daemons.push(conclave_daemon::start(cfg.clone(), &d.name, options(&d.name)).await?);
+        let opts = Options {
+            identity: ids.get(&d.name),
+            ..options(&d.name)
+        };
+        daemons.push(conclave_daemon::start(cfg.clone(), &d.name, opts).await?);
     }
     let mut ring = String::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -232,9 +238,11 @@ impl Story {
 async fn story() -> Result<()> {
     let started = std::time::Instant::now();
     println!("Conclave demo: three daemons and three clients on this machine, over UDP and TCP");
-    let cfg = Config::local_on_free_ports(3).context("finding free ports")?;
-    step("the daemons d1, d2 and d3 start and form one ring");
-    let (daemons, ring) = start_ring(&cfg, |_| Options::default()).await?;
+    let (cfg, ids) = Config::local_on_free_ports(3)
+        .context("finding free ports")?
+        .with_identities(&mut rand_core::OsRng);
+    step("the daemons d1, d2 and d3 start and form one ring, their links sealed");
+    let (daemons, ring) = start_ring(&cfg, &ids, |_| Options::default()).await?;
     println!("  {ring}");
 
     step("alice (on d1), bob (on d2) and carol (on d3) connect and join \"chat\"");

@@ -45,7 +45,8 @@ enum Command {
     /// A client: commands on stdin (join, leave, send, ack), events on stdout (--json for JSON lines;
     /// --secure for secure groups).
     User(user_cmd::UserArgs),
-    /// Make a member's identity (an Ed25519 key, private to its owner) and add it to a trust directory.
+    /// Make an identity (an Ed25519 key, private to its owner): a member's, added to a trust
+    /// directory, or a daemon's, named by its `key` in the configuration.
     Keygen(secure_cmd::KeygenArgs),
     /// Group key agreement tools.
     Gka {

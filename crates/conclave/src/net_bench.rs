@@ -123,8 +123,9 @@ impl Network {
         Self::start_with(Config::local_on_free_ports(n)?).await
     }
 
-    /// The daemons `cfg` names, all in this process.
+    /// The daemons `cfg` names, all in this process, with fresh identities.
     pub(crate) async fn start_with(cfg: Config) -> Result<Network> {
+        let (cfg, ids) = cfg.with_identities(&mut rand_core::OsRng);
         let n = cfg.daemon.len();
         let mut daemons = Vec::new();
         for d in &cfg.daemon {
@@ -132,6 +133,7 @@ impl Network {
             let opts = Options {
                 record: std::env::var_os("CONCLAVE_BENCH_RECORD")
                     .map(|dir| PathBuf::from(dir).join(format!("{}.jsonl", d.name))),
+                identity: ids.get(&d.name),
                 ..Options::default()
             };
             daemons.push(conclave_daemon::start(cfg.clone(), &d.name, opts).await?);

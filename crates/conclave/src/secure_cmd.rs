@@ -14,7 +14,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 #[derive(Args)]
 pub struct KeygenArgs {
-    /// The member's private name (what it connects as).
+    /// The member's private name (what it connects as), or the daemon's name.
     #[arg(long)]
     name: String,
     /// Where to write the identity (readable by its owner only). Refuses to overwrite one.
@@ -50,6 +50,10 @@ pub fn run_keygen(args: KeygenArgs) -> Result<()> {
         args.name,
         args.out.display(),
         id.public_text()
+    );
+    println!(
+        "for a daemon, its [[daemon]] entry: {}",
+        conclave_daemon::Config::key_line(&id)
     );
     if let Some(dir) = &args.directory {
         let mut entries: Vec<(String, conclave_crypto::PublicIdentity)> =

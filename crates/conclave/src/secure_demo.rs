@@ -125,13 +125,15 @@ pub async fn story() -> Result<()> {
     );
     let records = std::env::temp_dir().join(format!("conclave-demo-{}", std::process::id()));
     std::fs::create_dir_all(&records)?;
-    let cfg = Config::local_on_free_ports(3).context("finding free ports")?;
-    step("the daemons d1, d2 and d3 start and form one ring (each records what it delivers)");
+    let (cfg, ids) = Config::local_on_free_ports(3)
+        .context("finding free ports")?
+        .with_identities(&mut rand_core::OsRng);
+    step("the daemons d1, d2 and d3 start and form one ring over sealed links (each records what it delivers)");
     let options = |name: &str| Options {
         record: Some(records.join(format!("{name}.jsonl"))),
         ..Options::default()
     };
-    let (daemons, ring) = start_ring(&cfg, options).await?;
+    let (daemons, ring) = start_ring(&cfg, &ids, options).await?;
     println!("  {ring}");
 
     step("alice, bob, carol and dave make Ed25519 identities; a trust directory names all four");

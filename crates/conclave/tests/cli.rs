@@ -343,16 +343,23 @@ fn json_lines(out: &str) -> Vec<serde_json::Value> {
 
 /// A configuration of one daemon on free ports, written to a file.
 fn one_daemon_config(tag: &str) -> (std::path::PathBuf, conclave_daemon::Config) {
-    let cfg = conclave_daemon::Config::local_on_free_ports(1).unwrap();
+    let dir = std::env::temp_dir().join(format!("conclave-{tag}-daemon-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = conclave_daemon::Config::local_on_free_ports(1)
+        .unwrap()
+        .with_identity_files(&dir, &mut rand_core::OsRng)
+        .unwrap();
     let d = &cfg.daemon[0];
     let text = format!(
-        "[[daemon]]\nname = \"d1\"\npeer = \"{}\"\nclient = \"{}\"\nadmin = \"{}\"\nmetrics = \"{}\"\n",
+        "[[daemon]]\nname = \"d1\"\npeer = \"{}\"\nclient = \"{}\"\nadmin = \"{}\"\nmetrics = \"{}\"\nkey = \"{}\"\nidentity = {:?}\n",
         d.peer,
         d.client.unwrap(),
         d.admin.unwrap(),
-        d.metrics.unwrap()
+        d.metrics.unwrap(),
+        d.key.as_ref().unwrap(),
+        d.identity.as_ref().unwrap(),
     );
-    let path = std::env::temp_dir().join(format!("conclave-{tag}-{}.toml", std::process::id()));
+    let path = dir.join("conclave.toml");
     std::fs::write(&path, text).unwrap();
     (path, cfg)
 }

@@ -29,12 +29,14 @@ fn config_text(c: &Config) -> String {
     let mut s = String::from("[core]\nflush_timeout_ms = 5000\n\n");
     for d in &c.daemon {
         s += &format!(
-            "[[daemon]]\nname = \"{}\"\npeer = \"{}\"\nclient = \"{}\"\nadmin = \"{}\"\nmetrics = \"{}\"\n\n",
+            "[[daemon]]\nname = \"{}\"\npeer = \"{}\"\nclient = \"{}\"\nadmin = \"{}\"\nmetrics = \"{}\"\nkey = \"{}\"\nidentity = {:?}\n\n",
             d.name,
             d.peer,
             d.client.unwrap(),
             d.admin.unwrap(),
-            d.metrics.unwrap()
+            d.metrics.unwrap(),
+            d.key.as_ref().unwrap(),
+            d.identity.as_ref().unwrap(),
         );
     }
     s
@@ -210,7 +212,10 @@ async fn daemons_survive_a_partition_a_kill_and_a_restart_with_nothing_lost() {
     let dir = std::env::temp_dir().join(format!("conclave-daemons-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let cfg = Config::local_on_free_ports(3).unwrap();
+    let cfg = Config::local_on_free_ports(3)
+        .unwrap()
+        .with_identity_files(&dir, &mut rand_core::OsRng)
+        .unwrap();
     let cfg_path = dir.join("conclave.toml");
     std::fs::write(&cfg_path, config_text(&cfg)).unwrap();
     let mut net = Net {
@@ -628,7 +633,10 @@ async fn secure_groups_survive_a_partition_a_kill_and_a_restart_checked_from_the
     let dir = std::env::temp_dir().join(format!("conclave-secure-daemons-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let cfg = Config::local_on_free_ports(3).unwrap();
+    let cfg = Config::local_on_free_ports(3)
+        .unwrap()
+        .with_identity_files(&dir, &mut rand_core::OsRng)
+        .unwrap();
     let cfg_path = dir.join("conclave.toml");
     std::fs::write(&cfg_path, config_text(&cfg)).unwrap();
     let mut net = Net {

@@ -81,6 +81,21 @@ impl Aead {
         buf.extend_from_slice(tag.as_ref());
     }
 
+    /// The tag of `aad` alone (no ciphertext): authentication without encryption.
+    pub fn tag(&self, nonce: [u8; NONCE_BYTES], aad: &[u8]) -> [u8; TAG_BYTES] {
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad),
+                &mut [],
+            )
+            .expect("associated data within AEAD limits");
+        let mut out = [0u8; TAG_BYTES];
+        out.copy_from_slice(tag.as_ref());
+        out
+    }
+
     /// Decrypts `buf` (ciphertext and tag) in place; gives the plaintext's length (it is
     /// `buf[..len]`). On failure `buf` holds nothing of the plaintext.
     pub fn open_in_place(
@@ -137,6 +152,21 @@ mod tests {
             assert_eq!(a.open([1; 12], b"hdr", &t), Err(AeadError::Auth));
             assert_eq!(a.open([1; 12], b"hdr", &c[..3]), Err(AeadError::Truncated));
         }
+    }
+
+    #[test]
+    fn a_tag_alone_is_a_seal_of_nothing_and_opens_as_one() {
+        let a = Aead::new(AeadAlg::Aes256Gcm, &[3; 32]);
+        let tag = a.tag([4; 12], b"all of it in the clear");
+        assert_eq!(tag[..], a.seal([4; 12], b"all of it in the clear", b"")[..]);
+        assert_eq!(
+            a.open([4; 12], b"all of it in the clear", &tag).unwrap(),
+            b""
+        );
+        assert_eq!(
+            a.open([4; 12], b"all of it in the clear!", &tag),
+            Err(AeadError::Auth)
+        );
     }
 
     #[test]

@@ -15,12 +15,14 @@
 
 pub mod aead;
 pub mod group;
+pub mod identity_file;
 pub mod kdf;
 pub mod meter;
 pub mod modp;
 pub mod ristretto;
 pub mod secret;
 pub mod sign;
+pub mod static_dh;
 pub mod suite;
 
 pub use group::{Group, GroupError};
@@ -29,6 +31,7 @@ pub use modp::{Modp1024, Modp2048};
 pub use ristretto::Ristretto255;
 pub use secret::{Fingerprint, GroupKey};
 pub use sign::{Identity, PublicIdentity, SigError, SigScheme};
+pub use static_dh::{DhError, StaticDh};
 pub use suite::Suite;
 
 /// The RNG every API takes: cryptographically secure and object safe.

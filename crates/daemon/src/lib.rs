@@ -8,6 +8,6 @@ pub mod record;
 pub mod server;
 pub mod session;
 
-pub use conclave_node::{admin, config, faults, frag, metrics};
+pub use conclave_node::{admin, config, faults, frag, link, metrics};
 pub use conclave_node::{AdminReply, AdminRequest, Config, ConfigError, Status};
-pub use server::{start, Options, Running};
+pub use server::{read_identity, start, Options, Running};

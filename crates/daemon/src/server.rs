@@ -16,6 +16,7 @@ use crate::metrics::Metrics;
 use crate::record::HistoryFile;
 use crate::session::{self, Written};
 use anyhow::Context;
+use conclave_crypto::identity_file::IdentityFile;
 use conclave_node::{Node, NodeOptions, SessionId, SessionOutput, Time};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -45,6 +46,8 @@ pub struct Options {
     pub incarnation: Option<u32>,
     /// Seed of the fault injection's randomness (by default from the clock).
     pub seed: Option<u64>,
+    /// The daemon's identity; by default read from the file its configuration entry names.
+    pub identity: Option<Arc<conclave_crypto::StaticDh>>,
 }
 
 /// Tenths of a second since 2024: grows between two starts of a daemon and two connections of a
@@ -125,6 +128,26 @@ impl Running {
     }
 }
 
+/// A daemon's identity file. One that others may read is used, with a warning: the secret in it
+/// is what keeps outsiders off the links.
+pub fn read_identity(path: &std::path::Path) -> anyhow::Result<IdentityFile> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the identity file {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(m) = std::fs::metadata(path) {
+            if m.permissions().mode() & 0o077 != 0 {
+                tracing::warn!(
+                    file = %path.display(),
+                    "the identity file is readable by others than its owner (chmod 600 it)"
+                );
+            }
+        }
+    }
+    IdentityFile::parse(&text).with_context(|| format!("reading {}", path.display()))
+}
+
 /// After the core stops, the connections' tasks get a moment to write what is queued (the
 /// answer to an admin `shutdown`, the clients' `Closed`) before the process may exit.
 async fn linger() {
@@ -147,6 +170,11 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         ),
         None => None,
     };
+    let identity = match (&opts.identity, &entry.identity) {
+        (Some(id), _) => Some(id.clone()),
+        (None, Some(path)) => Some(Arc::new(read_identity(path)?.static_dh())),
+        (None, None) => None,
+    };
     let start = Instant::now();
     let inc = opts.incarnation.unwrap_or_else(stamp);
     let node_opts = NodeOptions {
@@ -156,6 +184,8 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         record_ring_messages: false,
         clock_base_us: crate::record::wall_us(),
         client_incarnation_floor: 0,
+        identity,
+        link_salt: rand_core::RngCore::next_u32(&mut rand_core::OsRng),
     };
     let node = Node::new(cfg, name, node_opts, Time::ZERO)?;
     let metrics = node.metrics().clone();
@@ -387,11 +417,11 @@ impl Pump {
             let now = self.now();
             match woke {
                 Woke::Datagram(n, from) => {
-                    self.node.handle_datagram(now, from, &buf[..n]);
+                    self.node.handle_datagram(now, from, &mut buf[..n]);
                     // Take in what else has arrived before answering.
                     for _ in 0..64 {
                         match udp.try_recv_from(&mut buf) {
-                            Ok((n, from)) => self.node.handle_datagram(now, from, &buf[..n]),
+                            Ok((n, from)) => self.node.handle_datagram(now, from, &mut buf[..n]),
                             Err(_) => break,
                         }
                     }

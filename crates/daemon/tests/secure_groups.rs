@@ -11,11 +11,17 @@ use rand_chacha::rand_core::SeedableRng;
 use std::time::Duration;
 
 async fn two_daemons() -> (Vec<Running>, Vec<Address>) {
-    let cfg = Config::local_on_free_ports(2).unwrap();
+    let (cfg, ids) = Config::local_on_free_ports(2)
+        .unwrap()
+        .with_identities(&mut rand_core::OsRng);
     let mut running = Vec::new();
     for name in ["d1", "d2"] {
+        let opts = Options {
+            identity: ids.get(name),
+            ..Options::default()
+        };
         running.push(
-            conclave_daemon::start(cfg.clone(), name, Options::default())
+            conclave_daemon::start(cfg.clone(), name, opts)
                 .await
                 .unwrap(),
         );

@@ -12,6 +12,11 @@
 //! unix = "/tmp/conclave-d1.sock"   # optional: clients on a Unix socket
 //! admin = "127.0.0.1:5001"     # optional: `conclave admin`
 //! metrics = "127.0.0.1:9101"   # optional: Prometheus text at any path
+//! key = "ed25519:<64 hex digits>"  # its identity's public key (`conclave keygen`)
+//! identity = "/etc/conclave/d1.identity"  # optional: its identity file, read by d1 only
+//!
+//! [links]                      # optional: how datagrams between daemons are protected
+//! mode = "sealed"              # sealed (default), authenticated, or off (docs/links.md)
 //!
 //! [core.membership]            # optional: the core's settings (conclave_gcs::DaemonConfig)
 //! token_loss_ms = 200
@@ -22,6 +27,9 @@
 //! ```
 
 use crate::faults::{Faults, LinkFaults};
+use crate::link::LinkMode;
+use conclave_crypto::identity_file::{parse_public_text, public_text, IdentityFile};
+use conclave_crypto::{CryptoRng, PublicIdentity, StaticDh};
 use conclave_gcs::DaemonConfig;
 use conclave_wire::gcs::{DaemonId, MAX_NAME_BYTES, MAX_RING_MEMBERS};
 use serde::Deserialize;
@@ -39,6 +47,29 @@ pub struct DaemonEntry {
     pub unix: Option<PathBuf>,
     pub admin: Option<SocketAddr>,
     pub metrics: Option<SocketAddr>,
+    /// The public key of the daemon's identity (`ed25519:` and 64 hex digits).
+    pub key: Option<String>,
+    /// Where the daemon finds its identity file (read by that daemon only; `--identity`
+    /// overrides it).
+    pub identity: Option<PathBuf>,
+}
+
+/// How the links between daemons are protected (`[links]`, docs/links.md).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LinksConfig {
+    pub mode: LinkMode,
+}
+
+/// The secret identities of a network's daemons, by name, for running all of them in one process
+/// (the demo, tests, benchmarks, the simulator). Wiped when dropped.
+#[derive(Default)]
+pub struct Identities(BTreeMap<String, std::sync::Arc<StaticDh>>);
+
+impl Identities {
+    pub fn get(&self, daemon: &str) -> Option<std::sync::Arc<StaticDh>> {
+        self.0.get(daemon).cloned()
+    }
 }
 
 /// What one connection may make its daemon hold, and how long it may take (`[sessions]`).
@@ -112,6 +143,8 @@ pub struct Config {
     pub sessions: SessionLimits,
     #[serde(default)]
     pub faults: FaultsConfig,
+    #[serde(default)]
+    pub links: LinksConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -141,12 +174,73 @@ impl Config {
                     unix: None,
                     admin: Some(at(200 + i)),
                     metrics: Some(at(300 + i)),
+                    key: None,
+                    identity: None,
                 })
                 .collect(),
             core: DaemonConfig::default(),
             sessions: SessionLimits::default(),
             faults: FaultsConfig::default(),
+            links: LinksConfig::default(),
         }
+    }
+
+    /// Fresh identities for every daemon, their keys written into the configuration: a
+    /// network run in one process. The seeds come from `rng` (the system's, outside tests and
+    /// the simulator).
+    pub fn with_identities(mut self, rng: &mut dyn CryptoRng) -> (Config, Identities) {
+        let mut ids = BTreeMap::new();
+        for d in &mut self.daemon {
+            let file = IdentityFile::generate(&d.name, rng);
+            d.key = Some(file.public_text());
+            ids.insert(d.name.clone(), std::sync::Arc::new(file.static_dh()));
+        }
+        (self, Identities(ids))
+    }
+
+    /// Fresh identities for every daemon, written to `dir/<name>.identity` (readable by their
+    /// owner alone) and named in the configuration with their keys: a network whose daemons run
+    /// as processes of their own on this machine.
+    pub fn with_identity_files(
+        mut self,
+        dir: &std::path::Path,
+        rng: &mut dyn CryptoRng,
+    ) -> std::io::Result<Config> {
+        use std::io::Write;
+        for d in &mut self.daemon {
+            let file = IdentityFile::generate(&d.name, rng);
+            let path = dir.join(format!("{}.identity", d.name));
+            let mut o = std::fs::OpenOptions::new();
+            o.write(true).create(true).truncate(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                o.mode(0o600);
+            }
+            o.open(&path)?.write_all(file.to_text().as_bytes())?;
+            d.key = Some(file.public_text());
+            d.identity = Some(path);
+        }
+        Ok(self)
+    }
+
+    /// Every daemon's name and public key, by id from 1.
+    pub fn roster(&self) -> Vec<(String, Option<PublicIdentity>)> {
+        self.daemon
+            .iter()
+            .map(|d| {
+                let key = d
+                    .key
+                    .as_ref()
+                    .and_then(|k| parse_public_text(&d.name, k).ok());
+                (d.name.clone(), key)
+            })
+            .collect()
+    }
+
+    /// The line that names `file`'s key in a daemon's entry.
+    pub fn key_line(file: &IdentityFile) -> String {
+        format!("key = \"{}\"", public_text(&file.identity().public()))
     }
 
     /// `n` daemons on this machine on ports free right now (for tests and the demo).
@@ -221,6 +315,32 @@ impl Config {
             for a in [d.client, d.admin, d.metrics].into_iter().flatten() {
                 if !tcp.insert(a) {
                     return bad(format!("address {a} is used twice"));
+                }
+            }
+        }
+        for d in &self.daemon {
+            match &d.key {
+                Some(k) => {
+                    parse_public_text(&format!("daemon {:?}'s key", d.name), k)
+                        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+                }
+                None if self.links.mode != LinkMode::Off => {
+                    return bad(format!(
+                        "daemon {:?} has no key: links between daemons are {} by default, so \
+                             every daemon names its identity's public key (`conclave keygen`), or \
+                             [links] mode = \"off\"",
+                        d.name,
+                        self.links.mode.name()
+                    ));
+                }
+                None => {}
+            }
+        }
+        let mut keys = BTreeSet::new();
+        for d in &self.daemon {
+            if let Some(k) = &d.key {
+                if !keys.insert(k.as_str()) {
+                    return bad(format!("daemon {:?}'s key is another daemon's too", d.name));
                 }
             }
         }
@@ -316,9 +436,16 @@ pub fn qualified_name(private: &str, daemon: &str) -> Result<String, String> {
 mod tests {
     use super::*;
 
+    /// A valid key line for the tests' configurations.
+    fn key(i: u8) -> String {
+        let id = conclave_crypto::Identity::ed25519_from_seed(&[i; 32]).unwrap();
+        format!("key = \"{}\"\n", public_text(&id.public()))
+    }
+
     #[test]
     fn the_documented_example_parses() {
-        let text = r#"
+        let text = format!(
+            r#"
 [[daemon]]
 name = "d1"
 peer = "127.0.0.1:4801"
@@ -326,23 +453,30 @@ client = "127.0.0.1:4901"
 unix = "/tmp/conclave-d1.sock"
 admin = "127.0.0.1:5001"
 metrics = "127.0.0.1:9101"
+{}identity = "/etc/conclave/d1.identity"
 
 [[daemon]]
 name = "d2"
 peer = "127.0.0.1:4802"
-
+{}
 [[daemon]]
 name = "d3"
 peer = "127.0.0.1:4803"
-
+{}
 [core.membership]
 token_loss_ms = 200
 
 [faults]
 drop = 0.01
 partition = [["d1", "d2"], ["d3"]]
-"#;
-        let c = Config::parse(text).unwrap();
+"#,
+            key(1),
+            key(2),
+            key(3)
+        );
+        let c = Config::parse(&text).unwrap();
+        assert_eq!(c.links.mode, LinkMode::Sealed);
+        assert!(c.roster().iter().all(|(_, k)| k.is_some()));
         assert_eq!(c.daemon.len(), 3);
         assert_eq!(c.id_of("d3"), Some(3));
         assert_eq!(c.faults().all.drop, 0.01);
@@ -353,7 +487,22 @@ partition = [["d1", "d2"], ["d3"]]
 
     #[test]
     fn bad_configurations_are_clear_errors() {
+        let off = "[links]\nmode = \"off\"\n";
         let cases = [
+            ("[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n", "has no key"),
+            (
+                "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\nkey = \"ed25519:00\"\n",
+                "32 bytes",
+            ),
+            (
+                &format!(
+                    "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n{}[[daemon]]\nname = \"d2\"\npeer = \"127.0.0.1:2\"\n{}",
+                    key(1),
+                    key(1)
+                ),
+                "another daemon's",
+            ),
+            ("[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n[links]\nmode = \"open\"\n", "unknown variant"),
             ("", "daemon"),
             ("[[daemon]]\nname = \"d1\"\npeer = \"nowhere\"\n", "invalid"),
             (
@@ -387,6 +536,17 @@ partition = [["d1", "d2"], ["d3"]]
             ),
         ];
         for (text, needle) in cases {
+            // Keys are beside the point of the others: links off.
+            let text = if needle.contains("key")
+                || needle.contains("bytes")
+                || needle.contains("daemon's")
+                || needle.contains("variant")
+            {
+                text.to_string()
+            } else {
+                format!("{text}{off}")
+            };
+            let text = text.as_str();
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(needle), "{text:?} gave {e:?}");
         }
@@ -394,19 +554,29 @@ partition = [["d1", "d2"], ["d3"]]
 
     #[test]
     fn a_udp_and_a_tcp_socket_may_share_a_port_number() {
-        let text =
-            "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:7000\"\nclient = \"127.0.0.1:7000\"\n";
-        Config::parse(text).unwrap();
-        let text = "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:7000\"\nclient = \"127.0.0.1:7001\"\nadmin = \"127.0.0.1:7001\"\n";
-        assert!(Config::parse(text)
+        let text = format!(
+            "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:7000\"\nclient = \"127.0.0.1:7000\"\n{}",
+            key(1)
+        );
+        Config::parse(&text).unwrap();
+        let text = format!("[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:7000\"\nclient = \"127.0.0.1:7001\"\nadmin = \"127.0.0.1:7001\"\n{}", key(1));
+        assert!(Config::parse(&text)
             .unwrap_err()
             .to_string()
             .contains("used twice"));
     }
 
     #[test]
-    fn the_local_default_is_valid_and_names_are_qualified() {
-        Config::local(3, 4800).validate().unwrap();
+    fn the_local_default_is_valid_with_identities_and_names_are_qualified() {
+        assert!(Config::local(3, 4800).validate().is_err());
+        let mut rng = <rand_chacha::ChaCha8Rng as rand_core::SeedableRng>::seed_from_u64(1);
+        let (c, ids) = Config::local(3, 4800).with_identities(&mut rng);
+        c.validate().unwrap();
+        let d2 = ids.get("d2").unwrap();
+        assert_eq!(
+            c.roster()[1].1.as_ref().unwrap().ed25519_bytes(),
+            Some(d2.ed25519_public())
+        );
         assert_eq!(qualified_name("alice", "d1").unwrap(), "alice#d1");
         assert!(qualified_name("a#b", "d1").is_err());
         assert!(qualified_name("", "d1").is_err());

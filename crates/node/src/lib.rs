@@ -9,6 +9,7 @@ pub mod admin;
 pub mod config;
 pub mod faults;
 pub mod frag;
+pub mod link;
 pub mod metrics;
 pub mod node;
 pub mod record;

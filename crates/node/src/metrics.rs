@@ -61,8 +61,10 @@ metrics! {
     packets_received: "counter", "Daemon packets received and decoded.";
     bytes_sent: "counter", "Bytes of datagrams sent to other daemons.";
     bytes_received: "counter", "Bytes of datagrams received from other daemons.";
-    bad_datagrams: "counter", "Datagrams refused: unknown sender, malformed, or undecodable.";
+    bad_datagrams: "counter", "Datagrams refused: unknown sender, refused by the link (forged, altered, replayed, stale), malformed, or undecodable.";
     fault_drops: "counter", "Datagrams dropped by fault injection.";
+    link_waiting: "counter", "Datagrams not sent: the peer's link epoch was not known yet (a hello went instead).";
+    link_hellos: "counter", "Link hellos sent (a daemon's epoch, to a peer that lacks it).";
     retransmit_requests: "counter", "Messages this daemon asked the ring to retransmit.";
     views: "counter", "Daemon configurations installed.";
     group_views: "counter", "Group views delivered to this daemon's clients.";

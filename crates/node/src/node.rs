@@ -28,6 +28,7 @@ use crate::admin::{AdminReply, AdminRequest, Status, MAX_PAUSE_MS};
 use crate::config::{qualified_name, Config, ConfigError};
 use crate::faults::{Faults, LinkFaults};
 use crate::frag::{pack, Reassembly};
+use crate::link::{LinkMode, LinkSetupError, Links, Opened};
 use crate::metrics::Metrics;
 use crate::record::Recorder;
 use crate::session::{next_request, Session, SessionId, SessionOutput};
@@ -85,6 +86,11 @@ pub struct NodeOptions {
     pub clock_base_us: u64,
     /// Client incarnations start above this (the simulator keeps restarts apart with it).
     pub client_incarnation_floor: u32,
+    /// The daemon's identity, for its links (required unless they are off).
+    pub identity: Option<Arc<conclave_crypto::StaticDh>>,
+    /// Random bits of this run's link epoch (docs/links.md): the system's RNG in the daemon, a
+    /// seeded one in the simulator.
+    pub link_salt: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +103,8 @@ pub enum NodeError {
     TooManyConnections { max: usize },
     #[error("connection {0} is already open")]
     SessionExists(SessionId),
+    #[error(transparent)]
+    Link(#[from] LinkSetupError),
 }
 
 /// A datagram held back by an injected delay: when it goes, a tie-breaker, to whom, what.
@@ -113,6 +121,8 @@ pub struct Node {
     peer_names: Vec<String>,
     by_addr: HashMap<SocketAddr, DaemonId>,
     reassembly: HashMap<DaemonId, Reassembly>,
+    links: Links,
+    refusal_log: RefusalLog,
     frag_id: u32,
     faults: Faults,
     rng: ChaCha8Rng,
@@ -155,7 +165,25 @@ impl Node {
         });
         let mut dcfg = cfg.core.clone();
         dcfg.record_ring = recorder.is_some();
+        let epoch = (opts.incarnation as u64) << 32 | opts.link_salt as u64;
+        let links = Links::new(
+            cfg.links.mode,
+            me,
+            epoch,
+            opts.identity.as_deref(),
+            &cfg.roster(),
+        )?;
+        if cfg.links.mode == LinkMode::Off {
+            tracing::warn!(
+                daemon = name,
+                "LINKS BETWEEN DAEMONS ARE OFF: anyone who reaches the peer port can read the \
+                 ring's traffic, forge tokens and membership messages, and inject messages \
+                 ([links] mode = \"off\"; for benchmarks and trusted networks only)"
+            );
+        }
         Ok(Node {
+            links,
+            refusal_log: RefusalLog::default(),
             me,
             name: name.to_owned(),
             inc: opts.incarnation,
@@ -239,29 +267,42 @@ impl Node {
 
     // ---- datagrams ----
 
-    /// A datagram from `from`. One from an address that is no configured daemon, or that does not
-    /// decode, is dropped and counted.
-    pub fn handle_datagram(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+    /// A datagram from `from`. One from an address that is no configured daemon, or that its
+    /// link refuses (forged, altered, replayed: docs/links.md), or that does not decode, is
+    /// dropped and counted, and changes nothing. The datagram is opened in place.
+    pub fn handle_datagram(&mut self, now: Time, from: SocketAddr, datagram: &mut [u8]) {
         self.input(now);
         let m = &self.metrics;
         m.bytes_received.fetch_add(datagram.len() as u64, Relaxed);
         let Some(&peer) = self.by_addr.get(&from) else {
             m.bad_datagrams.fetch_add(1, Relaxed);
             m.peer_refused("unknown", "unknown_sender");
+            self.refusal_log
+                .note(self.now, "unknown", "unknown_sender", true);
             return;
         };
         if !self.faults.accept(self.me, peer) {
             m.fault_drops.fetch_add(1, Relaxed);
             return;
         }
-        let (now, me) = (self.now, self.me);
         let name = &self.peer_names[(peer - 1) as usize];
+        let body = match self.links.open(self.now, peer, datagram) {
+            Ok(Opened::Data(range)) => &datagram[range],
+            Ok(Opened::Control) => return,
+            Err(e) => {
+                m.bad_datagrams.fetch_add(1, Relaxed);
+                m.peer_refused(name, e.name());
+                self.refusal_log.note(self.now, name, e.name(), e.hostile());
+                return;
+            }
+        };
+        let (now, me) = (self.now, self.me);
         let daemon = &mut self.daemon;
         let r = self
             .reassembly
             .entry(peer)
             .or_default()
-            .push_each(datagram, |packet| {
+            .push_each(body, |packet| {
                 trace_membership(me, peer, packet);
                 match daemon.handle_packet(now, peer, packet) {
                     Ok(()) => {
@@ -279,6 +320,11 @@ impl Node {
             m.peer_refused(name, "bad_datagram");
             tracing::debug!(peer, error = %e, "bad datagram");
         }
+    }
+
+    /// The link layer (its epoch and what it knows of its peers').
+    pub fn links(&self) -> &Links {
+        &self.links
     }
 
     // ---- timers ----
@@ -900,6 +946,7 @@ impl Node {
             }
         }
         if encoded.is_empty() {
+            self.emit_hellos();
             return;
         }
         for (peer, packets) in per_peer.into_iter().enumerate().skip(1) {
@@ -916,27 +963,46 @@ impl Node {
                 }
             };
             for d in datagrams {
-                let copies = self.faults.send(self.me, peer, &mut self.rng);
-                if copies.is_empty() {
-                    self.metrics.fault_drops.fetch_add(1, Relaxed);
-                }
-                let last = copies.len().saturating_sub(1);
-                let mut d = Some(d);
-                for (k, delay_ms) in copies.into_iter().enumerate() {
-                    let copy = if k == last {
-                        d.take().expect("one per copy")
-                    } else {
-                        d.clone().expect("one per copy")
-                    };
-                    if delay_ms == 0 {
-                        self.send_datagram(peer, copy);
-                    } else {
-                        self.delayed_seq += 1;
-                        let at = self.now + Duration::from_millis(delay_ms);
-                        self.delayed
-                            .push(Reverse((at, self.delayed_seq, peer, copy)));
+                match self.links.seal(self.now, peer, d) {
+                    Some(d) => self.emit(peer, d),
+                    None => {
+                        self.metrics.link_waiting.fetch_add(1, Relaxed);
                     }
                 }
+            }
+        }
+        self.emit_hellos();
+    }
+
+    fn emit_hellos(&mut self) {
+        while let Some((peer, d)) = self.links.poll_hello() {
+            self.metrics.link_hellos.fetch_add(1, Relaxed);
+            self.emit(peer, d);
+        }
+    }
+
+    /// A datagram, as the link sealed it, through the injected faults: lost, duplicated (the
+    /// same bytes, as a network duplicates them) or delayed.
+    fn emit(&mut self, peer: DaemonId, d: Vec<u8>) {
+        let copies = self.faults.send(self.me, peer, &mut self.rng);
+        if copies.is_empty() {
+            self.metrics.fault_drops.fetch_add(1, Relaxed);
+        }
+        let last = copies.len().saturating_sub(1);
+        let mut d = Some(d);
+        for (k, delay_ms) in copies.into_iter().enumerate() {
+            let copy = if k == last {
+                d.take().expect("one per copy")
+            } else {
+                d.clone().expect("one per copy")
+            };
+            if delay_ms == 0 {
+                self.send_datagram(peer, copy);
+            } else {
+                self.delayed_seq += 1;
+                let at = self.now + Duration::from_millis(delay_ms);
+                self.delayed
+                    .push(Reverse((at, self.delayed_seq, peer, copy)));
             }
         }
     }
@@ -1030,5 +1096,40 @@ fn trace_membership(me: DaemonId, peer: DaemonId, packet: &[u8]) {
         ),
         Ok(Packet::MergeDetect { ring }) => tracing::trace!(me, peer, ?ring, "merge detect"),
         _ => {}
+    }
+}
+
+/// Refused datagrams in the log: at most one line a second for each reason, with how many were
+/// refused in between, so a flood cannot fill the disk.
+#[derive(Default)]
+struct RefusalLog {
+    last: HashMap<&'static str, (Time, u64)>,
+}
+
+impl RefusalLog {
+    const GAP: Duration = Duration::from_secs(1);
+
+    fn note(&mut self, now: Time, peer: &str, reason: &'static str, hostile: bool) {
+        let e = self.last.entry(reason).or_insert((Time::ZERO, 0));
+        if e.1 > 0 && now < e.0 + Self::GAP {
+            e.1 += 1;
+            return;
+        }
+        let since = std::mem::replace(e, (now, 1)).1.saturating_sub(1);
+        if hostile {
+            tracing::warn!(
+                peer,
+                reason,
+                more_since_last_line = since,
+                "datagram refused"
+            );
+        } else {
+            tracing::debug!(
+                peer,
+                reason,
+                more_since_last_line = since,
+                "datagram refused"
+            );
+        }
     }
 }

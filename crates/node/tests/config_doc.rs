@@ -3,7 +3,7 @@
 //! documentation cannot drift from them.
 
 use conclave_gcs::DaemonConfig;
-use conclave_node::config::SessionLimits;
+use conclave_node::config::{LinksConfig, SessionLimits};
 use conclave_node::Config;
 
 #[test]
@@ -21,9 +21,11 @@ fn the_documented_defaults_are_the_defaults() {
     let c = Config::parse(block).expect("the documented configuration parses");
     assert_eq!(c.core, DaemonConfig::default());
     assert_eq!(c.sessions, SessionLimits::default());
+    assert_eq!(c.links, LinksConfig::default());
     assert_eq!(c.daemon.len(), 2);
     // The simulator's configuration is the deployed one.
     let sim = Config::local(5, 4800);
     assert_eq!(sim.core, c.core);
     assert_eq!(sim.sessions, c.sessions);
+    assert_eq!(sim.links, c.links);
 }

@@ -1,5 +1,6 @@
 //! What a node refuses from the network is counted per peer and reason, and shown in the status
-//! an admin asks for: no refusal is a silent drop.
+//! an admin asks for: no refusal is a silent drop. (Links off here, to reach the core with bad
+//! packets; tests/links.rs has what sealed links refuse.)
 
 use conclave_node::frag::split;
 use conclave_node::{AdminRequest, Config, Node, NodeOptions, Time};
@@ -8,18 +9,19 @@ use std::net::SocketAddr;
 
 #[test]
 fn refused_peer_input_is_counted_by_peer_and_reason() {
-    let cfg = Config::local(2, 4800);
+    let mut cfg = Config::local(2, 4800);
+    cfg.links.mode = conclave_node::link::LinkMode::Off;
     let d2 = cfg.daemon[1].peer;
     let mut n = Node::new(cfg, "d1", NodeOptions::default(), Time::ZERO).unwrap();
     let stranger: SocketAddr = "127.0.0.1:9".parse().unwrap();
-    n.handle_datagram(Time::from_micros(1), stranger, &[1, 0, 7]);
+    n.handle_datagram(Time::from_micros(1), stranger, &mut [1, 0, 7]);
     // Not a datagram at all.
-    n.handle_datagram(Time::from_micros(2), d2, &[0xff]);
+    n.handle_datagram(Time::from_micros(2), d2, &mut [0xff]);
     // A datagram carrying a packet that does not decode.
     n.handle_datagram(
         Time::from_micros(3),
         d2,
-        &split(&[0xff, 0xee], 0).unwrap()[0],
+        &mut split(&[0xff, 0xee], 0).unwrap()[0],
     );
     // A join of a ring no ring reaches.
     let join = Packet::Join(Join {
@@ -33,7 +35,7 @@ fn refused_peer_input_is_counted_by_peer_and_reason() {
         n.handle_datagram(
             Time::from_micros(t),
             d2,
-            &split(&join.encode(), 0).unwrap()[0],
+            &mut split(&join.encode(), 0).unwrap()[0],
         );
     }
     let status = n

@@ -12,9 +12,14 @@ fn t(us: u64) -> Time {
 }
 
 fn node(edit: impl FnOnce(&mut Config)) -> Node {
-    let mut cfg = Config::local(1, 4800);
+    let mut rng = <rand_chacha::ChaCha8Rng as rand_core::SeedableRng>::seed_from_u64(1);
+    let (mut cfg, ids) = Config::local(1, 4800).with_identities(&mut rng);
     edit(&mut cfg);
-    Node::new(cfg, "d1", NodeOptions::default(), Time::ZERO).unwrap()
+    let opts = NodeOptions {
+        identity: ids.get("d1"),
+        ..Default::default()
+    };
+    Node::new(cfg, "d1", opts, Time::ZERO).unwrap()
 }
 
 /// Everything the node has for its connections: replies by session, and which it closed.

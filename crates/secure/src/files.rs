@@ -12,115 +12,16 @@
 //! A directory entry under a private name (`alice`) serves that name on every daemon; one under a
 //! qualified name (`bob#d2`) on that daemon only.
 
-use conclave_crypto::{CryptoRng, Identity, PublicIdentity};
+pub use conclave_crypto::identity_file::{parse_public_text, public_text, FileError, IdentityFile};
+use conclave_crypto::PublicIdentity;
 use conclave_gka::Directory;
 use std::collections::BTreeMap;
-use zeroize::Zeroizing;
-
-/// Why a file could not be read as an identity or a directory.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FileError {
-    #[error("not valid TOML: {0}")]
-    Toml(String),
-    #[error("{what}: {why}")]
-    Bad { what: String, why: &'static str },
-}
-
-/// A member's identity, as its file keeps it. The seed is wiped when this is dropped.
-pub struct IdentityFile {
-    pub name: String,
-    seed: Zeroizing<[u8; 32]>,
-}
-
-impl std::fmt::Debug for IdentityFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "IdentityFile({:?}, <secret>)", self.name)
-    }
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct IdentityToml {
-    name: String,
-    ed25519_seed: String,
-    #[allow(dead_code)]
-    public: Option<String>,
-}
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DirectoryToml {
     #[serde(default)]
     members: BTreeMap<String, String>,
-}
-
-impl IdentityFile {
-    /// A new identity for `name`, its seed from `rng` (the system's, outside tests).
-    pub fn generate(name: &str, rng: &mut dyn CryptoRng) -> IdentityFile {
-        let mut seed = Zeroizing::new([0u8; 32]);
-        rng.fill_bytes(seed.as_mut());
-        IdentityFile {
-            name: name.to_owned(),
-            seed,
-        }
-    }
-
-    pub fn identity(&self) -> Identity {
-        Identity::ed25519_from_seed(&self.seed).expect("any 32 bytes are an Ed25519 seed")
-    }
-
-    /// The public key as a directory lists it (`ed25519:` and 64 hex digits).
-    pub fn public_text(&self) -> String {
-        public_text(&self.identity().public())
-    }
-
-    /// The file's text.
-    pub fn to_text(&self) -> String {
-        format!(
-            "# Conclave identity of {name:?}: its secret key. Keep this file to its owner.\n\
-             name = {name:?}\ned25519_seed = \"{seed}\"\npublic = \"{public}\"\n",
-            name = self.name,
-            seed = hex::encode(self.seed.as_ref()),
-            public = self.public_text(),
-        )
-    }
-
-    pub fn parse(text: &str) -> Result<IdentityFile, FileError> {
-        // The parser's message only: its full text quotes the offending line, which may hold
-        // the secret seed.
-        let t: IdentityToml =
-            toml::from_str(text).map_err(|e| FileError::Toml(e.message().to_owned()))?;
-        let t_seed = Zeroizing::new(t.ed25519_seed);
-        let bytes = Zeroizing::new(
-            hex::decode(t_seed.as_bytes()).map_err(|_| bad("ed25519_seed", "not hex"))?,
-        );
-        let seed: [u8; 32] = bytes
-            .as_slice()
-            .try_into()
-            .map_err(|_| bad("ed25519_seed", "not 32 bytes"))?;
-        if t.name.is_empty() {
-            return Err(bad("name", "empty"));
-        }
-        Ok(IdentityFile {
-            name: t.name,
-            seed: Zeroizing::new(seed),
-        })
-    }
-}
-
-fn bad(what: &str, why: &'static str) -> FileError {
-    FileError::Bad {
-        what: what.to_owned(),
-        why,
-    }
-}
-
-/// A public key as a directory lists it.
-pub fn public_text(p: &PublicIdentity) -> String {
-    match p.ed25519_bytes() {
-        Some(b) => format!("ed25519:{}", hex::encode(b)),
-        None => "rsa".into(),
-    }
 }
 
 /// A trust directory file's text: one entry a member.
@@ -138,15 +39,7 @@ pub fn parse_directory(text: &str) -> Result<Directory, FileError> {
     let t: DirectoryToml = toml::from_str(text).map_err(|e| FileError::Toml(e.to_string()))?;
     let mut d = Directory::new();
     for (name, key) in t.members {
-        let hex_key = key
-            .strip_prefix("ed25519:")
-            .ok_or_else(|| bad(&name, "a key is \"ed25519:\" and 64 hex digits"))?;
-        let bytes: [u8; 32] = hex::decode(hex_key)
-            .map_err(|_| bad(&name, "the key is not hex"))?
-            .try_into()
-            .map_err(|_| bad(&name, "the key is not 32 bytes"))?;
-        let public = PublicIdentity::ed25519_from_bytes(&bytes)
-            .map_err(|_| bad(&name, "not a valid key"))?;
+        let public = parse_public_text(&name, &key)?;
         d.insert(name, public);
     }
     Ok(d)
@@ -158,13 +51,12 @@ mod tests {
     use rand_chacha::rand_core::SeedableRng;
 
     #[test]
-    fn files_round_trip_and_bad_ones_are_clear_errors() {
+    fn directories_round_trip_and_bad_ones_are_clear_errors() {
         let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(3);
         let id = IdentityFile::generate("alice", &mut rng);
         let back = IdentityFile::parse(&id.to_text()).unwrap();
         assert_eq!(back.name, "alice");
         assert_eq!(back.public_text(), id.public_text());
-        assert!(!format!("{id:?}").contains(&hex::encode(id.seed.as_ref())));
 
         let dir =
             parse_directory(&directory_text(&[("alice".into(), id.identity().public())])).unwrap();
@@ -172,22 +64,6 @@ mod tests {
         dir.get("alice#d3").unwrap().verify(b"m", &sig).unwrap();
         assert!(dir.get("bob#d1").is_none());
 
-        // A broken file does not quote the seed back.
-        let broken = format!("name = \"a\"\ned25519_seed = \"{}", hex::encode([7u8; 32]));
-        let e = IdentityFile::parse(&broken).unwrap_err().to_string();
-        assert!(!e.contains(&hex::encode([7u8; 32])[..16]), "{e}");
-        for (text, needle) in [
-            ("name = \"a\"\ned25519_seed = \"zz\"\n", "not hex"),
-            ("name = \"a\"\ned25519_seed = \"00\"\n", "32 bytes"),
-            ("name = \"a\"\n", "missing"),
-            (
-                "name = \"a\"\ned25519_seed = \"00\"\nother = 1\n",
-                "unknown field",
-            ),
-        ] {
-            let e = IdentityFile::parse(text).unwrap_err().to_string();
-            assert!(e.contains(needle), "{text}: {e}");
-        }
         for (text, needle) in [
             ("[members]\nalice = \"rsa:00\"\n", "ed25519:"),
             ("[members]\nalice = \"ed25519:00\"\n", "32 bytes"),

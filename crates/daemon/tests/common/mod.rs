@@ -6,9 +6,15 @@ use std::time::Duration;
 
 /// One daemon with `tweak` applied to its configuration, started and ready for clients.
 pub async fn one_daemon(tweak: impl FnOnce(&mut Config)) -> (Running, Address, Config) {
-    let mut cfg = Config::local_on_free_ports(1).unwrap();
+    let (mut cfg, ids) = Config::local_on_free_ports(1)
+        .unwrap()
+        .with_identities(&mut rand_core::OsRng);
     tweak(&mut cfg);
-    let d = conclave_daemon::start(cfg.clone(), "d1", Options::default())
+    let opts = Options {
+        identity: ids.get("d1"),
+        ..Options::default()
+    };
+    let d = conclave_daemon::start(cfg.clone(), "d1", opts)
         .await
         .unwrap();
     for _ in 0..500 {

@@ -31,6 +31,8 @@ impl SimClient {
 pub(super) struct World {
     pub(super) multi_group: bool,
     pub(super) cfg: Config,
+    /// The daemons' identities (drawn from the seed).
+    pub(super) identities: Identities,
     pub(super) nodes: Vec<Node>,
     pub(super) clients: Vec<SimClient>,
     /// Which client each open connection belongs to.
@@ -70,6 +72,8 @@ impl World {
             // Each incarnation's clients count from their own range, so a client's incarnations
             // grow across restarts of its daemon.
             client_incarnation_floor: self.dinc[i] * 1_000_000,
+            identity: self.identities.get(&name(i as DaemonId + 1)),
+            link_salt: (self.dinc[i].wrapping_mul(0x9e37_79b9)) ^ i as u32,
         };
         Node::new(
             self.cfg.clone(),

@@ -14,6 +14,7 @@ use crate::{Network, SimResult, Stats, SERVICES};
 use conclave_client::core::{Handled, SessionCore};
 use conclave_gcs::Phase;
 use conclave_history::{Event, Record};
+use conclave_node::config::Identities;
 use conclave_node::{Config, Node, NodeOptions, SessionId, SessionOutput, Time};
 use conclave_wire::client::{ClientCommand, ClientEvent};
 use conclave_wire::gcs::DaemonId;
@@ -187,10 +188,11 @@ fn name(d: DaemonId) -> String {
     format!("d{d}")
 }
 
-/// The configuration the simulated daemons run: the deployed defaults, on addresses that only
-/// name them (no socket is opened).
-pub fn sim_config(daemons: usize) -> Config {
-    Config::local(daemons, 4800)
+/// The configuration the simulated daemons run: the deployed defaults (links sealed), on
+/// addresses that only name them (no socket is opened), with identities drawn from the seed.
+pub fn sim_config(daemons: usize, seed: u64) -> (Config, Identities) {
+    let mut rng = ChaCha20Rng::seed_from_u64(seed ^ 0x6c696e6b);
+    Config::local(daemons, 4800).with_identities(&mut rng)
 }
 
 /// Runs one seed of the full simulation.
@@ -216,7 +218,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     if !faults.has("dup") {
         net.duplication = 0.0;
     }
-    let mut config = sim_config(n);
+    let (mut config, identities) = sim_config(n, cfg.seed);
     if let Some(us) = cfg.idle_hold_us {
         config.core.membership.ordering.idle_hold_us = us;
     }
@@ -254,6 +256,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
     let mut w = World {
         multi_group: cfg.multi_group,
         cfg: config,
+        identities,
         nodes: Vec::new(),
         clients: (0..n)
             .flat_map(|d| {
@@ -535,7 +538,8 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             } else if alive[to] {
                 // The wire is hostile even here: a packet that does not decode is refused.
                 let from = wire.peers[from];
-                w.nodes[to].handle_datagram(Time::from_micros(now), from, &bytes);
+                let mut bytes = bytes;
+                w.nodes[to].handle_datagram(Time::from_micros(now), from, &mut bytes);
                 touched.push(to);
             }
         } else if next_timer == Some(t) {
