@@ -124,6 +124,10 @@ pub enum Event {
         signed_for: ViewId,
         run: ViewId,
     },
+    /// An attacker on the wire sent the daemon a datagram of its own making (`kind`: a replay,
+    /// an altered copy, a forgery, garbage, or one from an address no daemon has); `taken` is
+    /// how many packets of it the daemon's core took (the link must refuse it: 0).
+    Hostile { kind: String, taken: u64 },
     /// The process crashed (this incarnation ends).
     Crash,
     /// Faults stopped; `processes` are alive and connected from here on (liveness is checked
@@ -208,7 +212,7 @@ impl Record {
             | Event::SecureSend { group, .. }
             | Event::SecureDeliver { group, .. }
             | Event::SecureConsumed { group, .. } => Some(group),
-            Event::Crash | Event::Stable { .. } => None,
+            Event::Crash | Event::Stable { .. } | Event::Hostile { .. } => None,
         }
     }
 }

@@ -276,3 +276,19 @@ fn a_causal_order_violation_is_o2_and_a_fifo_one_is_o1() {
     let v = check(&h, &Config::default());
     assert!(!props(&v).contains(&"O1"), "{:?}", props(&v));
 }
+
+#[test]
+fn a_datagram_an_attacker_made_that_reached_a_core_is_caught() {
+    let refused = three(&[line(
+        2,
+        "d1",
+        r#""inc":1,"ev":"hostile","kind":"replay","taken":0"#,
+    )]);
+    assert!(check(&refused, &Config::default()).is_empty());
+    let taken = three(&[line(
+        2,
+        "d1",
+        r#""inc":1,"ev":"hostile","kind":"forged","taken":2"#,
+    )]);
+    assert_eq!(props(&check(&taken, &Config::default())), ["S-link"]);
+}

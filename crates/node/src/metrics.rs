@@ -59,6 +59,7 @@ macro_rules! metrics {
 metrics! {
     packets_sent: "counter", "Daemon packets sent (before fault injection).";
     packets_received: "counter", "Daemon packets received and decoded.";
+    packets_to_core: "counter", "Daemon packets handed to the core (taken or refused by it), past the links.";
     bytes_sent: "counter", "Bytes of datagrams sent to other daemons.";
     bytes_received: "counter", "Bytes of datagrams received from other daemons.";
     bad_datagrams: "counter", "Datagrams refused: unknown sender, refused by the link (forged, altered, replayed, stale), malformed, or undecodable.";

@@ -304,6 +304,7 @@ impl Node {
             .or_default()
             .push_each(body, |packet| {
                 trace_membership(me, peer, packet);
+                m.packets_to_core.fetch_add(1, Relaxed);
                 match daemon.handle_packet(now, peer, packet) {
                     Ok(()) => {
                         m.packets_received.fetch_add(1, Relaxed);

@@ -277,3 +277,25 @@ fn secure_swarm_seeds() {
         "{delivered} deliveries, {consumed} key agreement messages taken in"
     );
 }
+
+/// An attacker on the wire replays, alters, forges and makes up datagrams, and sends some from
+/// an address no daemon has: with links sealed or authenticated, every one is refused before the
+/// core, and the runs stay clean and converge.
+#[test]
+fn an_attacker_on_the_wire_reaches_no_core() {
+    let faults = conclave_sim::FaultSet::parse("hostile,loss,dup,crash,partition").unwrap();
+    let mut kinds = std::collections::BTreeMap::new();
+    // Seeds 6 and 7 (mod 8) authenticate only and turn links off: the attacker skips the latter.
+    for seed in [3000, 3001, 3002, 3006, 3008, 3014] {
+        let r = full_run_passes(seed, |m| m.faults = conclave_sim::FaultChoice::List(faults));
+        for rec in &r.history {
+            if let conclave_history::Event::Hostile { kind, taken } = &rec.ev {
+                assert_eq!(*taken, 0, "seed {seed}: {rec:?}");
+                *kinds.entry(kind.clone()).or_insert(0u32) += 1;
+            }
+        }
+    }
+    for kind in ["replay", "altered", "forged", "garbage", "stranger"] {
+        assert!(kinds.get(kind).is_some_and(|n| *n > 10), "{kinds:?}");
+    }
+}

@@ -190,6 +190,18 @@ fn gather(records: &[Record], rep: &mut Report<'_>) -> Facts {
             Event::Crash => {
                 f.crashed.insert(proc, (r.t, i));
             }
+            Event::Hostile { kind, taken } => {
+                if *taken > 0 {
+                    rep.add(
+                        "S-link",
+                        format!(
+                            "{} took {taken} packet(s) of a datagram an attacker made ({kind})",
+                            r.p
+                        ),
+                        &[i],
+                    );
+                }
+            }
             // The secure layer's records are checked on their own (`secure`).
             Event::SecureView { .. }
             | Event::SecureRefused { .. }

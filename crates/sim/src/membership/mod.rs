@@ -15,6 +15,7 @@ use conclave_client::core::{Handled, SessionCore};
 use conclave_gcs::Phase;
 use conclave_history::{Event, Record};
 use conclave_node::config::Identities;
+use conclave_node::link::LinkMode;
 use conclave_node::{Config, Node, NodeOptions, SessionId, SessionOutput, Time};
 use conclave_wire::client::{ClientCommand, ClientEvent};
 use conclave_wire::gcs::DaemonId;
@@ -23,6 +24,7 @@ use rand_chacha::ChaCha20Rng;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 
 mod cluster;
 mod network;
@@ -35,7 +37,7 @@ use network::Wire;
 use scripts::{crash, restart, scripted};
 
 /// The faults of a full run, by name.
-pub const FAULT_NAMES: [&str; 12] = [
+pub const FAULT_NAMES: [&str; 13] = [
     "loss",
     "burst",
     "dup",
@@ -48,6 +50,7 @@ pub const FAULT_NAMES: [&str; 12] = [
     "spike",
     "disconnect",
     "shatter",
+    "hostile",
 ];
 
 /// A set of faults (bits in the order of [`FAULT_NAMES`]).
@@ -219,6 +222,15 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         net.duplication = 0.0;
     }
     let (mut config, identities) = sim_config(n, cfg.seed);
+    // Most seeds run the deployed default; some authenticate only, and some run with links off,
+    // where the core meets duplicates and garbage itself.
+    config.links.mode = match cfg.seed % 8 {
+        7 => LinkMode::Off,
+        6 => LinkMode::Authenticated,
+        _ => LinkMode::Sealed,
+    };
+    let attacker = (faults.has("hostile") && config.links.mode != LinkMode::Off)
+        .then(|| network::Attacker::new(cfg.seed));
     if let Some(us) = cfg.idle_hold_us {
         config.core.membership.ordering.idle_hold_us = us;
     }
@@ -245,6 +257,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             u64::MAX
         },
         paused_until: vec![0; n],
+        attacker,
         next_pause: if faults.has("pause") {
             rng2.next_u64() % safety.max(1)
         } else {
@@ -537,10 +550,27 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 wire.queue.push(Reverse((at, wire.order, from, to, bytes)));
             } else if alive[to] {
                 // The wire is hostile even here: a packet that does not decode is refused.
-                let from = wire.peers[from];
+                let at = Time::from_micros(now);
+                let sent = wire.attacker.is_some().then(|| bytes.clone());
                 let mut bytes = bytes;
-                w.nodes[to].handle_datagram(Time::from_micros(now), from, &mut bytes);
+                w.nodes[to].handle_datagram(at, wire.peers[from], &mut bytes);
                 touched.push(to);
+                if let (Some(a), Some(sent)) = (wire.attacker.as_mut(), sent) {
+                    if let Some((kind, src, mut d)) =
+                        a.strike(&wire.peers, from, to, w.dinc[to], &sent)
+                    {
+                        let core = |w: &World| w.nodes[to].metrics().packets_to_core.load(Relaxed);
+                        let before = core(&w);
+                        w.nodes[to].handle_datagram(at, src, &mut d);
+                        let taken = core(&w) - before;
+                        let kind = kind.to_owned();
+                        w.push(
+                            &name(to as DaemonId + 1),
+                            w.dinc[to],
+                            Event::Hostile { kind, taken },
+                        );
+                    }
+                }
             }
         } else if next_timer == Some(t) {
             let Reverse((_, i)) = timers.pop().expect("peeked");

@@ -32,6 +32,8 @@ pub(super) struct Wire {
     /// A paused daemon handles nothing until then (and its peers suspect it meanwhile).
     pub(super) paused_until: Vec<u64>,
     pub(super) next_pause: u64,
+    /// The `hostile` fault, when links are protected.
+    pub(super) attacker: Option<Attacker>,
 }
 
 impl Wire {
@@ -135,5 +137,78 @@ impl Wire {
         self.flap = None;
         self.spike = (0, 0);
         self.paused_until = vec![0; self.n];
+    }
+}
+
+/// An attacker on the wire (the `hostile` fault): it sees every datagram delivered and now and
+/// then sends the receiver one of its own making. It holds no daemon's identity.
+pub(super) struct Attacker {
+    rng: ChaCha20Rng,
+    /// Datagrams delivered lately: to whom, that daemon's incarnation then, the bytes.
+    seen: std::collections::VecDeque<(usize, u32, Vec<u8>)>,
+}
+
+/// An address no daemon of the simulated configuration has.
+const STRANGER: ([u8; 4], u16) = ([10, 66, 6, 6], 6666);
+
+impl Attacker {
+    pub(super) fn new(seed: u64) -> Attacker {
+        Attacker {
+            rng: ChaCha20Rng::seed_from_u64(seed ^ 0x686f7374),
+            seen: Default::default(),
+        }
+    }
+
+    /// After `bytes` (as sent) went from daemon `from` to daemon `to` (now in incarnation
+    /// `inc`): sometimes a datagram to send `to`, its kind and the address it comes from.
+    pub(super) fn strike(
+        &mut self,
+        peers: &[SocketAddr],
+        from: usize,
+        to: usize,
+        inc: u32,
+        bytes: &[u8],
+    ) -> Option<(&'static str, SocketAddr, Vec<u8>)> {
+        if self.seen.len() == 256 {
+            self.seen.pop_front();
+        }
+        self.seen.push_back((to, inc, bytes.to_vec()));
+        if self.rng.next_u32() % 16 != 0 {
+            return None;
+        }
+        let r = &mut self.rng;
+        let pick = r.next_u32() as usize;
+        Some(match pick % 5 {
+            0 => {
+                // One this incarnation of `to` already took.
+                let mine: Vec<&Vec<u8>> = self
+                    .seen
+                    .iter()
+                    .filter(|(t, i, _)| (*t, *i) == (to, inc))
+                    .map(|(_, _, b)| b)
+                    .collect();
+                let d = mine[(pick / 5) % mine.len()].clone();
+                ("replay", peers[from], d)
+            }
+            1 => {
+                let mut d = bytes.to_vec();
+                let at = (r.next_u32() as usize) % d.len();
+                d[at] ^= 1 << (r.next_u32() % 8);
+                ("altered", peers[from], d)
+            }
+            2 => {
+                // The genuine header, a body and tag of its own.
+                let mut d = bytes.to_vec();
+                let keep = conclave_wire::link::HEADER_BYTES.min(d.len());
+                r.fill_bytes(&mut d[keep..]);
+                ("forged", peers[from], d)
+            }
+            3 => {
+                let mut d = vec![0u8; 1 + r.next_u32() as usize % 200];
+                r.fill_bytes(&mut d);
+                ("garbage", peers[from], d)
+            }
+            _ => ("stranger", SocketAddr::from(STRANGER), bytes.to_vec()),
+        })
     }
 }
