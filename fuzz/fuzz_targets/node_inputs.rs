@@ -1,13 +1,15 @@
 //! A daemon node under hostile input: any bytes from client connections and any datagrams from a
 //! configured peer, at any times, are handled without panic, and every reply the node frames
-//! decodes.
+//! decodes. Links are off, so that the datagrams reach the core (`link_datagram` fuzzes the
+//! links).
 #![no_main]
 use conclave_node::{Config, Node, NodeOptions, SessionOutput};
 use conclave_wire::client::{next_frame, Reply};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let cfg = Config::local(2, 4800);
+    let mut cfg = Config::local(2, 4800);
+    cfg.links.mode = conclave_node::link::LinkMode::Off;
     let peer = cfg.daemon[1].peer;
     let Ok(mut node) = Node::new(cfg, "d1", NodeOptions::default(), conclave_node::Time::ZERO)
     else {
@@ -29,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
             }
             1 | 2 => node.handle_session_bytes(now, session, bytes),
             3 => node.close_session(now, session),
-            4 | 5 => node.handle_datagram(now, peer, bytes),
+            4 | 5 => node.handle_datagram(now, peer, &mut bytes.to_vec()),
             _ => {
                 now += std::time::Duration::from_millis(u64::from(
                     bytes.first().copied().unwrap_or(1),

@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use conclave_bench::plot::{Chart, Series};
 use conclave_client::{Address, Client, ClientEvent, Receiver, Sender, ServiceType};
+use conclave_daemon::link::LinkMode;
 use conclave_daemon::{AdminRequest, Config, Options, Running};
 use serde_json::json;
 use std::path::PathBuf;
@@ -41,6 +42,14 @@ pub struct ThroughputArgs {
     /// by its sender and opened by every member.
     #[arg(long)]
     secure: Option<String>,
+    /// How the links between daemons are protected (docs/links.md): sealed, authenticated or
+    /// off; several (comma-separated) run one after the other, each with daemons of its own,
+    /// `--rounds` times, so that they are compared in the same minutes.
+    #[arg(long, value_delimiter = ',', default_value = "sealed")]
+    links: Vec<String>,
+    /// Times the whole set of link modes is run (alternating).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -75,6 +84,15 @@ pub struct MembershipArgs {
     repeat: usize,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
+}
+
+fn parse_link_mode(name: &str) -> Result<LinkMode> {
+    Ok(match name {
+        "sealed" => LinkMode::Sealed,
+        "authenticated" => LinkMode::Authenticated,
+        "off" => LinkMode::Off,
+        _ => bail!("unknown link mode {name:?}: sealed, authenticated or off"),
+    })
 }
 
 fn parse_services(names: &[String]) -> Result<Vec<ServiceType>> {
@@ -225,31 +243,44 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
         .as_deref()
         .map(crate::secure_cmd::parse_protocol)
         .transpose()?;
+    let links = args
+        .links
+        .iter()
+        .map(|m| parse_link_mode(m))
+        .collect::<Result<Vec<_>>>()?;
     std::fs::create_dir_all(&args.out)?;
     let rt = tokio::runtime::Runtime::new()?;
     let rows = rt.block_on(async {
-        let net = Network::start(args.daemons).await?;
         let mut rows = Vec::new();
         let mut round = 0;
-        for &senders in &args.senders {
-            for &size in &args.sizes {
-                for &service in &services {
-                    round += 1;
-                    let receivers = args.daemons.max(senders);
-                    let load = Load {
-                        receivers,
-                        senders,
-                        size,
-                        service,
-                        seconds: args.seconds,
-                    };
-                    let row = throughput_once(&net, &load, &format!("t{round}-"), secure).await?;
-                    println!("{row}");
-                    rows.push(row);
+        for _ in 0..args.rounds.max(1) {
+            for &mode in &links {
+                let mut cfg = Config::local_on_free_ports(args.daemons)?;
+                cfg.links.mode = mode;
+                let net = Network::start_with(cfg).await?;
+                for &senders in &args.senders {
+                    for &size in &args.sizes {
+                        for &service in &services {
+                            round += 1;
+                            let receivers = args.daemons.max(senders);
+                            let load = Load {
+                                receivers,
+                                senders,
+                                size,
+                                service,
+                                seconds: args.seconds,
+                            };
+                            let mut row =
+                                throughput_once(&net, &load, &format!("t{round}-"), secure).await?;
+                            row["links"] = mode.name().into();
+                            println!("{row}");
+                            rows.push(row);
+                        }
+                    }
                 }
+                net.stop().await?;
             }
         }
-        net.stop().await?;
         anyhow::Ok(rows)
     })?;
     let mut series = Vec::new();
@@ -257,7 +288,11 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
         for s in &services {
             let points = rows
                 .iter()
-                .filter(|r| r["senders"] == senders && r["service"] == service_name(*s))
+                .filter(|r| {
+                    r["senders"] == senders
+                        && r["service"] == service_name(*s)
+                        && r["links"] == links[0].name()
+                })
                 .map(|r| {
                     (
                         r["size"].as_f64().unwrap_or(0.0),

@@ -173,7 +173,7 @@ impl Attacker {
             self.seen.pop_front();
         }
         self.seen.push_back((to, inc, bytes.to_vec()));
-        if self.rng.next_u32() % 16 != 0 {
+        if !self.rng.next_u32().is_multiple_of(16) {
             return None;
         }
         let r = &mut self.rng;
