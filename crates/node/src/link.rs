@@ -128,8 +128,9 @@ pub struct Links {
     epoch: u64,
     /// The nonce of the next datagram: one count for every peer and key, so never repeated.
     counter: u64,
-    /// By daemon id from 1 (this daemon's own among them); empty with links off.
-    peers: Vec<Option<PeerLink>>,
+    /// By daemon id from 1 (this daemon's own among them: a ring of one sends to itself);
+    /// empty with links off.
+    peers: Vec<PeerLink>,
     hellos: Vec<(DaemonId, Vec<u8>)>,
 }
 
@@ -196,7 +197,7 @@ impl Links {
                     shared.as_ref(),
                     &kdf::info(&[a.0, &a.1, b.0, &b.1]),
                 );
-                peers.push(Some(PeerLink {
+                peers.push(PeerLink {
                     secret,
                     epoch: None,
                     send: None,
@@ -204,7 +205,7 @@ impl Links {
                     window: ReplayWindow::default(),
                     asked_at: None,
                     answered_at: None,
-                }));
+                });
             }
         }
         let mut links = Links {
@@ -216,10 +217,10 @@ impl Links {
             hellos: Vec::new(),
         };
         let epoch = links.epoch;
-        if let Some(Some(p)) = links.peers.get((me - 1) as usize) {
+        if let Some(p) = links.peers.get((me - 1) as usize) {
             let key = || links.key(&p.secret, me, me, epoch, epoch);
             let (send, recv) = (key(), key());
-            let p = links.peers[(me - 1) as usize].as_mut().expect("just seen");
+            let p = &mut links.peers[(me - 1) as usize];
             p.epoch = Some(epoch);
             p.send = Some(send);
             p.recv = Some(recv);
@@ -241,7 +242,7 @@ impl Links {
     }
 
     fn peer(&self, id: DaemonId) -> Option<&PeerLink> {
-        self.peers.get((id as usize).checked_sub(1)?)?.as_ref()
+        self.peers.get((id as usize).checked_sub(1)?)
     }
 
     fn key(&self, secret: &[u8; 32], from: DaemonId, to: DaemonId, ef: u64, et: u64) -> Aead {
@@ -292,11 +293,7 @@ impl Links {
     /// Queues a hello to `to` bound to its epoch `theirs` (0: unknown), unless one went less
     /// than [`HELLO_GAP`] ago.
     fn hello(&mut self, now: Time, to: DaemonId, theirs: u64, why: Hello) {
-        let Some(p) = self
-            .peers
-            .get_mut((to as usize).wrapping_sub(1))
-            .and_then(|p| p.as_mut())
-        else {
+        let Some(p) = self.peers.get_mut((to as usize).wrapping_sub(1)) else {
             return;
         };
         // Asking and answering have a limit each: sharing one, two daemons that start together
@@ -378,9 +375,7 @@ impl Links {
         let aead = fresh.as_ref().or(p.recv.as_ref()).expect("one of them");
         let len = open(mode, aead, &h, datagram).ok_or(LinkRefusal::Forged)?;
         let send = newer.then(|| self.key(&p.secret, me, from, self.epoch, h.from_epoch));
-        let p = self.peers[(from - 1) as usize]
-            .as_mut()
-            .expect("looked up above");
+        let p = &mut self.peers[(from - 1) as usize];
         if newer {
             // The peer's new run: the window starts again, under keys bound to its epoch.
             p.recv = fresh;
@@ -609,7 +604,7 @@ mod tests {
         // A third daemon's forgery: it holds no key of the pair (1, 2).
         let net = Net::new(3);
         let mut c = net.links(LinkMode::Sealed, 3, 30 << 32);
-        c.peers[1].as_mut().unwrap().epoch = Some(20 << 32);
+        c.peers[1].epoch = Some(20 << 32);
         let k = c.key(&[0; 32], 1, 2, 10 << 32, 20 << 32);
         let h = LinkHeader {
             kind: LinkKind::Data,

@@ -4,8 +4,11 @@
 //! nothing: no packet reaches the core, the ring stays as it was.
 
 use conclave_node::config::Identities;
+use conclave_node::frag::Reassembly;
 use conclave_node::link::LinkMode;
 use conclave_node::{Config, Node, NodeOptions, Time};
+use conclave_wire::gcs::Packet;
+use conclave_wire::link::{LinkHeader, LinkKind, HEADER_BYTES, TAG_BYTES};
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::net::SocketAddr;
@@ -78,6 +81,15 @@ impl Net {
         }
     }
 
+    /// What went from node `from` to node `to`, in order.
+    fn sent(&self, from: usize, to: usize) -> Vec<Vec<u8>> {
+        self.captured
+            .iter()
+            .filter(|(f, t, _)| (*f, *t) == (from, to))
+            .map(|(_, _, d)| d.clone())
+            .collect()
+    }
+
     fn ring(&self, i: usize) -> (Option<conclave_wire::gcs::RingId>, Vec<u32>) {
         let m = self.nodes[i].core().membership();
         (m.ring(), m.ring_members())
@@ -95,7 +107,7 @@ impl Net {
 }
 
 fn to_epoch(d: &[u8]) -> u64 {
-    conclave_wire::link::LinkHeader::decode(d).unwrap().to_epoch
+    header(d).to_epoch
 }
 
 fn formed(cfg: &Config, ids: &Identities) -> Net {
@@ -116,13 +128,41 @@ fn daemons_form_their_ring_over_sealed_links() {
         assert!(node.metrics().packets_received.load(Relaxed) > 0);
         assert_eq!(node.metrics().bad_datagrams.load(Relaxed), 0);
     }
-    // The ring's traffic is not in the clear: no datagram holds the packets' own bytes
-    // (a token carries its ring sequence right after the packet tag; the frag header would
-    // be visible at byte 34 if not encrypted).
-    assert!(net
+    // Every datagram went through the link, and none carries the ring's packets in the clear.
+    let data: Vec<&Vec<u8>> = net
         .captured
         .iter()
-        .all(|(_, _, d)| d[0] == conclave_wire::link::LINK_VERSION));
+        .map(|(_, _, d)| d)
+        .filter(|d| header(d).kind == LinkKind::Data)
+        .collect();
+    assert!(data.len() > 10);
+    assert_eq!(data.iter().filter(|d| readable(d)).count(), 0);
+}
+
+#[test]
+fn authenticated_links_carry_the_packets_in_the_clear() {
+    let (mut cfg, ids) = network(2, 5);
+    cfg.links.mode = LinkMode::Authenticated;
+    let net = formed(&cfg, &ids);
+    let data = net
+        .captured
+        .iter()
+        .filter(|(_, _, d)| header(d).kind == LinkKind::Data);
+    assert!(data.clone().count() > 10);
+    assert!(data.clone().all(|(_, _, d)| readable(d)));
+}
+
+fn header(d: &[u8]) -> LinkHeader {
+    LinkHeader::decode(d).unwrap()
+}
+
+/// Whether the body of a datagram, read as it stands, holds daemon packets.
+fn readable(d: &[u8]) -> bool {
+    let body = &d[HEADER_BYTES..d.len() - TAG_BYTES];
+    match Reassembly::default().push(body) {
+        Ok(packets) => !packets.is_empty() && packets.iter().all(|p| Packet::decode(p).is_ok()),
+        Err(_) => false,
+    }
 }
 
 #[test]
@@ -132,12 +172,7 @@ fn replayed_altered_and_forged_datagrams_change_nothing() {
     let before = (net.ring(0), net.ring(1));
     let received = net.nodes[0].metrics().packets_received.load(Relaxed);
     let d2 = net.addrs[1];
-    let to_d1: Vec<Vec<u8>> = net
-        .captured
-        .iter()
-        .filter(|(f, t, _)| (*f, *t) == (1, 0))
-        .map(|(_, _, d)| d.clone())
-        .collect();
+    let to_d1: Vec<Vec<u8>> = net.sent(1, 0);
     assert!(to_d1.len() > 10);
     let now = net.time();
     // Replayed, every one of them.
@@ -219,18 +254,8 @@ fn replayed_altered_and_forged_datagrams_change_nothing() {
 fn a_restarted_daemon_rejoins_and_its_old_runs_datagrams_are_refused() {
     let (cfg, ids) = network(2, 3);
     let mut net = formed(&cfg, &ids);
-    let old: Vec<Vec<u8>> = net
-        .captured
-        .iter()
-        .filter(|(f, t, _)| (*f, *t) == (1, 0))
-        .map(|(_, _, d)| d.clone())
-        .collect();
-    let old_to_d2: Vec<Vec<u8>> = net
-        .captured
-        .iter()
-        .filter(|(f, t, _)| (*f, *t) == (0, 1))
-        .map(|(_, _, d)| d.clone())
-        .collect();
+    let old: Vec<Vec<u8>> = net.sent(1, 0);
+    let old_to_d2: Vec<Vec<u8>> = net.sent(0, 1);
     // d2 restarts, a later incarnation.
     net.nodes[1] = node(&cfg, &ids, "d2", 2);
     // Let the clock pass the restart.
