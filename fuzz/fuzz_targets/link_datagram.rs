@@ -1,6 +1,7 @@
 //! Datagrams between daemons with sealed links: any bytes, from a configured peer, are refused
 //! without panic (nothing made without the pair's key authenticates), and a genuine datagram
-//! altered anywhere is refused too.
+//! altered anywhere is refused too, under the pair's static key or (inputs whose first byte is
+//! odd) under a daemons' key both hold.
 #![no_main]
 use conclave_crypto::{Identity, StaticDh};
 use conclave_node::link::{LinkMode, Links};
@@ -37,6 +38,18 @@ fuzz_target!(|data: &[u8]| {
         while let Some((_, mut d)) = a.poll_hello() {
             let _ = b.open(now, 1, &mut d);
         }
+    }
+    if data.first().is_some_and(|x| x & 1 == 1) {
+        let secret = || zeroize::Zeroizing::new([7u8; 32]);
+        a.install_ring_key(now, 5, secret(), vec![1, 2]);
+        b.install_ring_key(now, 5, secret(), vec![1, 2]);
+        while let Some((_, mut d)) = b.poll_hello() {
+            let _ = a.open(now, 2, &mut d);
+        }
+        while let Some((_, mut d)) = a.poll_hello() {
+            let _ = b.open(now, 1, &mut d);
+        }
+        assert_eq!(b.send_key(1), 5);
     }
     let genuine = b.seal(now, 1, b"a token and its messages".to_vec()).unwrap();
     let mut altered = genuine.clone();

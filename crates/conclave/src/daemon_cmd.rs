@@ -102,7 +102,7 @@ pub fn run_daemon(args: DaemonArgs) -> Result<()> {
             incarnation: None,
             seed: args.seed,
             identity: match &args.identity {
-                Some(p) => Some(Arc::new(conclave_daemon::read_identity(p)?.static_dh())),
+                Some(p) => Some(Arc::new(conclave_daemon::read_identity(p)?)),
                 None => None,
             },
         };

@@ -47,7 +47,7 @@ pub struct Options {
     /// Seed of the fault injection's randomness (by default from the clock).
     pub seed: Option<u64>,
     /// The daemon's identity; by default read from the file its configuration entry names.
-    pub identity: Option<Arc<conclave_crypto::StaticDh>>,
+    pub identity: Option<Arc<IdentityFile>>,
 }
 
 /// Tenths of a second since 2024: grows between two starts of a daemon and two connections of a
@@ -172,7 +172,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
     };
     let identity = match (&opts.identity, &entry.identity) {
         (Some(id), _) => Some(id.clone()),
-        (None, Some(path)) => Some(Arc::new(read_identity(path)?.static_dh())),
+        (None, Some(path)) => Some(Arc::new(read_identity(path)?)),
         (None, None) => None,
     };
     let start = Instant::now();
@@ -185,6 +185,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         clock_base_us: crate::record::wall_us(),
         client_incarnation_floor: 0,
         identity,
+        secret_rng: Some(conclave_node::SecretRng::new(|| Box::new(rand_core::OsRng))),
         link_salt: rand_core::RngCore::next_u32(&mut rand_core::OsRng),
     };
     let node = Node::new(cfg, name, node_opts, Time::ZERO)?;

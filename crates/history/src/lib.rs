@@ -8,5 +8,5 @@ pub mod check;
 pub mod record;
 pub mod wire;
 
-pub use check::{check, Config, Violation};
+pub use check::{check, Config, Violation, DAEMONS_GROUP};
 pub use record::{Event, Record, Service, ViewId};

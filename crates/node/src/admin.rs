@@ -80,6 +80,20 @@ pub struct Status {
     /// configured daemon), by reason.
     #[serde(default)]
     pub peer_refusals: BTreeMap<String, BTreeMap<String, u64>>,
+    /// The key the daemons of the ring agreed among themselves, if one is.
+    #[serde(default)]
+    pub daemons_key: Option<DaemonsKeyStatus>,
+}
+
+/// The daemons' key in force at a daemon (its fingerprint only: never the key).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DaemonsKeyStatus {
+    /// The view of the daemons' group it was agreed for: `ring seq@representative/index`.
+    pub view: String,
+    pub members: Vec<String>,
+    pub fingerprint: String,
+    /// Peers (this daemon among them) its links send to under it.
+    pub peers_on_it: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

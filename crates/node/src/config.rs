@@ -29,7 +29,7 @@
 use crate::faults::{Faults, LinkFaults};
 use crate::link::LinkMode;
 use conclave_crypto::identity_file::{parse_public_text, public_text, IdentityFile};
-use conclave_crypto::{CryptoRng, PublicIdentity, StaticDh};
+use conclave_crypto::{CryptoRng, PublicIdentity};
 use conclave_gcs::DaemonConfig;
 use conclave_wire::gcs::{DaemonId, MAX_NAME_BYTES, MAX_RING_MEMBERS};
 use serde::Deserialize;
@@ -59,15 +59,17 @@ pub struct DaemonEntry {
 #[serde(deny_unknown_fields, default)]
 pub struct LinksConfig {
     pub mode: LinkMode,
+    /// The protocol the daemons agree their key with (tgdh unless another is named).
+    pub agreement: crate::daemons_key::Agreement,
 }
 
 /// The secret identities of a network's daemons, by name, for running all of them in one process
 /// (the demo, tests, benchmarks, the simulator). Wiped when dropped.
 #[derive(Default)]
-pub struct Identities(BTreeMap<String, std::sync::Arc<StaticDh>>);
+pub struct Identities(BTreeMap<String, std::sync::Arc<IdentityFile>>);
 
 impl Identities {
-    pub fn get(&self, daemon: &str) -> Option<std::sync::Arc<StaticDh>> {
+    pub fn get(&self, daemon: &str) -> Option<std::sync::Arc<IdentityFile>> {
         self.0.get(daemon).cloned()
     }
 }
@@ -193,7 +195,7 @@ impl Config {
         for d in &mut self.daemon {
             let file = IdentityFile::generate(&d.name, rng);
             d.key = Some(file.public_text());
-            ids.insert(d.name.clone(), std::sync::Arc::new(file.static_dh()));
+            ids.insert(d.name.clone(), std::sync::Arc::new(file));
         }
         (self, Identities(ids))
     }
@@ -575,7 +577,7 @@ partition = [["d1", "d2"], ["d3"]]
         let d2 = ids.get("d2").unwrap();
         assert_eq!(
             c.roster()[1].1.as_ref().unwrap().ed25519_bytes(),
-            Some(d2.ed25519_public())
+            Some(d2.static_dh().ed25519_public())
         );
         assert_eq!(qualified_name("alice", "d1").unwrap(), "alice#d1");
         assert!(qualified_name("a#b", "d1").is_err());

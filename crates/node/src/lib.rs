@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod daemons_key;
 pub mod faults;
 pub mod frag;
 pub mod link;
@@ -18,7 +19,7 @@ pub mod session;
 pub use admin::{AdminReply, AdminRequest, Status};
 pub use conclave_gcs::Time;
 pub use config::{Config, ConfigError};
-pub use node::{Node, NodeError, NodeOptions};
+pub use node::{Node, NodeError, NodeOptions, SecretRng};
 pub use session::{SessionId, SessionOutput};
 
 /// Tenths of a second since 2024 at `unix_us` (microseconds since the Unix epoch): grows between

@@ -26,6 +26,7 @@
 
 use crate::admin::{AdminReply, AdminRequest, Status, MAX_PAUSE_MS};
 use crate::config::{qualified_name, Config, ConfigError};
+use crate::daemons_key::{is_reserved_group, member_name, ServersAgreement};
 use crate::faults::{Faults, LinkFaults};
 use crate::frag::{pack, Reassembly};
 use crate::link::{LinkMode, LinkSetupError, Links, Opened};
@@ -44,6 +45,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
+use conclave_crypto::identity_file::IdentityFile;
+use conclave_crypto::CryptoRng;
 
 /// Most bytes queued for one client before it is disconnected for not reading.
 pub const MAX_UNREAD_BYTES: usize = 64 << 20;
@@ -86,8 +89,11 @@ pub struct NodeOptions {
     pub clock_base_us: u64,
     /// Client incarnations start above this (the simulator keeps restarts apart with it).
     pub client_incarnation_floor: u32,
-    /// The daemon's identity, for its links (required unless they are off).
-    pub identity: Option<Arc<conclave_crypto::StaticDh>>,
+    /// The daemon's identity, for its links (required unless they are off) and the daemons'
+    /// key agreement (which runs whenever the daemon has one).
+    pub identity: Option<Arc<IdentityFile>>,
+    /// Where the daemons' key agreement draws its secrets (required with an identity).
+    pub secret_rng: Option<SecretRng>,
     /// Random bits of this run's link epoch (docs/links.md): the system's RNG in the daemon, a
     /// seeded one in the simulator.
     pub link_salt: u32,
@@ -105,7 +111,45 @@ pub enum NodeError {
     SessionExists(SessionId),
     #[error(transparent)]
     Link(#[from] LinkSetupError),
+    #[error("the daemon has an identity but no source of secret randomness")]
+    NoSecretRng,
 }
+
+/// A source of secret randomness for the node: the system's RNG in a daemon, a seeded one in
+/// tests and the simulator. The node asks it for a generator whenever it starts a key agreement
+/// member.
+#[derive(Clone)]
+pub struct SecretRng(Arc<dyn Fn() -> Box<dyn CryptoRng + Send> + Send + Sync>);
+
+impl SecretRng {
+    pub fn new(make: impl Fn() -> Box<dyn CryptoRng + Send> + Send + Sync + 'static) -> Self {
+        SecretRng(Arc::new(make))
+    }
+
+    /// Generators drawn from `seed`, each different (tests and the simulator only).
+    pub fn seeded(seed: u64) -> Self {
+        let made = std::sync::atomic::AtomicU64::new(0);
+        SecretRng::new(move || {
+            let n = made.fetch_add(1, Relaxed);
+            Box::new(rand_chacha::ChaCha20Rng::seed_from_u64(
+                seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            ))
+        })
+    }
+
+    fn make(&self) -> Box<dyn CryptoRng + Send> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for SecretRng {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretRng")
+    }
+}
+
+/// The session id of the daemon's own member of the daemons' group; a driver never opens it.
+pub const DAEMONS_MEMBER: SessionId = SessionId::MAX;
 
 /// A datagram held back by an injected delay: when it goes, a tie-breaker, to whom, what.
 type Delayed = (Time, u64, DaemonId, Vec<u8>);
@@ -122,6 +166,8 @@ pub struct Node {
     by_addr: HashMap<SocketAddr, DaemonId>,
     reassembly: HashMap<DaemonId, Reassembly>,
     links: Links,
+    /// The daemons' key agreement (with an identity).
+    servers: Option<ServersAgreement>,
     refusal_log: RefusalLog,
     frag_id: u32,
     faults: Faults,
@@ -166,13 +212,21 @@ impl Node {
         let mut dcfg = cfg.core.clone();
         dcfg.record_ring = recorder.is_some();
         let epoch = (opts.incarnation as u64) << 32 | opts.link_salt as u64;
-        let links = Links::new(
-            cfg.links.mode,
-            me,
-            epoch,
-            opts.identity.as_deref(),
-            &cfg.roster(),
-        )?;
+        let dh = opts.identity.as_ref().map(|i| i.static_dh());
+        let links = Links::new(cfg.links.mode, me, epoch, dh.as_ref(), &cfg.roster())?;
+        let servers = match &opts.identity {
+            Some(identity) => {
+                let rng = opts.secret_rng.as_ref().ok_or(NodeError::NoSecretRng)?;
+                Some(ServersAgreement::new(
+                    name,
+                    identity.identity(),
+                    &cfg.roster(),
+                    cfg.links.agreement,
+                    rng.make(),
+                ))
+            }
+            None => None,
+        };
         if cfg.links.mode == LinkMode::Off {
             tracing::warn!(
                 daemon = name,
@@ -181,13 +235,20 @@ impl Node {
                  ([links] mode = \"off\"; for benchmarks and trusted networks only)"
             );
         }
-        Ok(Node {
+        let mut daemon = Daemon::new(dcfg, me, opts.incarnation, now);
+        if servers.is_some() {
+            daemon
+                .connect(DAEMONS_MEMBER, &member_name(name))
+                .expect("the daemon's first client");
+        }
+        let mut node = Node {
             links,
+            servers,
             refusal_log: RefusalLog::default(),
             me,
             name: name.to_owned(),
             inc: opts.incarnation,
-            daemon: Daemon::new(dcfg, me, opts.incarnation, now),
+            daemon,
             peers: cfg.daemon.iter().map(|d| d.peer).collect(),
             peer_names: cfg.daemon.iter().map(|d| d.name.clone()).collect(),
             by_addr: cfg
@@ -219,7 +280,9 @@ impl Node {
             gauges_at: None,
             now,
             cfg,
-        })
+        };
+        node.servers_pump();
+        Ok(node)
     }
 
     pub fn name(&self) -> &str {
@@ -374,6 +437,9 @@ impl Node {
     /// connection limit it is refused, and the driver closes it.
     pub fn open_session(&mut self, now: Time, id: SessionId) -> Result<(), NodeError> {
         self.input(now);
+        if id == DAEMONS_MEMBER {
+            return Err(NodeError::SessionExists(id));
+        }
         let max = self.cfg.sessions.max_connections;
         if self.sessions.len() >= max {
             return Err(NodeError::TooManyConnections { max });
@@ -593,6 +659,11 @@ impl Node {
                 self.close(id, None);
             }
             (Request::Command(cmd), true) => {
+                if let Some(g) = reserved_group(&cmd) {
+                    let reason = format!("group {g:?}: names beginning with '#' are the daemons'");
+                    self.refuse(id, Refusal::NotAllowed, reason);
+                    return;
+                }
                 let is_msg = matches!(cmd, ClientCommand::Multicast { .. });
                 match self.daemon.handle_client(now, id, cmd) {
                     Ok(()) => {
@@ -833,8 +904,16 @@ impl Node {
             ring: ring.ring().map(|r| format!("{}@{}", r.seq, name(r.rep))),
             members: ring.ring_members().into_iter().map(name).collect(),
             ready: self.daemon.ready(),
-            clients: self.daemon.client_count(),
+            clients: self.daemon.client_count() - self.servers.is_some() as usize,
             groups: self.daemon.group_count(),
+            daemons_key: self.daemons_key().map(|k| {
+                crate::admin::DaemonsKeyStatus {
+                    view: format!("{}@{}/{}", k.view.ring.seq, name(k.view.ring.rep), k.view.index),
+                    members: k.members.iter().map(|&m| name(m)).collect(),
+                    fingerprint: k.fingerprint.to_string(),
+                    peers_on_it: self.links.peers_on_ring_key(),
+                }
+            }),
             connections: self.sessions.len(),
             faults: self.faults.active(),
             progress: ring.progress(),
@@ -882,6 +961,8 @@ impl Node {
         self.metrics.groups.store(groups, Relaxed);
         let dropped = self.daemon.sync_changes_dropped();
         self.metrics.sync_changes_dropped.store(dropped, Relaxed);
+        let keyed = self.links.peers_on_ring_key() as u64;
+        self.metrics.links_on_daemons_key.store(keyed, Relaxed);
     }
 
     /// The core's outputs after the inputs since the last call: ring events recorded, client
@@ -1020,13 +1101,73 @@ impl Node {
         while let Some(ev) = self.daemon.poll_event() {
             match ev {
                 // The bulk: framed from the ring's message, with nothing copied but the frame.
-                LocalEvent::Message(d) if self.recorder.is_none() => self.deliver(&d),
+                LocalEvent::Message(d)
+                    if self.recorder.is_none() && d.client() != DAEMONS_MEMBER =>
+                {
+                    self.deliver(&d)
+                }
                 ev => {
                     let (client, ev) = ev.into_event();
-                    self.client_event(client, ev);
+                    if client == DAEMONS_MEMBER {
+                        self.servers_event(ev);
+                    } else {
+                        self.client_event(client, ev);
+                    }
                 }
             }
         }
+    }
+
+    /// An event for the daemon's member of the daemons' group.
+    fn servers_event(&mut self, ev: ClientEvent) {
+        let Some(s) = self.servers.as_mut() else {
+            return;
+        };
+        if let Some(r) = self.recorder.as_mut() {
+            if let Some(e) = r.client_event(&member_name(&self.name), &ev) {
+                r.push(self.now, &member_name(&self.name), self.inc, e);
+            }
+        }
+        s.handle_event(ev);
+        self.servers_pump();
+    }
+
+    /// The daemons' key agreement's commands, into the core; a key it agreed, to the links; its
+    /// events, to the recorder.
+    fn servers_pump(&mut self) {
+        let Some(s) = self.servers.as_mut() else {
+            return;
+        };
+        while let Some(cmd) = s.poll_command() {
+            if let Err(e) = self.daemon.handle_client(self.now, DAEMONS_MEMBER, cmd) {
+                tracing::warn!(error = %e, "the daemons' group refused a command of this daemon");
+                s.command_refused();
+            }
+        }
+        let before = s.agreed();
+        s.update(self.now, &mut self.links);
+        if s.agreed() != before {
+            self.metrics.daemons_keys.fetch_add(s.agreed() - before, Relaxed);
+        }
+        let me = member_name(&self.name);
+        while let Some(c) = s.poll_consumed() {
+            if let Some(r) = self.recorder.as_mut() {
+                let e = r.consumed(&c);
+                r.push(self.now, &me, self.inc, e);
+            }
+        }
+        while let Some(ev) = s.poll_event() {
+            if let Some(r) = self.recorder.as_mut() {
+                if let Some(e) = r.secure_event(&ev) {
+                    r.push(self.now, &me, self.inc, e);
+                }
+            }
+        }
+    }
+
+    /// The daemons' key in force at this daemon.
+    pub fn daemons_key(&self) -> Option<&crate::daemons_key::DaemonsKey> {
+        self.servers.as_ref()?.current()
     }
 
     fn deliver(&mut self, d: &Delivery) {
@@ -1079,6 +1220,19 @@ impl Node {
         };
         self.reply(id, Reply::Event(ev));
     }
+}
+
+/// A group of the daemons' own that a client's command names.
+fn reserved_group(cmd: &ClientCommand) -> Option<&str> {
+    match cmd {
+        ClientCommand::Join { group, .. }
+        | ClientCommand::Leave { group }
+        | ClientCommand::FlushAck { group, .. } => Some(group.as_str()),
+        ClientCommand::Multicast { groups, .. } => {
+            groups.iter().map(String::as_str).find(|g| is_reserved_group(g))
+        }
+    }
+    .filter(|g| is_reserved_group(g))
 }
 
 /// The membership protocol's packets, at trace level, for following a ring change in the logs

@@ -16,6 +16,7 @@
 use conclave_gcs::{ClientEvent, GroupViewId, RingEvent};
 use conclave_history::wire::{client_event, Naming};
 use conclave_history::{Event, Record, Service, ViewId};
+use conclave_secure::{Consumed, SecureEvent};
 use conclave_wire::gcs::{Body, DaemonId, RingId};
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
@@ -45,6 +46,52 @@ pub fn group_view_id(daemon: &str, v: GroupViewId) -> ViewId {
         conclave_history::wire::group_view_number(v),
         format!("{daemon}.{}", v.ring.inc),
     )
+}
+
+/// The history's record of what a secure layer told its application (`None` for what the
+/// history leaves out); `view` names a group view. Plaintexts are named by digest, keys by
+/// fingerprint.
+pub fn secure_event(ev: &SecureEvent, view: &dyn Fn(GroupViewId) -> ViewId) -> Option<Event> {
+    Some(match ev {
+        SecureEvent::View(v) => Event::SecureView {
+            group: v.group.clone(),
+            view: view(v.view),
+            members: v.members.clone(),
+            key: v.fingerprint.to_string(),
+        },
+        SecureEvent::Message {
+            group,
+            sender,
+            view: v,
+            payload,
+            ..
+        } => Event::SecureDeliver {
+            msg: message_name(sender, group, payload),
+            group: group.clone(),
+            sender: sender.clone(),
+            view: view(*v),
+        },
+        SecureEvent::Refused {
+            group,
+            sender,
+            error,
+        } => Event::SecureRefused {
+            group: group.clone(),
+            sender: sender.clone(),
+            error: error.kind().into(),
+        },
+        _ => return None,
+    })
+}
+
+/// The history's record of a key agreement message a secure layer's run took in.
+pub fn consumed(group: &str, c: &Consumed, view: &dyn Fn(GroupViewId) -> ViewId) -> Event {
+    Event::SecureConsumed {
+        group: group.to_owned(),
+        sender: c.sender.clone(),
+        signed_for: view(c.signed_for),
+        run: view(c.run),
+    }
 }
 
 impl Recorder {
@@ -99,6 +146,16 @@ impl Recorder {
                 client_event(client, ev.clone(), &naming)
             }
         }
+    }
+
+    /// What the daemons' key agreement told this daemon, as the history has it.
+    pub fn secure_event(&self, ev: &SecureEvent) -> Option<Event> {
+        secure_event(ev, &|v| self.group_view(v))
+    }
+
+    /// A message the daemons' key agreement took in.
+    pub fn consumed(&self, c: &Consumed) -> Event {
+        consumed(crate::daemons_key::DAEMONS_GROUP, c, &|v| self.group_view(v))
     }
 
     /// One event of the ring layer, as the history has it (`None` for what it leaves out: the

@@ -31,6 +31,7 @@ fn node(cfg: &Config, ids: &Identities, name: &str, inc: u32) -> Node {
         incarnation: inc,
         identity: ids.get(name),
         link_salt: inc ^ 0x5a5a,
+        secret_rng: Some(conclave_node::SecretRng::seeded(7)),
         ..Default::default()
     };
     Node::new(cfg.clone(), name, opts, Time::ZERO).unwrap()
@@ -215,6 +216,7 @@ fn replayed_altered_and_forged_datagrams_change_nothing() {
     let opts = NodeOptions {
         incarnation: 5,
         identity: impostor_ids.get("d2"),
+        secret_rng: Some(conclave_node::SecretRng::seeded(7)),
         ..Default::default()
     };
     let mut impostor = Node::new(fake_cfg, "d2", opts, Time::ZERO).unwrap();
@@ -282,7 +284,12 @@ fn a_restarted_daemon_rejoins_and_its_old_runs_datagrams_are_refused() {
         net.refusals(0, "d2", "link_old_epoch"),
         old.len() as u64 - questions
     );
-    assert!(net.refusals(1, "d1", "link_stale") >= old_to_d2.len() as u64);
+    // Bound to d2's earlier run; those under the daemons' key of that run name a key the new
+    // run never held.
+    let refused = net.refusals(1, "d1", "link_stale") + net.refusals(1, "d1", "link_unknown_key");
+    let questions_to_d2 = old_to_d2.iter().filter(|d| to_epoch(d) == 0).count() as u64;
+    assert!(refused >= old_to_d2.len() as u64 - questions_to_d2);
+    assert!(old_to_d2.iter().any(|d| header(d).key != 0));
     assert_eq!(
         net.nodes[0].metrics().packets_received.load(Relaxed),
         received
@@ -314,4 +321,84 @@ fn links_off_and_sealed_do_not_mix_and_off_needs_no_keys() {
         "{refused:?}"
     );
     assert_eq!(sealed.metrics().packets_received.load(Relaxed), 0);
+}
+
+/// The daemons' key in force at node `i`: its fingerprint and holders.
+fn daemons_key(net: &Net, i: usize) -> Option<(String, Vec<u32>)> {
+    let k = net.nodes[i].daemons_key()?;
+    Some((k.fingerprint.to_string(), k.members.clone()))
+}
+
+/// Data datagrams from `from` to `to` captured since `since`, and those under a daemons' key.
+fn under_daemons_key(net: &Net, since: usize, from: usize, to: usize) -> (usize, usize) {
+    let data: Vec<&Vec<u8>> = net.captured[since..]
+        .iter()
+        .filter(|(f, t, d)| (*f, *t) == (from, to) && header(d).kind == LinkKind::Data)
+        .map(|(_, _, d)| d)
+        .collect();
+    let keyed = data.iter().filter(|d| header(d).key != 0).count();
+    (data.len(), keyed)
+}
+
+#[test]
+fn the_daemons_agree_a_key_and_their_links_go_under_it() {
+    let (cfg, ids) = network(3, 11);
+    let mut net = formed(&cfg, &ids);
+    let (fingerprint, members) = daemons_key(&net, 0).expect("a daemons' key");
+    assert_eq!(members, vec![1, 2, 3]);
+    for i in 0..3 {
+        assert_eq!(daemons_key(&net, i).unwrap().0, fingerprint);
+        assert_eq!(net.nodes[i].links().peers_on_ring_key(), 3);
+        // Perhaps one first for a ring of its own, before the others were heard.
+        assert!(net.nodes[i].metrics().daemons_keys.load(Relaxed) >= 1);
+        // Hellos naming the key came before either end held it: none was refused.
+        assert_eq!(net.nodes[i].metrics().bad_datagrams.load(Relaxed), 0);
+    }
+    let since = net.captured.len();
+    net.run(200);
+    for (a, b) in [(0, 1), (1, 2), (2, 0)] {
+        let (data, keyed) = under_daemons_key(&net, since, a, b);
+        assert!(data > 0 && keyed == data, "{a}->{b}: {keyed} of {data}");
+    }
+    let status = net.nodes[1].status().daemons_key.expect("in the status");
+    assert_eq!(status.fingerprint, fingerprint);
+    assert_eq!(status.members, vec!["d1", "d2", "d3"]);
+}
+
+#[test]
+fn every_ring_after_a_partition_and_after_the_merge_gets_a_fresh_key() {
+    use conclave_node::AdminRequest;
+    let (cfg, ids) = network(3, 12);
+    let mut net = formed(&cfg, &ids);
+    let first = daemons_key(&net, 0).unwrap().0;
+    let split = AdminRequest::Partition {
+        sets: vec![vec!["d1".into(), "d2".into()], vec!["d3".into()]],
+    };
+    for n in &mut net.nodes {
+        let now = Time::from_micros(net.now);
+        assert!(n.handle_admin(now, split.clone()).ok);
+    }
+    net.run(3_000);
+    let (pair, pair_members) = daemons_key(&net, 0).unwrap();
+    assert_eq!(pair_members, vec![1, 2]);
+    assert_eq!(daemons_key(&net, 1).unwrap().0, pair);
+    let (alone, alone_members) = daemons_key(&net, 2).unwrap();
+    assert_eq!(alone_members, vec![3]);
+    assert!(pair != first && alone != first && alone != pair);
+    for n in &mut net.nodes {
+        let now = Time::from_micros(net.now);
+        assert!(n.handle_admin(now, AdminRequest::Heal).ok);
+    }
+    net.run(3_000);
+    let (merged, members) = daemons_key(&net, 0).unwrap();
+    assert_eq!(members, vec![1, 2, 3]);
+    assert!(![&first, &pair, &alone].contains(&&merged));
+    let since = net.captured.len();
+    net.run(200);
+    for i in 0..3 {
+        assert_eq!(daemons_key(&net, i).unwrap().0, merged);
+        assert_eq!(net.nodes[i].links().peers_on_ring_key(), 3);
+    }
+    let (data, keyed) = under_daemons_key(&net, since, 2, 0);
+    assert!(data > 0 && keyed == data);
 }

@@ -17,6 +17,7 @@ fn node(edit: impl FnOnce(&mut Config)) -> Node {
     edit(&mut cfg);
     let opts = NodeOptions {
         identity: ids.get("d1"),
+        secret_rng: Some(conclave_node::SecretRng::seeded(7)),
         ..Default::default()
     };
     Node::new(cfg, "d1", opts, Time::ZERO).unwrap()
@@ -192,4 +193,39 @@ fn past_the_connection_limit_a_connection_is_refused() {
     assert!(n.open_session(t(0), 3).is_err());
     n.close_session(t(1), 1);
     n.open_session(t(2), 3).unwrap();
+}
+
+#[test]
+fn a_client_may_not_join_or_send_to_the_daemons_groups() {
+    use conclave_wire::client::{ClientCommand, Refusal};
+    use conclave_wire::gcs::ServiceType;
+    let mut n = node(|_| {});
+    connect(&mut n, 0, 1, "mallory");
+    let commands = [
+        ClientCommand::Join {
+            group: "#daemons".into(),
+            vs: true,
+        },
+        ClientCommand::Multicast {
+            groups: vec!["chat".into(), "#anything".into()],
+            service: ServiceType::Agreed,
+            payload: b"x".to_vec().into(),
+        },
+    ];
+    for cmd in commands {
+        n.handle_session_bytes(t(1), 1, &frame(&Request::Command(cmd).encode()));
+        let (replies, closed) = outputs(&mut n);
+        assert!(closed.is_empty());
+        assert!(
+            matches!(
+                &replies[..],
+                [(1, Reply::Refused { code: Refusal::NotAllowed, reason, .. })]
+                    if reason.contains("daemons")
+            ),
+            "{replies:?}"
+        );
+    }
+    assert_eq!(n.metrics().refusals.load(Relaxed), 2);
+    // The daemon's own member is no client.
+    assert_eq!(n.status().clients, 1);
 }

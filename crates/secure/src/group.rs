@@ -148,6 +148,18 @@ impl ViewKey {
         self.key.fingerprint()
     }
 
+    /// A secret for another use than the group's data (as TLS exports keying material): a
+    /// different `label` gives an independent key, bound to the group and the view. Whoever
+    /// holds the view's key can compute it; keep it as secret.
+    pub fn export(&self, label: &[u8]) -> zeroize::Zeroizing<[u8; 32]> {
+        let view = self.view.to_bytes();
+        conclave_crypto::kdf::derive::<32>(
+            label,
+            self.key.expose(),
+            &conclave_crypto::kdf::info(&[self.group.as_bytes(), &view]),
+        )
+    }
+
     /// Opens a data message of the group, as the daemons carried it from `sender` with
     /// `service`, if it was sealed under this key.
     pub fn open(

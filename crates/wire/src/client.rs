@@ -35,6 +35,16 @@ pub struct GroupViewId {
     pub index: u64,
 }
 
+impl GroupViewId {
+    /// The id as the wire carries it (ring seq, rep, inc, then index; big-endian), for binding
+    /// a key or a signature to the view.
+    pub fn to_bytes(&self) -> [u8; 24] {
+        let mut w = Writer::new();
+        write_view(&mut w, self);
+        w.into_vec().try_into().expect("a view id is 24 bytes")
+    }
+}
+
 /// Why a group view changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
@@ -168,6 +178,9 @@ pub enum Refusal {
     Timeout,
     /// The daemon holds as many bytes of incomplete requests as it may.
     Overloaded,
+    /// The client may not do this: a group of the daemons' own, or one the daemons' access
+    /// policy keeps it out of.
+    NotAllowed,
     Other(u8),
 }
 
@@ -187,6 +200,7 @@ impl Refusal {
             Refusal::BadGroupList => 11,
             Refusal::Timeout => 12,
             Refusal::Overloaded => 13,
+            Refusal::NotAllowed => 14,
             Refusal::Other(c) => c,
         }
     }
@@ -206,6 +220,7 @@ impl Refusal {
             11 => Refusal::BadGroupList,
             12 => Refusal::Timeout,
             13 => Refusal::Overloaded,
+            14 => Refusal::NotAllowed,
             c => Refusal::Other(c),
         }
     }
@@ -227,6 +242,7 @@ impl std::fmt::Display for Refusal {
             Refusal::BadGroupList => "bad group list",
             Refusal::Timeout => "too late",
             Refusal::Overloaded => "daemon overloaded",
+            Refusal::NotAllowed => "not allowed",
             Refusal::Other(c) => return write!(f, "refusal {c}"),
         };
         f.write_str(s)

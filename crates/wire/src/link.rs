@@ -1,21 +1,25 @@
 //! The header of a datagram between daemons when their links are protected (docs/links.md).
 //!
 //! ```text
-//! datagram = header (34) body tag (16)
-//! header   = version (1) kind (1) from (u32) to (u32) from_epoch (u64) to_epoch (u64) counter (u64)
+//! datagram = header (42) body tag (16)
+//! header   = version (1) kind (1) from (u32) to (u32) from_epoch (u64) to_epoch (u64)
+//!            key (u64) counter (u64)
 //! kind 0   = data: the body is a datagram of `conclave_node::frag`
 //! kind 1   = hello: no body; tells the receiver the sender's epoch
+//! key      = data: the key it is under (0: the pair's static key; else the id of the daemons'
+//!            agreed key); hello (always under the static key): the daemons' key the sender
+//!            holds (0: none)
 //! ```
 //!
 //! The whole header is authenticated (it is the AEAD's associated data); the counter is the
 //! nonce, and never repeats under one key since a key serves one pair of epochs and the counter
-//! only grows within a run. `to_epoch` is 0 when the sender does not know the receiver's epoch
-//! yet.
+//! only grows within a run (whatever the key). `to_epoch` is 0 when the sender does not know the
+//! receiver's epoch yet. The key id is public: a one-way digest of the daemons' key.
 
 use crate::{DecodeError, Reader, Writer};
 
-pub const LINK_VERSION: u8 = 2;
-pub const HEADER_BYTES: usize = 34;
+pub const LINK_VERSION: u8 = 3;
+pub const HEADER_BYTES: usize = 42;
 pub const TAG_BYTES: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +35,9 @@ pub struct LinkHeader {
     pub to: u32,
     pub from_epoch: u64,
     pub to_epoch: u64,
+    /// Data: the id of the daemons' key it is under (0: the pair's static key). Hello: the id
+    /// of the daemons' key the sender holds (0: none).
+    pub key: u64,
     pub counter: u64,
 }
 
@@ -46,6 +53,7 @@ impl LinkHeader {
         w.u32(self.to);
         w.u64(self.from_epoch);
         w.u64(self.to_epoch);
+        w.u64(self.key);
         w.u64(self.counter);
         *out = w.into_vec();
     }
@@ -79,6 +87,7 @@ impl LinkHeader {
             to: r.u32("link receiver")?,
             from_epoch: r.u64("sender epoch")?,
             to_epoch: r.u64("receiver epoch")?,
+            key: r.u64("link key")?,
             counter: r.u64("link counter")?,
         };
         r.finish()?;
@@ -106,6 +115,7 @@ mod tests {
             to: 1,
             from_epoch: 7 << 32 | 9,
             to_epoch: 0,
+            key: 5,
             counter: 42,
         };
         let mut v = Vec::new();

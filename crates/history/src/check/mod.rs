@@ -29,7 +29,8 @@ use integrity::integrity;
 use liveness::liveness;
 use membership::membership;
 use order::{order, safe};
-use secure::secure;
+use secure::{daemons_key, secure};
+pub use secure::DAEMONS_GROUP;
 use synchrony::synchrony;
 
 /// Most violations reported per property (the first ones are the useful ones).
@@ -427,6 +428,7 @@ pub fn check(records: &[Record], cfg: &Config) -> Vec<Violation> {
     safe(&f, &mut rep);
     liveness(&f, cfg, &mut rep);
     secure(records, &f, &mut rep);
+    daemons_key(records, &mut rep);
     rep.out
 }
 

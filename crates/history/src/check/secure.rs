@@ -244,6 +244,72 @@ pub(super) fn secure(records: &[Record], f: &Facts, rep: &mut Report<'_>) {
     }
 }
 
+/// The daemons' own group, whose keys are the daemons' keys (the integrated architecture's K_s).
+pub const DAEMONS_GROUP: &str = "#daemons";
+
+/// S-ring-key: a daemons' key is held by daemons of one ring and no one else. Every secure view
+/// of [`DAEMONS_GROUP`] lists as members only daemons (each under `#` and its name) of the ring
+/// its view belongs to, as those daemons recorded that ring; with K1 and K4, no process outside
+/// that ring holds the key. (Not all of them: a daemon's member joins the group a moment after
+/// its daemon joins the ring, so a ring's first group views may lack it.)
+pub(super) fn daemons_key(records: &[Record], rep: &mut Report<'_>) {
+    // (ring seq, representative) -> the ring's daemons, as a daemon recorded it.
+    let mut rings: HashMap<(u64, &str), BTreeSet<&str>> = HashMap::new();
+    for r in records {
+        if let Event::View {
+            group,
+            view,
+            members,
+            ..
+        } = &r.ev
+        {
+            if group.is_empty() {
+                let daemons = members.iter().map(String::as_str).collect();
+                rings.entry((view.0, view.1.as_str())).or_insert(daemons);
+            }
+        }
+    }
+    for (i, r) in records.iter().enumerate() {
+        let Event::SecureView {
+            group,
+            view,
+            members,
+            key,
+        } = &r.ev
+        else {
+            continue;
+        };
+        if group != DAEMONS_GROUP {
+            continue;
+        }
+        let holders: BTreeSet<&str> = members
+            .iter()
+            .map(|m| m.strip_prefix('#').unwrap_or("(not a daemon)"))
+            .collect();
+        // A group view's number is its ring's sequence number, then its index on the ring.
+        match rings.get(&(view.0 >> 32, view.1.as_str())) {
+            Some(ring) if holders.is_subset(ring) => {}
+            Some(ring) => rep.add(
+                "S-ring-key",
+                format!(
+                    "{} holds daemons' key {key} of view {view} with {holders:?}, beyond \
+                     that ring's daemons {ring:?}",
+                    r.p
+                ),
+                &[i],
+            ),
+            None => rep.add(
+                "S-ring-key",
+                format!(
+                    "{} holds daemons' key {key} of view {view}, of a ring no daemon installed",
+                    r.p
+                ),
+                &[i],
+            ),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::check::{check, Config};
@@ -457,5 +523,50 @@ mod tests {
         let mut stuck = good();
         stuck.remove(8);
         assert_eq!(properties(&stuck), ["K6"]);
+    }
+
+    /// A daemons' key is judged against the ring its view belongs to: one held with a daemon
+    /// that is not in that ring (or of a ring nobody installed) is caught.
+    #[test]
+    fn a_daemons_key_beyond_its_ring_is_caught() {
+        let ring = |p: &str| {
+            rec(
+                1,
+                p,
+                Event::View {
+                    group: String::new(),
+                    view: ViewId(5, "d1.0".into()),
+                    members: vec!["d1".into(), "d2".into()],
+                    transitional: vec![],
+                },
+            )
+        };
+        let key = |p: &str, seq: u64, members: &[&str]| {
+            rec(
+                2,
+                p,
+                Event::SecureView {
+                    group: super::DAEMONS_GROUP.into(),
+                    view: ViewId(seq << 32 | 1, "d1.0".into()),
+                    members: members.iter().map(|m| m.to_string()).collect(),
+                    key: "ks".into(),
+                },
+            )
+        };
+        let ring_key = |h: &[Record]| {
+            check(h, &Config::default())
+                .into_iter()
+                .filter(|v| v.property == "S-ring-key")
+                .count()
+        };
+        let good = vec![ring("d1"), ring("d2"), key("#d1", 5, &["#d1", "#d2"])];
+        assert_eq!(ring_key(&good), 0);
+        // A daemon whose member has not joined yet holds none.
+        let early = vec![ring("d1"), ring("d2"), key("#d1", 5, &["#d1"])];
+        assert_eq!(ring_key(&early), 0);
+        let beyond = vec![ring("d1"), ring("d2"), key("#d1", 5, &["#d1", "#d2", "#d3"])];
+        assert_eq!(ring_key(&beyond), 1);
+        let nowhere = vec![ring("d1"), ring("d2"), key("#d1", 6, &["#d1", "#d2"])];
+        assert_eq!(ring_key(&nowhere), 1);
     }
 }

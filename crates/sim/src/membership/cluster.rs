@@ -33,6 +33,8 @@ pub(super) struct World {
     pub(super) cfg: Config,
     /// The daemons' identities (drawn from the seed).
     pub(super) identities: Identities,
+    /// Seed of the daemons' secret randomness (their key agreement's).
+    pub(super) secret_seed: u64,
     pub(super) nodes: Vec<Node>,
     pub(super) clients: Vec<SimClient>,
     /// Which client each open connection belongs to.
@@ -73,6 +75,9 @@ impl World {
             // grow across restarts of its daemon.
             client_incarnation_floor: self.dinc[i] * 1_000_000,
             identity: self.identities.get(&name(i as DaemonId + 1)),
+            secret_rng: Some(conclave_node::SecretRng::seeded(
+                self.secret_seed ^ (i as u64) << 40 ^ (self.dinc[i] as u64) << 8,
+            )),
             link_salt: (self.dinc[i].wrapping_mul(0x9e37_79b9)) ^ i as u32,
         };
         Node::new(

@@ -270,6 +270,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         multi_group: cfg.multi_group,
         cfg: config,
         identities,
+        secret_seed: cfg.seed ^ 0x7365_6372_6574,
         nodes: Vec::new(),
         clients: (0..n)
             .flat_map(|d| {

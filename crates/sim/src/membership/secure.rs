@@ -10,7 +10,7 @@ use bytes::Bytes;
 use conclave_crypto::{Identity, SigScheme};
 use conclave_gka::{Directory, ProtocolId, SharedDirectory};
 use conclave_history::ViewId;
-use conclave_secure::{SecureConfig, SecureEvent, SecureGroup};
+use conclave_secure::{SecureConfig, SecureGroup};
 use conclave_wire::client::GroupViewId;
 use conclave_wire::gcs::ServiceType;
 use std::sync::{Arc, RwLock};
@@ -147,44 +147,10 @@ impl World {
         let (p, inc) = (c.name.clone(), c.inc.unwrap_or(0));
         let mut records = Vec::new();
         while let Some(c) = g.poll_consumed() {
-            records.push(Event::SecureConsumed {
-                group: group.to_owned(),
-                sender: c.sender,
-                signed_for: view_id(c.signed_for),
-                run: view_id(c.run),
-            });
+            records.push(conclave_node::record::consumed(group, &c, &view_id));
         }
         while let Some(e) = g.poll_event() {
-            match e {
-                SecureEvent::View(v) => records.push(Event::SecureView {
-                    group: v.group,
-                    view: view_id(v.view),
-                    members: v.members,
-                    key: v.fingerprint.to_string(),
-                }),
-                SecureEvent::Message {
-                    group,
-                    sender,
-                    view,
-                    payload,
-                    ..
-                } => records.push(Event::SecureDeliver {
-                    msg: conclave_node::record::message_name(&sender, &group, &payload),
-                    group,
-                    sender,
-                    view: view_id(view),
-                }),
-                SecureEvent::Refused {
-                    group,
-                    sender,
-                    error,
-                } => records.push(Event::SecureRefused {
-                    group,
-                    sender,
-                    error: error.kind().into(),
-                }),
-                _ => {}
-            }
+            records.extend(conclave_node::record::secure_event(&e, &view_id));
         }
         for ev in records {
             self.history.push(Record {
