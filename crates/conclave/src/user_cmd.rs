@@ -110,6 +110,11 @@ pub fn event_json(ev: &ClientEvent) -> serde_json::Value {
             json!({"ev": "flush_request", "group": group, "view": view_text(view)})
         }
         ClientEvent::Closed { reason } => json!({"ev": "closed", "reason": reason}),
+        // The key itself is never printed.
+        ClientEvent::ViewKey { group, view, key } => json!({
+            "ev": "view_key", "group": group, "view": view_text(view),
+            "key": conclave_crypto::GroupKey::from_bytes(key.0).fingerprint().to_string(),
+        }),
         ClientEvent::Message {
             group,
             sender,
@@ -130,6 +135,11 @@ pub fn event_text(ev: &ClientEvent) -> String {
         ClientEvent::Joined { group, .. } => format!("joining {group}"),
         ClientEvent::Left { group } => format!("left {group}"),
         ClientEvent::Sent { .. } => String::new(),
+        ClientEvent::ViewKey { group, view, key } => format!(
+            "{group}: key of view {} from the daemons ({})",
+            view_text(view),
+            conclave_crypto::GroupKey::from_bytes(key.0).fingerprint()
+        ),
         ClientEvent::FlushAcked { group } => format!("flush of {group} acknowledged"),
         ClientEvent::View {
             group,

@@ -37,7 +37,7 @@ pub struct Naming<'a> {
 }
 
 /// The history event for an event of `client`; `None` for a flush request and a closed
-/// session, which each recorder handles its own way.
+/// session, which each recorder handles its own way, and for a view's key.
 pub fn client_event(client: &str, ev: ClientEvent, n: &Naming) -> Option<Event> {
     Some(match ev {
         ClientEvent::Joined { group, vs } => Event::Join { group, vs },
@@ -84,6 +84,9 @@ pub fn client_event(client: &str, ev: ClientEvent, n: &Naming) -> Option<Event> 
             payload: (n.payload)(&payload),
             group,
         },
-        ClientEvent::FlushRequest { .. } | ClientEvent::Closed { .. } => return None,
+        // A key is the secure layer's to record (as a secure view, by fingerprint).
+        ClientEvent::FlushRequest { .. }
+        | ClientEvent::Closed { .. }
+        | ClientEvent::ViewKey { .. } => return None,
     })
 }

@@ -22,8 +22,9 @@ use conclave_crypto::{CryptoRng, Fingerprint, Identity, PublicIdentity};
 use conclave_gcs::Time;
 use conclave_gka::{Directory, ProtocolId};
 use conclave_secure::{SecureConfig, SecureEvent, SecureGroup};
-use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId};
-use conclave_wire::gcs::DaemonId;
+use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, KeyBytes};
+use conclave_wire::gcs::{DaemonId, RingId};
+use zeroize::Zeroizing;
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
@@ -70,6 +71,8 @@ impl Agreement {
 const LINK_LABEL: &[u8] = b"conclave links v1";
 /// The label of the links' key's public id.
 const ID_LABEL: &[u8] = b"conclave links key id v1";
+/// The label of the secret client group keys are derived from.
+const GROUPS_LABEL: &[u8] = b"conclave group keys v1";
 
 /// A daemons' key in force at this daemon.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +95,9 @@ pub struct ServersAgreement {
     current: Option<DaemonsKey>,
     /// Keys agreed since the daemon started.
     agreed: u64,
+    /// The ring whose every daemon holds the current key, and the secret its client groups'
+    /// keys are derived from ([`ServersAgreement::group_key`]).
+    groups_base: Option<(RingId, Zeroizing<[u8; 32]>)>,
     events: VecDeque<SecureEvent>,
 }
 
@@ -128,6 +134,7 @@ impl ServersAgreement {
             names: roster.iter().map(|(n, _)| n.clone()).collect(),
             current: None,
             agreed: 0,
+            groups_base: None,
             events: VecDeque::new(),
         }
     }
@@ -162,9 +169,40 @@ impl ServersAgreement {
         self.group.poll_consumed()
     }
 
-    /// Takes what the group has agreed: a new key goes to the links. The group's events are
-    /// kept for [`ServersAgreement::poll_event`].
-    pub fn update(&mut self, now: Time, links: &mut Links) {
+    /// The ring whose client groups' keys can be derived now (see
+    /// [`ServersAgreement::group_key`]).
+    pub fn groups_ring(&self) -> Option<RingId> {
+        self.groups_base.as_ref().map(|(r, _)| *r)
+    }
+
+    /// The key of `view` of client group `group` (the Group Keys Engine of paper 002 §V-B,
+    /// Integrated VS: K_gv from K_s, the group and the view id), if the daemons of the view's
+    /// ring have agreed their key: the key of the view of the daemons' group that holds every
+    /// daemon of the ring. There is one such view per ring (a daemon's member joins that group
+    /// once, and leaves it only with a change of ring), so every daemon derives the same K_gv.
+    pub fn group_key(&self, group: &str, view: GroupViewId) -> Option<KeyBytes> {
+        let (ring, base) = self.groups_base.as_ref()?;
+        if *ring != view.ring {
+            return None;
+        }
+        let k = conclave_crypto::kdf::derive::<32>(
+            b"conclave group key v1",
+            &base[..],
+            &conclave_crypto::kdf::info(&[group.as_bytes(), &view.to_bytes()]),
+        );
+        Some(KeyBytes(*k))
+    }
+
+    /// Takes what the group has agreed: a new key goes to the links, and, if every daemon of
+    /// the current ring (`ring`, of `ring_members`) holds it, it becomes the base of client
+    /// group keys. The group's events are kept for [`ServersAgreement::poll_event`].
+    pub fn update(
+        &mut self,
+        now: Time,
+        links: &mut Links,
+        ring: Option<RingId>,
+        ring_members: &[DaemonId],
+    ) {
         while let Some(ev) = self.group.poll_event() {
             match &ev {
                 SecureEvent::View(info) => {
@@ -180,6 +218,13 @@ impl ServersAgreement {
                             u64::from_be_bytes(id_bytes[..8].try_into().expect("8 bytes")).max(1);
                         links.install_ring_key(now, link_key, key.export(LINK_LABEL), members.clone());
                         self.agreed += 1;
+                        let mut holders = members.clone();
+                        holders.sort_unstable();
+                        let mut daemons = ring_members.to_vec();
+                        daemons.sort_unstable();
+                        if ring == Some(info.view.ring) && holders == daemons {
+                            self.groups_base = Some((info.view.ring, key.export(GROUPS_LABEL)));
+                        }
                         tracing::info!(
                             view = ?info.view,
                             members = ?info.members,

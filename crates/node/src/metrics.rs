@@ -67,6 +67,7 @@ metrics! {
     link_waiting: "counter", "Datagrams not sent: the peer's link epoch was not known yet (a hello went instead).";
     link_hellos: "counter", "Link hellos sent (a daemon's epoch, to a peer that lacks it; or the daemons' new key, offered).";
     daemons_keys: "counter", "Keys the daemons agreed among themselves (one per daemon membership change, cascades aside).";
+    group_keys: "counter", "Client group keys derived from the daemons' key and handed to members (integrated architecture).";
     links_on_daemons_key: "gauge", "Peers (this daemon among them) that datagrams go to under the daemons' current key.";
     retransmit_requests: "counter", "Messages this daemon asked the ring to retransmit.";
     views: "counter", "Daemon configurations installed.";

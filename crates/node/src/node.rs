@@ -675,6 +675,19 @@ impl Node {
                 }
             }
             (Request::Disconnect, true) => self.close(id, None),
+            (Request::Keys { group }, true) => {
+                if is_reserved_group(&group) {
+                    let reason = format!("group {group:?}: names beginning with '#' are the daemons'");
+                    self.refuse(id, Refusal::NotAllowed, reason);
+                } else if self.servers.is_none() {
+                    let reason = "this daemon has no identity, so no daemons' key to derive \
+                                  group keys from"
+                        .to_owned();
+                    self.refuse(id, Refusal::NotAllowed, reason);
+                } else if let Some(s) = self.sessions.get_mut(&id) {
+                    s.keyed.entry(group).or_insert(None);
+                }
+            }
         }
     }
 
@@ -1145,10 +1158,14 @@ impl Node {
             }
         }
         let before = s.agreed();
-        s.update(self.now, &mut self.links);
+        let groups_ring = s.groups_ring();
+        let membership = self.daemon.membership();
+        let (ring, ring_members) = (membership.ring(), membership.ring_members());
+        s.update(self.now, &mut self.links, ring, &ring_members);
         if s.agreed() != before {
             self.metrics.daemons_keys.fetch_add(s.agreed() - before, Relaxed);
         }
+        let new_groups_ring = s.groups_ring() != groups_ring;
         let me = member_name(&self.name);
         while let Some(c) = s.poll_consumed() {
             if let Some(r) = self.recorder.as_mut() {
@@ -1163,6 +1180,49 @@ impl Node {
                 }
             }
         }
+        if new_groups_ring {
+            self.hand_waiting_keys();
+        }
+    }
+
+    /// The keys of the views given to clients that asked for their groups' keys while the
+    /// daemons of the views' ring had not agreed theirs.
+    fn hand_waiting_keys(&mut self) {
+        let waiting: Vec<(SessionId, String, conclave_wire::client::GroupViewId)> = self
+            .sessions
+            .iter()
+            .flat_map(|(&id, s)| {
+                s.keyed
+                    .iter()
+                    .filter_map(move |(g, v)| v.map(|v| (id, g.clone(), v)))
+            })
+            .collect();
+        for (id, group, view) in waiting {
+            self.hand_key(id, &group, view);
+        }
+    }
+
+    /// Hands session `id` the key of `view` of `group` if it can be derived now; else it waits
+    /// for the daemons' key of the view's ring.
+    fn hand_key(&mut self, id: SessionId, group: &str, view: conclave_wire::client::GroupViewId) {
+        let Some(key) = self.servers.as_ref().and_then(|s| s.group_key(group, view)) else {
+            if let Some(slot) = self.sessions.get_mut(&id).and_then(|s| s.keyed.get_mut(group)) {
+                *slot = Some(view);
+            }
+            return;
+        };
+        if let Some(slot) = self.sessions.get_mut(&id).and_then(|s| s.keyed.get_mut(group)) {
+            *slot = None;
+        }
+        self.metrics.group_keys.fetch_add(1, Relaxed);
+        self.reply(
+            id,
+            Reply::Event(ClientEvent::ViewKey {
+                group: group.to_owned(),
+                view,
+                key,
+            }),
+        );
     }
 
     /// The daemons' key in force at this daemon.
@@ -1190,8 +1250,26 @@ impl Node {
                 self.metrics.messages_delivered.fetch_add(1, Relaxed);
                 ev
             }
-            ClientEvent::View { .. } => {
+            ClientEvent::View {
+                ref group, view, ..
+            } => {
                 self.metrics.group_views.fetch_add(1, Relaxed);
+                let keyed = self
+                    .sessions
+                    .get(&id)
+                    .is_some_and(|s| s.keyed.contains_key(group));
+                if keyed {
+                    let group = group.clone();
+                    self.reply(id, Reply::Event(ev));
+                    self.hand_key(id, &group, view);
+                    return;
+                }
+                ev
+            }
+            ClientEvent::Left { ref group } => {
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    s.keyed.remove(group);
+                }
                 ev
             }
             // The client has its payload: the acknowledgement does not carry it back.

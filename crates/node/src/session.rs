@@ -43,6 +43,9 @@ pub(crate) struct Session {
     /// Buffers the driver is done with, to frame into again: a fresh buffer per pass cost
     /// growing it step by step and the kernel zeroing its new pages.
     spare: Vec<Vec<u8>>,
+    /// Groups whose keys the client asked the daemons for ([`Request::Keys`]), with the view
+    /// it was last given while that view's key is not derived yet.
+    pub keyed: std::collections::BTreeMap<String, Option<conclave_wire::client::GroupViewId>>,
 }
 
 impl Session {
@@ -57,6 +60,7 @@ impl Session {
             unwritten_bytes: 0,
             unwritten_replies: 0,
             spare: Vec::new(),
+            keyed: Default::default(),
         }
     }
 

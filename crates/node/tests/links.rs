@@ -3,109 +3,17 @@
 //! name, from an unconfigured address, or in the clear) is refused, counted, and changes
 //! nothing: no packet reaches the core, the ring stays as it was.
 
+mod common;
+
+use common::{network, node, Net};
 use conclave_node::config::Identities;
 use conclave_node::frag::Reassembly;
 use conclave_node::link::LinkMode;
 use conclave_node::{Config, Node, NodeOptions, Time};
 use conclave_wire::gcs::Packet;
 use conclave_wire::link::{LinkHeader, LinkKind, HEADER_BYTES, TAG_BYTES};
-use rand_chacha::rand_core::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
-
-struct Net {
-    nodes: Vec<Node>,
-    addrs: Vec<SocketAddr>,
-    now: u64,
-    /// Every datagram that went between the nodes: from, to, bytes.
-    captured: Vec<(usize, usize, Vec<u8>)>,
-}
-
-fn network(n: usize, seed: u64) -> (Config, Identities) {
-    Config::local(n, 4800).with_identities(&mut ChaCha8Rng::seed_from_u64(seed))
-}
-
-fn node(cfg: &Config, ids: &Identities, name: &str, inc: u32) -> Node {
-    let opts = NodeOptions {
-        incarnation: inc,
-        identity: ids.get(name),
-        link_salt: inc ^ 0x5a5a,
-        secret_rng: Some(conclave_node::SecretRng::seeded(7)),
-        ..Default::default()
-    };
-    Node::new(cfg.clone(), name, opts, Time::ZERO).unwrap()
-}
-
-impl Net {
-    fn new(cfg: &Config, ids: &Identities) -> Net {
-        Net {
-            nodes: cfg
-                .daemon
-                .iter()
-                .map(|d| node(cfg, ids, &d.name, 1))
-                .collect(),
-            addrs: cfg.daemon.iter().map(|d| d.peer).collect(),
-            now: 0,
-            captured: Vec::new(),
-        }
-    }
-
-    fn time(&self) -> Time {
-        Time::from_micros(self.now)
-    }
-
-    /// Runs the network for `ms` milliseconds, datagrams arriving at once.
-    fn run(&mut self, ms: u64) {
-        for _ in 0..ms * 10 {
-            self.now += 100;
-            let now = self.time();
-            for i in 0..self.nodes.len() {
-                if self.nodes[i].poll_timeout().is_some_and(|t| t <= now) {
-                    self.nodes[i].handle_timeout(now);
-                }
-            }
-            let mut moved = true;
-            while moved {
-                moved = false;
-                for i in 0..self.nodes.len() {
-                    while self.nodes[i].poll_session().is_some() {}
-                    while let Some((to, d)) = self.nodes[i].poll_datagram() {
-                        moved = true;
-                        let j = self.addrs.iter().position(|a| *a == to).unwrap();
-                        self.captured.push((i, j, d.clone()));
-                        let mut d = d;
-                        self.nodes[j].handle_datagram(now, self.addrs[i], &mut d);
-                    }
-                }
-            }
-        }
-    }
-
-    /// What went from node `from` to node `to`, in order.
-    fn sent(&self, from: usize, to: usize) -> Vec<Vec<u8>> {
-        self.captured
-            .iter()
-            .filter(|(f, t, _)| (*f, *t) == (from, to))
-            .map(|(_, _, d)| d.clone())
-            .collect()
-    }
-
-    fn ring(&self, i: usize) -> (Option<conclave_wire::gcs::RingId>, Vec<u32>) {
-        let m = self.nodes[i].core().membership();
-        (m.ring(), m.ring_members())
-    }
-
-    fn refusals(&self, i: usize, peer: &str, reason: &str) -> u64 {
-        self.nodes[i]
-            .metrics()
-            .peer_refusals()
-            .iter()
-            .filter(|((p, r), _)| p == peer && *r == reason)
-            .map(|(_, n)| *n)
-            .sum()
-    }
-}
 
 fn to_epoch(d: &[u8]) -> u64 {
     header(d).to_epoch

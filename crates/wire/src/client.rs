@@ -123,6 +123,14 @@ pub enum ClientEvent {
     Closed {
         reason: String,
     },
+    /// The key of `view` of `group`, which the daemons derived from their own key (the
+    /// integrated architecture, docs/integrated.md): handed only to the view's members that
+    /// asked for their group's keys ([`Request::Keys`]), after the view itself.
+    ViewKey {
+        group: String,
+        view: GroupViewId,
+        key: KeyBytes,
+    },
     Message {
         group: String,
         sender: String,
@@ -142,11 +150,28 @@ impl ClientEvent {
             | ClientEvent::Sent { group, .. }
             | ClientEvent::FlushAcked { group }
             | ClientEvent::View { group, .. }
+            | ClientEvent::ViewKey { group, .. }
             | ClientEvent::TransitionalSignal { group }
             | ClientEvent::FlushRequest { group, .. }
             | ClientEvent::Message { group, .. } => Some(group),
             ClientEvent::Closed { .. } => None,
         }
+    }
+}
+
+/// A 32-byte key on its way from a daemon to a client. Wiped when dropped, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyBytes(pub [u8; 32]);
+
+impl Drop for KeyBytes {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
+    }
+}
+
+impl std::fmt::Debug for KeyBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyBytes(<secret>)")
     }
 }
 
@@ -304,6 +329,10 @@ pub enum Request {
     Command(ClientCommand),
     /// The client is leaving: it leaves every group.
     Disconnect,
+    /// Hand the client the daemons' key of every view of `group` it is given from now on
+    /// ([`ClientEvent::ViewKey`]): the group's keys come from the daemons (the integrated
+    /// architecture), not from a key agreement among its members.
+    Keys { group: String },
 }
 
 /// From a daemon to a client.
@@ -425,6 +454,10 @@ impl Request {
                 write_view(&mut w, view);
             }
             Request::Disconnect => w.u8(6),
+            Request::Keys { group } => {
+                w.u8(7);
+                w.name(group, MAX_NAME_BYTES);
+            }
         }
         w.into_vec()
     }
@@ -463,6 +496,9 @@ impl Request {
                 view: read_view(&mut r)?,
             }),
             6 => Request::Disconnect,
+            7 => Request::Keys {
+                group: group(&mut r)?,
+            },
             tag => {
                 return Err(DecodeError::BadTag {
                     what: "request",
@@ -564,6 +600,12 @@ impl Reply {
                     w.u8(11);
                     write_text(w, reason);
                 }
+                ClientEvent::ViewKey { group, view, key } => {
+                    w.u8(12);
+                    w.name(group, MAX_NAME_BYTES);
+                    write_view(w, view);
+                    w.raw(&key.0);
+                }
                 ClientEvent::Message {
                     group,
                     sender,
@@ -639,6 +681,11 @@ impl Reply {
             }),
             11 => ev(ClientEvent::Closed {
                 reason: read_text(&mut r, "reason")?,
+            }),
+            12 => ev(ClientEvent::ViewKey {
+                group: group(&mut r)?,
+                view: read_view(&mut r)?,
+                key: KeyBytes(r.take(32, "view key")?.try_into().expect("32 bytes")),
             }),
             10 => ev(ClientEvent::Message {
                 group: group(&mut r)?,
@@ -849,6 +896,7 @@ mod tests {
             name().prop_map(|name| Request::Connect { name }),
             command().prop_map(Request::Command),
             Just(Request::Disconnect),
+            name().prop_map(|group| Request::Keys { group }),
         ]
     }
     fn event() -> impl Strategy<Value = ClientEvent> {
@@ -883,6 +931,13 @@ mod tests {
             name().prop_map(|group| ClientEvent::TransitionalSignal { group }),
             (name(), view()).prop_map(|(group, view)| ClientEvent::FlushRequest { group, view }),
             "[ -~]{0,40}".prop_map(|reason| ClientEvent::Closed { reason }),
+            (name(), view(), any::<[u8; 32]>()).prop_map(|(group, view, key)| {
+                ClientEvent::ViewKey {
+                    group,
+                    view,
+                    key: KeyBytes(key),
+                }
+            }),
             (name(), name(), service(), payload(), view(), any::<bool>()).prop_map(
                 |(group, sender, service, payload, view, transitional)| ClientEvent::Message {
                     group,

@@ -1,0 +1,118 @@
+//! A network of nodes in one test, datagrams arriving at once: what went between them and what
+//! they framed for their clients is kept.
+#![allow(dead_code)]
+
+use conclave_node::config::Identities;
+use conclave_node::{Config, Node, NodeOptions, SessionId, SessionOutput, Time};
+use conclave_wire::client::{next_frame, Reply};
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::net::SocketAddr;
+
+pub struct Net {
+    pub nodes: Vec<Node>,
+    pub addrs: Vec<SocketAddr>,
+    pub now: u64,
+    /// Every datagram that went between the nodes: from, to, bytes.
+    pub captured: Vec<(usize, usize, Vec<u8>)>,
+    /// Every reply a node framed for a client: node, session, reply.
+    pub replies: Vec<(usize, SessionId, Reply)>,
+}
+
+pub fn network(n: usize, seed: u64) -> (Config, Identities) {
+    Config::local(n, 4800).with_identities(&mut ChaCha8Rng::seed_from_u64(seed))
+}
+
+pub fn node(cfg: &Config, ids: &Identities, name: &str, inc: u32) -> Node {
+    let opts = NodeOptions {
+        incarnation: inc,
+        identity: ids.get(name),
+        link_salt: inc ^ 0x5a5a,
+        secret_rng: Some(conclave_node::SecretRng::seeded(7)),
+        ..Default::default()
+    };
+    Node::new(cfg.clone(), name, opts, Time::ZERO).unwrap()
+}
+
+impl Net {
+    pub fn new(cfg: &Config, ids: &Identities) -> Net {
+        Net {
+            nodes: cfg
+                .daemon
+                .iter()
+                .map(|d| node(cfg, ids, &d.name, 1))
+                .collect(),
+            addrs: cfg.daemon.iter().map(|d| d.peer).collect(),
+            now: 0,
+            captured: Vec::new(),
+            replies: Vec::new(),
+        }
+    }
+
+    pub fn time(&self) -> Time {
+        Time::from_micros(self.now)
+    }
+
+    /// Runs the network for `ms` milliseconds, datagrams arriving at once.
+    pub fn run(&mut self, ms: u64) {
+        for _ in 0..ms * 10 {
+            self.now += 100;
+            let now = self.time();
+            for i in 0..self.nodes.len() {
+                if self.nodes[i].poll_timeout().is_some_and(|t| t <= now) {
+                    self.nodes[i].handle_timeout(now);
+                }
+            }
+            let mut moved = true;
+            while moved {
+                moved = false;
+                for i in 0..self.nodes.len() {
+                    while let Some((id, out)) = self.nodes[i].poll_session() {
+                        moved = true;
+                        if let SessionOutput::Bytes(b, count) = out {
+                            let mut at = 0;
+                            while let Some((body, used)) = next_frame(&b[at..]).unwrap() {
+                                self.replies.push((i, id, Reply::decode(body).unwrap()));
+                                at += used;
+                            }
+                            let len = b.len();
+                            self.nodes[i].handle_session_written(id, len, count, [b]);
+                        }
+                    }
+                    while let Some((to, d)) = self.nodes[i].poll_datagram() {
+                        moved = true;
+                        let j = self.addrs.iter().position(|a| *a == to).unwrap();
+                        self.captured.push((i, j, d.clone()));
+                        let mut d = d;
+                        self.nodes[j].handle_datagram(now, self.addrs[i], &mut d);
+                    }
+                }
+            }
+        }
+    }
+
+    /// What went from node `from` to node `to`, in order.
+    pub fn sent(&self, from: usize, to: usize) -> Vec<Vec<u8>> {
+        self.captured
+            .iter()
+            .filter(|(f, t, _)| (*f, *t) == (from, to))
+            .map(|(_, _, d)| d.clone())
+            .collect()
+    }
+
+    pub fn ring(&self, i: usize) -> (Option<conclave_wire::gcs::RingId>, Vec<u32>) {
+        let m = self.nodes[i].core().membership();
+        (m.ring(), m.ring_members())
+    }
+
+    pub fn refusals(&self, i: usize, peer: &str, reason: &str) -> u64 {
+        self.nodes[i]
+            .metrics()
+            .peer_refusals()
+            .iter()
+            .filter(|((p, r), _)| p == peer && *r == reason)
+            .map(|(_, n)| *n)
+            .sum()
+    }
+}
+

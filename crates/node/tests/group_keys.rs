@@ -1,0 +1,218 @@
+//! The Group Keys Engine (integrated architecture): a client that asks for its group's keys is
+//! handed, after each view, the view's key derived from the daemons' key; every member that
+//! asked, on whichever daemon, gets the same key for the same view, a new one for every view,
+//! and no one else gets it.
+
+mod common;
+
+use common::{network, Net};
+use conclave_node::Time;
+use conclave_wire::client::{
+    frame, ClientCommand, ClientEvent, GroupViewId, Refusal, Reply, Request,
+};
+use conclave_wire::gcs::ServiceType;
+use std::collections::BTreeMap;
+
+/// Sends `req` on session `id` of node `i`.
+fn request(net: &mut Net, i: usize, id: u64, req: Request) {
+    let now = net.time();
+    net.nodes[i].handle_session_bytes(now, id, &frame(&req.encode()));
+}
+
+fn connect(net: &mut Net, i: usize, id: u64, name: &str) {
+    let now = net.time();
+    net.nodes[i].open_session(now, id).unwrap();
+    request(net, i, id, Request::Connect { name: name.into() });
+}
+
+fn join(net: &mut Net, i: usize, id: u64, group: &str, keys: bool) {
+    if keys {
+        request(net, i, id, Request::Keys { group: group.into() });
+    }
+    let join = ClientCommand::Join {
+        group: group.into(),
+        vs: true,
+    };
+    request(net, i, id, Request::Command(join));
+}
+
+/// The keys session `id` of node `i` was handed, by view, in order.
+fn keys(net: &Net, i: usize, id: u64) -> Vec<(GroupViewId, [u8; 32])> {
+    net.replies
+        .iter()
+        .filter(|(n, s, _)| (*n, *s) == (i, id))
+        .filter_map(|(_, _, r)| match r {
+            Reply::Event(ClientEvent::ViewKey { view, key, .. }) => Some((*view, key.0)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The views of `group` session `id` of node `i` was given, in order.
+fn views(net: &Net, i: usize, id: u64) -> Vec<GroupViewId> {
+    net.replies
+        .iter()
+        .filter(|(n, s, _)| (*n, *s) == (i, id))
+        .filter_map(|(_, _, r)| match r {
+            Reply::Event(ClientEvent::View { view, .. }) => Some(*view),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Acknowledges every flush request the clients got (they are VS members).
+fn ack_flushes(net: &mut Net, acked: &mut usize) {
+    let fresh: Vec<(usize, u64, String, GroupViewId)> = net.replies[*acked..]
+        .iter()
+        .filter_map(|(n, s, r)| match r {
+            Reply::Event(ClientEvent::FlushRequest { group, view }) => {
+                Some((*n, *s, group.clone(), *view))
+            }
+            _ => None,
+        })
+        .collect();
+    *acked = net.replies.len();
+    for (i, id, group, view) in fresh {
+        request(net, i, id, Request::Command(ClientCommand::FlushAck { group, view }));
+    }
+}
+
+fn run(net: &mut Net, ms: u64, acked: &mut usize) {
+    for _ in 0..ms / 10 {
+        net.run(10);
+        ack_flushes(net, acked);
+    }
+}
+
+#[test]
+fn members_that_ask_get_one_key_per_view_and_others_none() {
+    let (cfg, ids) = network(3, 21);
+    let mut net = Net::new(&cfg, &ids);
+    let mut acked = 0;
+    run(&mut net, 2_000, &mut acked);
+    connect(&mut net, 0, 1, "alice");
+    connect(&mut net, 1, 1, "bob");
+    connect(&mut net, 2, 1, "carol");
+    join(&mut net, 0, 1, "g", true);
+    join(&mut net, 1, 1, "g", true);
+    // Carol is a member but takes the group's keys from elsewhere (a key agreement).
+    join(&mut net, 2, 1, "g", false);
+    run(&mut net, 500, &mut acked);
+
+    let (alice, bob) = (keys(&net, 0, 1), keys(&net, 1, 1));
+    assert!(keys(&net, 2, 1).is_empty());
+    // Every view each was given has its key, after it.
+    assert_eq!(
+        alice.iter().map(|(v, _)| *v).collect::<Vec<_>>(),
+        views(&net, 0, 1)
+    );
+    let by_view: BTreeMap<GroupViewId, [u8; 32]> = alice.iter().cloned().collect();
+    for (view, key) in &bob {
+        if let Some(k) = by_view.get(view) {
+            assert_eq!(k, key, "one key per view at every member");
+        }
+    }
+    let last = views(&net, 0, 1).last().copied().unwrap();
+    assert_eq!(views(&net, 1, 1).last().copied(), Some(last));
+    assert_eq!(
+        bob.last().unwrap().1,
+        alice.last().unwrap().1,
+        "the final view's key"
+    );
+
+    // Bob leaves: the next view has a fresh key, which bob does not get.
+    request(
+        &mut net,
+        1,
+        1,
+        Request::Command(ClientCommand::Leave { group: "g".into() }),
+    );
+    let bob_keys = keys(&net, 1, 1).len();
+    run(&mut net, 500, &mut acked);
+    let alice = keys(&net, 0, 1);
+    let after = alice.last().unwrap();
+    assert!(after.0 > last);
+    let mut all: Vec<[u8; 32]> = alice.iter().map(|(_, k)| *k).collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), alice.len(), "no key serves two views");
+    assert_eq!(keys(&net, 1, 1).len(), bob_keys);
+    let handed: u64 = net
+        .nodes
+        .iter()
+        .map(|n| {
+            n.metrics()
+                .group_keys
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum();
+    assert_eq!(handed as usize, alice.len() + bob_keys);
+}
+
+#[test]
+fn a_view_after_a_partition_waits_for_its_rings_daemons_key() {
+    let (cfg, ids) = network(3, 22);
+    let mut net = Net::new(&cfg, &ids);
+    let mut acked = 0;
+    run(&mut net, 2_000, &mut acked);
+    connect(&mut net, 0, 1, "alice");
+    connect(&mut net, 2, 1, "carol");
+    join(&mut net, 0, 1, "g", true);
+    join(&mut net, 2, 1, "g", true);
+    run(&mut net, 500, &mut acked);
+    let split = conclave_node::AdminRequest::Partition {
+        sets: vec![vec!["d1".into(), "d2".into()], vec!["d3".into()]],
+    };
+    for n in &mut net.nodes {
+        let now = Time::from_micros(net.now);
+        assert!(n.handle_admin(now, split.clone()).ok);
+    }
+    run(&mut net, 3_000, &mut acked);
+    // Each side has its view of the group, keyed from its own ring's daemons' key.
+    let (a, c) = (keys(&net, 0, 1), keys(&net, 2, 1));
+    let (va, ka) = *a.last().unwrap();
+    let (vc, kc) = *c.last().unwrap();
+    assert_ne!(va, vc);
+    assert_ne!(ka, kc);
+    assert_eq!(va.ring, net.nodes[0].daemons_key().unwrap().view.ring);
+    assert_eq!(vc.ring, net.nodes[2].daemons_key().unwrap().view.ring);
+    for n in &mut net.nodes {
+        let now = Time::from_micros(net.now);
+        assert!(n.handle_admin(now, conclave_node::AdminRequest::Heal).ok);
+    }
+    run(&mut net, 3_000, &mut acked);
+    let (a, c) = (keys(&net, 0, 1), keys(&net, 2, 1));
+    assert_eq!(a.last(), c.last(), "merged: one view, one key");
+    assert_eq!(Some(&a.last().unwrap().0), views(&net, 0, 1).last());
+}
+
+#[test]
+fn keys_of_the_daemons_groups_are_refused() {
+    let (cfg, ids) = network(1, 23);
+    let mut net = Net::new(&cfg, &ids);
+    let mut acked = 0;
+    run(&mut net, 500, &mut acked);
+    connect(&mut net, 0, 1, "mallory");
+    request(&mut net, 0, 1, Request::Keys { group: "#daemons".into() });
+    let msg = ClientCommand::Multicast {
+        groups: vec!["#daemons".into()],
+        service: ServiceType::Agreed,
+        payload: b"x".to_vec().into(),
+    };
+    request(&mut net, 0, 1, Request::Command(msg));
+    run(&mut net, 100, &mut acked);
+    let refused = net
+        .replies
+        .iter()
+        .filter(|(_, _, r)| {
+            matches!(
+                r,
+                Reply::Refused {
+                    code: Refusal::NotAllowed,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(refused, 2);
+}
