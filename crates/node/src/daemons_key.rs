@@ -206,7 +206,8 @@ impl ServersAgreement {
         while let Some(ev) = self.group.poll_event() {
             match &ev {
                 SecureEvent::View(info) => {
-                    if let Some(key) = self.group.view_key() {
+                    let key = self.group.view_key().filter(|k| k.view() == info.view);
+                    if let Some(key) = key {
                         let members: Vec<DaemonId> = info
                             .members
                             .iter()
@@ -222,7 +223,9 @@ impl ServersAgreement {
                         holders.sort_unstable();
                         let mut daemons = ring_members.to_vec();
                         daemons.sort_unstable();
-                        if ring == Some(info.view.ring) && holders == daemons {
+                        // The first such view of a ring is the one: every daemon takes the same.
+                        let first = self.groups_ring() != Some(info.view.ring);
+                        if first && ring == Some(info.view.ring) && holders == daemons {
                             self.groups_base = Some((info.view.ring, key.export(GROUPS_LABEL)));
                         }
                         tracing::info!(

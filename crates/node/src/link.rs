@@ -181,6 +181,9 @@ struct PeerLink {
     answered_at: Option<Time>,
     /// When a hello under the current daemons' key last went to the peer.
     key_offered_at: Option<Time>,
+    /// The peer has sent data under this daemon's current daemons' key: it knows this one
+    /// holds it, so no more hellos need say so.
+    knows_mine: bool,
 }
 
 /// Why a hello goes out.
@@ -247,6 +250,7 @@ impl Links {
                     asked_at: None,
                     answered_at: None,
                     key_offered_at: None,
+                    knows_mine: false,
                 });
             }
         }
@@ -293,6 +297,9 @@ impl Links {
             let gone = self.ring_keys.remove(0).id;
             for p in &mut self.peers {
                 p.recv.retain(|(k, _)| *k != gone);
+                if p.send.as_ref().is_some_and(|(k, _)| *k == gone) {
+                    p.send = None;
+                }
             }
             if self.retired.len() == RETIRED_KEPT {
                 self.retired.pop_front();
@@ -308,6 +315,7 @@ impl Links {
             if peer != me {
                 if let Some(p) = self.peers.get_mut((peer as usize).wrapping_sub(1)) {
                     p.key_offered_at = None;
+                    p.knows_mine = false;
                 }
                 self.offer_ring_key(now, peer);
             }
@@ -431,8 +439,14 @@ impl Links {
             self.hello(now, to, 0, Hello::Ask);
             return None;
         };
+        // Until the peer has shown it knows this daemon holds the current key (by sending under
+        // it), a hello says so again every gap: one lost hello must not keep either direction
+        // on the static key.
         let current = self.ring_key();
-        if current != 0 && self.send_key(to) != current {
+        let unsure = self
+            .peer(to)
+            .is_some_and(|p| self.send_key(to) != current || !p.knows_mine);
+        if current != 0 && to != self.me && unsure {
             if let Some(k) = self.ring_keys.last() {
                 if k.members.binary_search(&to).is_ok() {
                     self.offer_ring_key(now, to);
@@ -598,6 +612,7 @@ impl Links {
             p.holds = 0;
             p.holds_said_at = 0;
             p.key_offered_at = None;
+            p.knows_mine = false;
             p.epoch = Some(h.from_epoch);
             p.window = ReplayWindow::default();
         }
@@ -612,6 +627,10 @@ impl Links {
         if says && h.counter > p.holds_said_at {
             p.holds = h.key;
             p.holds_said_at = h.counter;
+        }
+        let current = self.ring_keys.last().map_or(0, |k| k.id);
+        if h.kind == LinkKind::Data && h.key != 0 && h.key == current {
+            p.knows_mine = true;
         }
         if newer && h.kind == LinkKind::Hello {
             // It may not know this daemon's epoch yet. Once per new epoch of the peer, so no

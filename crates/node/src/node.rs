@@ -685,7 +685,14 @@ impl Node {
                         .to_owned();
                     self.refuse(id, Refusal::NotAllowed, reason);
                 } else if let Some(s) = self.sessions.get_mut(&id) {
-                    s.keyed.entry(group).or_insert(None);
+                    // As many as the groups a client may be in: the map is the session's to keep.
+                    let max = self.cfg.core.max_groups_per_client;
+                    if s.keyed.len() >= max && !s.keyed.contains_key(&group) {
+                        let reason = format!("keys asked for {max} groups already");
+                        self.refuse(id, Refusal::TooManyGroups, reason);
+                    } else {
+                        s.keyed.entry(group).or_insert(None);
+                    }
                 }
             }
         }
@@ -917,7 +924,10 @@ impl Node {
             ring: ring.ring().map(|r| format!("{}@{}", r.seq, name(r.rep))),
             members: ring.ring_members().into_iter().map(name).collect(),
             ready: self.daemon.ready(),
-            clients: self.daemon.client_count() - self.servers.is_some() as usize,
+            clients: self
+                .daemon
+                .client_count()
+                .saturating_sub(self.servers.is_some() as usize),
             groups: self.daemon.group_count(),
             daemons_key: self.daemons_key().map(|k| {
                 crate::admin::DaemonsKeyStatus {
@@ -1152,9 +1162,13 @@ impl Node {
             return;
         };
         while let Some(cmd) = s.poll_command() {
+            let multicast = matches!(cmd, ClientCommand::Multicast { .. });
             if let Err(e) = self.daemon.handle_client(self.now, DAEMONS_MEMBER, cmd) {
                 tracing::warn!(error = %e, "the daemons' group refused a command of this daemon");
-                s.command_refused();
+                // The layer accounts for multicasts that never went; nothing else is undone.
+                if multicast {
+                    s.command_refused();
+                }
             }
         }
         let before = s.agreed();
