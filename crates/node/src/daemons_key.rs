@@ -24,10 +24,10 @@ use conclave_gka::{Directory, ProtocolId};
 use conclave_secure::{SecureConfig, SecureEvent, SecureGroup};
 use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, KeyBytes};
 use conclave_wire::gcs::{DaemonId, RingId};
-use zeroize::Zeroizing;
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
+use zeroize::Zeroizing;
 
 /// The daemons' internal group. Clients may not join it or send to it, nor to any group whose
 /// name begins with `#`.
@@ -208,16 +208,18 @@ impl ServersAgreement {
                 SecureEvent::View(info) => {
                     let key = self.group.view_key().filter(|k| k.view() == info.view);
                     if let Some(key) = key {
-                        let members: Vec<DaemonId> = info
-                            .members
-                            .iter()
-                            .filter_map(|m| self.id_of(m))
-                            .collect();
+                        let members: Vec<DaemonId> =
+                            info.members.iter().filter_map(|m| self.id_of(m)).collect();
                         let id_bytes = key.export(ID_LABEL);
                         // 0 names the static key on the wire.
                         let link_key =
                             u64::from_be_bytes(id_bytes[..8].try_into().expect("8 bytes")).max(1);
-                        links.install_ring_key(now, link_key, key.export(LINK_LABEL), members.clone());
+                        links.install_ring_key(
+                            now,
+                            link_key,
+                            key.export(LINK_LABEL),
+                            members.clone(),
+                        );
                         self.agreed += 1;
                         let mut holders = members.clone();
                         holders.sort_unstable();
@@ -252,7 +254,10 @@ impl ServersAgreement {
                     tracing::warn!(sender, error = %error, "the daemons' key agreement refused input");
                 }
                 SecureEvent::Untrusted { members, .. } => {
-                    tracing::error!(?members, "a daemons' view with members of no configured key");
+                    tracing::error!(
+                        ?members,
+                        "a daemons' view with members of no configured key"
+                    );
                 }
                 _ => {}
             }

@@ -197,8 +197,6 @@ enum Hello {
     Learnt,
 }
 
-
-
 impl Links {
     /// The links of daemon `me` (id from 1) in its run `epoch` (not 0), to the daemons of
     /// `roster` (by id from 1: name and public key).

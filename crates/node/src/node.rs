@@ -33,6 +33,8 @@ use crate::link::{LinkMode, LinkSetupError, Links, Opened};
 use crate::metrics::Metrics;
 use crate::record::Recorder;
 use crate::session::{next_request, Session, SessionId, SessionOutput};
+use conclave_crypto::identity_file::IdentityFile;
+use conclave_crypto::CryptoRng;
 use conclave_gcs::{ClientEvent, Daemon, Delivery, Dest, LocalEvent, Phase, Time};
 use conclave_history::{Event, Record};
 use conclave_wire::client::{ClientCommand, Refusal, Reply, Request};
@@ -45,8 +47,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-use conclave_crypto::identity_file::IdentityFile;
-use conclave_crypto::CryptoRng;
 
 /// Most bytes queued for one client before it is disconnected for not reading.
 pub const MAX_UNREAD_BYTES: usize = 64 << 20;
@@ -677,7 +677,8 @@ impl Node {
             (Request::Disconnect, true) => self.close(id, None),
             (Request::Keys { group }, true) => {
                 if is_reserved_group(&group) {
-                    let reason = format!("group {group:?}: names beginning with '#' are the daemons'");
+                    let reason =
+                        format!("group {group:?}: names beginning with '#' are the daemons'");
                     self.refuse(id, Refusal::NotAllowed, reason);
                 } else if self.servers.is_none() {
                     let reason = "this daemon has no identity, so no daemons' key to derive \
@@ -929,13 +930,16 @@ impl Node {
                 .client_count()
                 .saturating_sub(self.servers.is_some() as usize),
             groups: self.daemon.group_count(),
-            daemons_key: self.daemons_key().map(|k| {
-                crate::admin::DaemonsKeyStatus {
-                    view: format!("{}@{}/{}", k.view.ring.seq, name(k.view.ring.rep), k.view.index),
-                    members: k.members.iter().map(|&m| name(m)).collect(),
-                    fingerprint: k.fingerprint.to_string(),
-                    peers_on_it: self.links.peers_on_ring_key(),
-                }
+            daemons_key: self.daemons_key().map(|k| crate::admin::DaemonsKeyStatus {
+                view: format!(
+                    "{}@{}/{}",
+                    k.view.ring.seq,
+                    name(k.view.ring.rep),
+                    k.view.index
+                ),
+                members: k.members.iter().map(|&m| name(m)).collect(),
+                fingerprint: k.fingerprint.to_string(),
+                peers_on_it: self.links.peers_on_ring_key(),
             }),
             connections: self.sessions.len(),
             faults: self.faults.active(),
@@ -1177,7 +1181,9 @@ impl Node {
         let (ring, ring_members) = (membership.ring(), membership.ring_members());
         s.update(self.now, &mut self.links, ring, &ring_members);
         if s.agreed() != before {
-            self.metrics.daemons_keys.fetch_add(s.agreed() - before, Relaxed);
+            self.metrics
+                .daemons_keys
+                .fetch_add(s.agreed() - before, Relaxed);
         }
         let new_groups_ring = s.groups_ring() != groups_ring;
         let me = member_name(&self.name);
@@ -1220,12 +1226,20 @@ impl Node {
     /// for the daemons' key of the view's ring.
     fn hand_key(&mut self, id: SessionId, group: &str, view: conclave_wire::client::GroupViewId) {
         let Some(key) = self.servers.as_ref().and_then(|s| s.group_key(group, view)) else {
-            if let Some(slot) = self.sessions.get_mut(&id).and_then(|s| s.keyed.get_mut(group)) {
+            if let Some(slot) = self
+                .sessions
+                .get_mut(&id)
+                .and_then(|s| s.keyed.get_mut(group))
+            {
                 *slot = Some(view);
             }
             return;
         };
-        if let Some(slot) = self.sessions.get_mut(&id).and_then(|s| s.keyed.get_mut(group)) {
+        if let Some(slot) = self
+            .sessions
+            .get_mut(&id)
+            .and_then(|s| s.keyed.get_mut(group))
+        {
             *slot = None;
         }
         self.metrics.group_keys.fetch_add(1, Relaxed);
@@ -1320,9 +1334,10 @@ fn reserved_group(cmd: &ClientCommand) -> Option<&str> {
         ClientCommand::Join { group, .. }
         | ClientCommand::Leave { group }
         | ClientCommand::FlushAck { group, .. } => Some(group.as_str()),
-        ClientCommand::Multicast { groups, .. } => {
-            groups.iter().map(String::as_str).find(|g| is_reserved_group(g))
-        }
+        ClientCommand::Multicast { groups, .. } => groups
+            .iter()
+            .map(String::as_str)
+            .find(|g| is_reserved_group(g)),
     }
     .filter(|g| is_reserved_group(g))
 }

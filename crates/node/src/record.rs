@@ -155,7 +155,9 @@ impl Recorder {
 
     /// A message the daemons' key agreement took in.
     pub fn consumed(&self, c: &Consumed) -> Event {
-        consumed(crate::daemons_key::DAEMONS_GROUP, c, &|v| self.group_view(v))
+        consumed(crate::daemons_key::DAEMONS_GROUP, c, &|v| {
+            self.group_view(v)
+        })
     }
 
     /// One event of the ring layer, as the history has it (`None` for what it leaves out: the

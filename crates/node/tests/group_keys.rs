@@ -27,7 +27,14 @@ fn connect(net: &mut Net, i: usize, id: u64, name: &str) {
 
 fn join(net: &mut Net, i: usize, id: u64, group: &str, keys: bool) {
     if keys {
-        request(net, i, id, Request::Keys { group: group.into() });
+        request(
+            net,
+            i,
+            id,
+            Request::Keys {
+                group: group.into(),
+            },
+        );
     }
     let join = ClientCommand::Join {
         group: group.into(),
@@ -73,7 +80,12 @@ fn ack_flushes(net: &mut Net, acked: &mut usize) {
         .collect();
     *acked = net.replies.len();
     for (i, id, group, view) in fresh {
-        request(net, i, id, Request::Command(ClientCommand::FlushAck { group, view }));
+        request(
+            net,
+            i,
+            id,
+            Request::Command(ClientCommand::FlushAck { group, view }),
+        );
     }
 }
 
@@ -193,7 +205,14 @@ fn keys_of_the_daemons_groups_are_refused() {
     let mut acked = 0;
     run(&mut net, 500, &mut acked);
     connect(&mut net, 0, 1, "mallory");
-    request(&mut net, 0, 1, Request::Keys { group: "#daemons".into() });
+    request(
+        &mut net,
+        0,
+        1,
+        Request::Keys {
+            group: "#daemons".into(),
+        },
+    );
     let msg = ClientCommand::Multicast {
         groups: vec!["#daemons".into()],
         service: ServiceType::Agreed,

@@ -332,7 +332,9 @@ pub enum Request {
     /// Hand the client the daemons' key of every view of `group` it is given from now on
     /// ([`ClientEvent::ViewKey`]): the group's keys come from the daemons (the integrated
     /// architecture), not from a key agreement among its members.
-    Keys { group: String },
+    Keys {
+        group: String,
+    },
 }
 
 /// From a daemon to a client.

@@ -29,8 +29,8 @@ use integrity::integrity;
 use liveness::liveness;
 use membership::membership;
 use order::{order, safe};
-use secure::{daemons_key, secure};
 pub use secure::DAEMONS_GROUP;
+use secure::{daemons_key, secure};
 use synchrony::synchrony;
 
 /// Most violations reported per property (the first ones are the useful ones).

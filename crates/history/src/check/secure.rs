@@ -564,7 +564,11 @@ mod tests {
         // A daemon whose member has not joined yet holds none.
         let early = vec![ring("d1"), ring("d2"), key("#d1", 5, &["#d1"])];
         assert_eq!(ring_key(&early), 0);
-        let beyond = vec![ring("d1"), ring("d2"), key("#d1", 5, &["#d1", "#d2", "#d3"])];
+        let beyond = vec![
+            ring("d1"),
+            ring("d2"),
+            key("#d1", 5, &["#d1", "#d2", "#d3"]),
+        ];
         assert_eq!(ring_key(&beyond), 1);
         let nowhere = vec![ring("d1"), ring("d2"), key("#d1", 6, &["#d1", "#d2"])];
         assert_eq!(ring_key(&nowhere), 1);
