@@ -51,7 +51,9 @@ fuzz_target!(|data: &[u8]| {
         }
         assert_eq!(b.send_key(1), 5);
     }
-    let genuine = b.seal(now, 1, b"a token and its messages".to_vec()).unwrap();
+    let genuine = b
+        .seal(now, 1, b"a token and its messages".to_vec())
+        .unwrap();
     let mut altered = genuine.clone();
     for (i, x) in data.iter().enumerate() {
         let at = i % altered.len();
