@@ -525,7 +525,8 @@ impl Links {
     }
 
     /// Checks and opens a datagram that came from the address of daemon `from`. Nothing of this
-    /// daemon's state changes unless the datagram authenticates.
+    /// daemon's state changes unless the datagram authenticates, but for one thing: a datagram
+    /// under a daemons' key this daemon dropped is answered (a rate-limited hello; see below).
     pub fn open(
         &mut self,
         now: Time,
@@ -764,14 +765,8 @@ mod tests {
     /// Hellos between `a` and `b` until both know each other's epoch.
     fn introduce(a: &mut Links, b: &mut Links, now: Time) {
         for _ in 0..4 {
-            while let Some((to, mut d)) = a.poll_hello() {
-                assert_eq!(to, b.me);
-                let _ = b.open(now, a.me, &mut d);
-            }
-            while let Some((to, mut d)) = b.poll_hello() {
-                assert_eq!(to, a.me);
-                let _ = a.open(now, b.me, &mut d);
-            }
+            hellos(a, b, now);
+            hellos(b, a, now);
         }
     }
 
@@ -783,6 +778,26 @@ mod tests {
         assert_eq!(a.peer_epoch(2), Some(20 << 32));
         assert_eq!(b.peer_epoch(1), Some(10 << 32));
         (a, b)
+    }
+
+    /// A datagram from d1 to d2 (epochs 10 and 20) that daemon `c` makes with what it holds:
+    /// not the pair's static secret (zeros in its place), and the daemons' key `key_id`.
+    fn forge(c: &Links, key_id: u64, counter: u64) -> Vec<u8> {
+        let k = c.key(&[0; 32], key_id, 1, 2, 10 << 32, 20 << 32).unwrap();
+        let h = LinkHeader {
+            kind: LinkKind::Data,
+            from: 1,
+            to: 2,
+            from_epoch: 10 << 32,
+            to_epoch: 20 << 32,
+            key: key_id,
+            counter,
+        };
+        let mut forged = Vec::new();
+        h.encode_into(&mut forged);
+        forged.extend_from_slice(b"forged");
+        seal(LinkMode::Sealed, &k, &h, &mut forged);
+        forged
     }
 
     fn body(d: &[u8], o: Opened) -> Vec<u8> {
@@ -858,20 +873,7 @@ mod tests {
         let net = Net::new(3);
         let mut c = net.links(LinkMode::Sealed, 3, 30 << 32);
         c.peers[1].epoch = Some(20 << 32);
-        let k = c.key(&[0; 32], 0, 1, 2, 10 << 32, 20 << 32).unwrap();
-        let h = LinkHeader {
-            kind: LinkKind::Data,
-            from: 1,
-            to: 2,
-            from_epoch: 10 << 32,
-            to_epoch: 20 << 32,
-            key: 0,
-            counter: 99,
-        };
-        let mut forged = Vec::new();
-        h.encode_into(&mut forged);
-        forged.extend_from_slice(b"forged");
-        seal(LinkMode::Sealed, &k, &h, &mut forged);
+        let mut forged = forge(&c, 0, 99);
         assert_eq!(b.open(t(1), 1, &mut forged), Err(LinkRefusal::Forged));
         // The genuine one, then its replay.
         let mut genuine = d.clone();
@@ -1005,20 +1007,7 @@ mod tests {
         let net = Net::new(3);
         let mut c = net.links(LinkMode::Sealed, 3, 30 << 32);
         c.install_ring_key(t(3), 77, ring_secret(1), vec![1, 2, 3]);
-        let k = c.key(&[0; 32], 77, 1, 2, 10 << 32, 20 << 32).unwrap();
-        let h = LinkHeader {
-            kind: LinkKind::Data,
-            from: 1,
-            to: 2,
-            from_epoch: 10 << 32,
-            to_epoch: 20 << 32,
-            key: 77,
-            counter: 1 << 40,
-        };
-        let mut forged = Vec::new();
-        h.encode_into(&mut forged);
-        forged.extend_from_slice(b"forged");
-        seal(LinkMode::Sealed, &k, &h, &mut forged);
+        let mut forged = forge(&c, 77, 1 << 40);
         assert_eq!(b.open(t(3), 1, &mut forged), Err(LinkRefusal::Forged));
     }
 

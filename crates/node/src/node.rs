@@ -237,6 +237,8 @@ impl Node {
         }
         let mut daemon = Daemon::new(dcfg, me, opts.incarnation, now);
         if servers.is_some() {
+            // The first client of a new core, under a name of at most 17 bytes (daemon names
+            // have 16 at most) and an id no session takes: the core cannot refuse it.
             daemon
                 .connect(DAEMONS_MEMBER, &member_name(name))
                 .expect("the daemon's first client");
@@ -660,8 +662,7 @@ impl Node {
             }
             (Request::Command(cmd), true) => {
                 if let Some(g) = reserved_group(&cmd) {
-                    let reason = format!("group {g:?}: names beginning with '#' are the daemons'");
-                    self.refuse(id, Refusal::NotAllowed, reason);
+                    self.refuse_reserved(id, g);
                     return;
                 }
                 let is_msg = matches!(cmd, ClientCommand::Multicast { .. });
@@ -677,9 +678,7 @@ impl Node {
             (Request::Disconnect, true) => self.close(id, None),
             (Request::Keys { group }, true) => {
                 if is_reserved_group(&group) {
-                    let reason =
-                        format!("group {group:?}: names beginning with '#' are the daemons'");
-                    self.refuse(id, Refusal::NotAllowed, reason);
+                    self.refuse_reserved(id, &group);
                 } else if self.servers.is_none() {
                     let reason = "this daemon has no identity, so no daemons' key to derive \
                                   group keys from"
@@ -713,6 +712,12 @@ impl Node {
                 reason,
             },
         );
+    }
+
+    /// Refuses the request of `id` handled last, which named a group of the daemons' own.
+    fn refuse_reserved(&mut self, id: SessionId, group: &str) {
+        let reason = format!("group {group:?}: names beginning with '#' are the daemons'");
+        self.refuse(id, Refusal::NotAllowed, reason);
     }
 
     /// Refuses the request of `id` that did not arrive, or could not be read.
