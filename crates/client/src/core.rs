@@ -146,6 +146,21 @@ impl SessionCore {
         frame(&Request::Disconnect.encode())
     }
 
+    /// The request for `group`'s keys from the daemons ([`Request::Keys`]), framed: from now
+    /// on each view of the group comes with its key ([`ClientEvent::ViewKey`]). Sent before the
+    /// join, so that the first view has its key; a leave ends it.
+    pub fn keys(&mut self, group: &str) -> Result<Vec<u8>, ClientError> {
+        // The name's checks are a command's.
+        let group = group.to_owned();
+        ClientCommand::Leave {
+            group: group.clone(),
+        }
+        .validate()
+        .map_err(|(code, reason)| ClientError::Refused { code, reason })?;
+        self.requests += 1;
+        Ok(frame(&Request::Keys { group }.encode()))
+    }
+
     pub fn name(&self) -> Option<&str> {
         self.name.as_deref()
     }

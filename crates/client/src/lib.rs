@@ -397,6 +397,14 @@ impl Sender {
         self.send(cmd).await
     }
 
+    /// Asks the daemon for `group`'s keys, before joining it: each view of the group then comes
+    /// with its key, which the daemons derive from their own ([`ClientEvent::ViewKey`]).
+    pub async fn keys(&mut self, group: &str) -> Result<(), ClientError> {
+        self.shared.check_open()?;
+        let bytes = self.shared.core().keys(group)?;
+        self.write(&bytes, true).await
+    }
+
     pub async fn leave(&mut self, group: &str) -> Result<(), ClientError> {
         let cmd = ClientCommand::Leave {
             group: group.to_owned(),

@@ -1,6 +1,8 @@
 //! Secure groups over a session: the layered architecture's secure layer (`conclave-secure`,
 //! docs/secure.md) driven by the async client. Every view of a secure group gets a key its
-//! members agree on; every message is sealed under the key of the view it is sent in.
+//! members agree on (or, with [`KeySource::Daemons`], one the daemons derive and hand over: the
+//! integrated architecture, docs/integrated.md); every message is sealed under the key of the
+//! view it is sent in.
 //!
 //! ```no_run
 //! # async fn demo(identity: conclave_crypto::Identity, directory: conclave_gka::Directory)
@@ -41,7 +43,9 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot};
 
 use conclave_secure::SecureGroup;
-pub use conclave_secure::{files, SecureConfig, SecureError, SecureEvent, SecureViewInfo, ViewKey};
+pub use conclave_secure::{
+    files, KeySource, SecureConfig, SecureError, SecureEvent, SecureViewInfo, ViewKey,
+};
 
 /// What a secure client's call can fail with.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -406,8 +410,16 @@ impl Driver {
                         cfg,
                         Box::new(rand_core::OsRng),
                     );
-                    self.groups.insert(group.clone(), g);
-                    Ok(())
+                    // The keys are asked for before the join, so that the first view has its key.
+                    let asked = match g.key_source() {
+                        KeySource::Daemons => self.client.sender.keys(&group).await,
+                        KeySource::Agreement => Ok(()),
+                    };
+                    asked
+                        .map(|()| {
+                            self.groups.insert(group.clone(), g);
+                        })
+                        .map_err(Into::into)
                 };
                 (group, answer, Some(reply))
             }

@@ -5,7 +5,7 @@ use crate::user_cmd::{parse_line, service_name, view_text, Line};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use conclave_client::secure::files::{directory_text, parse_directory, IdentityFile};
-use conclave_client::secure::{SecureClient, SecureConfig, SecureEvent};
+use conclave_client::secure::{KeySource, SecureClient, SecureConfig, SecureEvent};
 use conclave_client::{Address, Client};
 use conclave_gka::ProtocolId;
 use serde_json::json;
@@ -80,9 +80,14 @@ pub fn run_keygen(args: KeygenArgs) -> Result<()> {
 /// The secure part of `conclave user`'s arguments.
 #[derive(Args)]
 pub struct SecureArgs {
-    /// Secure groups (docs/secure.md): every view gets an agreed key, every message is sealed.
-    #[arg(long, requires_all = ["identity", "directory"])]
+    /// Secure groups (docs/secure.md): every view gets a key, every message is sealed.
+    #[arg(long)]
     pub secure: bool,
+    /// Where the groups' keys come from: `agreement` (the members agree each view's key; needs
+    /// --identity and --directory) or `daemons` (the daemons derive it from their own key and
+    /// hand it over with the view: the integrated architecture, docs/integrated.md).
+    #[arg(long, default_value = "agreement", requires = "secure")]
+    pub keys: conclave_client::secure::KeySource,
     /// The key agreement protocol a group this client creates uses: gdh, ckd, tgdh, str or bd.
     #[arg(long, default_value = "tgdh")]
     pub protocol: String,
@@ -182,18 +187,36 @@ pub async fn secure_user(
     args: &SecureArgs,
 ) -> Result<()> {
     let protocol = parse_protocol(&args.protocol)?;
-    let id_path = args.identity.as_ref().expect("required by clap");
-    let dir_path = args.directory.as_ref().expect("required by clap");
-    let identity = IdentityFile::parse(
-        &std::fs::read_to_string(id_path)
-            .with_context(|| format!("reading {}", id_path.display()))?,
-    )
-    .with_context(|| format!("reading {}", id_path.display()))?;
-    let directory = parse_directory(
-        &std::fs::read_to_string(dir_path)
-            .with_context(|| format!("reading {}", dir_path.display()))?,
-    )
-    .with_context(|| format!("reading {}", dir_path.display()))?;
+    let (identity, directory) = match (args.keys, &args.identity, &args.directory) {
+        (_, Some(id_path), Some(dir_path)) => {
+            let identity = IdentityFile::parse(
+                &std::fs::read_to_string(id_path)
+                    .with_context(|| format!("reading {}", id_path.display()))?,
+            )
+            .with_context(|| format!("reading {}", id_path.display()))?;
+            let directory = parse_directory(
+                &std::fs::read_to_string(dir_path)
+                    .with_context(|| format!("reading {}", dir_path.display()))?,
+            )
+            .with_context(|| format!("reading {}", dir_path.display()))?;
+            (identity.identity(), directory)
+        }
+        // The daemons vouch for the members and hand the keys: no identity signs anything.
+        (KeySource::Daemons, None, None) => (
+            conclave_crypto::Identity::generate(
+                conclave_crypto::SigScheme::Ed25519,
+                &mut rand_core::OsRng,
+            )
+            .context("an Ed25519 key")?,
+            conclave_gka::Directory::new(),
+        ),
+        (KeySource::Agreement, _, _) => {
+            bail!("--secure with keys agreed by the members needs --identity and --directory")
+        }
+        (KeySource::Daemons, _, _) => {
+            bail!("--keys daemons takes neither --identity nor --directory, or both")
+        }
+    };
     let client = Client::connect(addr, name)
         .await
         .with_context(|| format!("connecting to {addr}"))?;
@@ -206,9 +229,17 @@ pub async fn secure_user(
     };
     say(
         json!({"ev": "connected", "name": client.name()}),
-        format!("connected as {} (secure, {:?})", client.name(), protocol),
+        match args.keys {
+            KeySource::Agreement => {
+                format!("connected as {} (secure, {:?})", client.name(), protocol)
+            }
+            KeySource::Daemons => format!(
+                "connected as {} (secure, keys from the daemons)",
+                client.name()
+            ),
+        },
     );
-    let mut s = SecureClient::new(client, identity.identity(), directory);
+    let mut s = SecureClient::new(client, identity, directory);
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     let mut input_open = true;
     let mut linger_until: Option<tokio::time::Instant> = None;
@@ -237,7 +268,7 @@ pub async fn secure_user(
                 let r = match parse_line(&line) {
                     Err(e) => Err(e),
                     Ok(Line::Join(g, _)) => s
-                        .join_secure(&g, SecureConfig { protocol, ..SecureConfig::default() })
+                        .join_secure(&g, SecureConfig { keys: args.keys, protocol, ..SecureConfig::default() })
                         .await
                         .map_err(Into::into),
                     Ok(Line::Leave(g)) => s.leave(&g).await.map_err(Into::into),

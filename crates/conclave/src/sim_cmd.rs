@@ -47,6 +47,10 @@ pub struct SimArgs {
     /// each seed draws.
     #[arg(long, requires = "secure")]
     pub protocol: Option<String>,
+    /// Secure runs: where the groups' keys come from (agreement or daemons) instead of the
+    /// seed's draw (the daemons one seed in three).
+    #[arg(long, requires = "secure")]
+    pub keys: Option<conclave_secure::KeySource>,
 }
 
 fn parse_seeds(s: &str) -> Result<std::ops::Range<u64>> {
@@ -105,6 +109,7 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
                 .as_deref()
                 .map(crate::secure_cmd::parse_protocol)
                 .transpose()?;
+            m.keys = args.keys;
             (conclave_sim::run_membership(&m), m.max_views_after_stable())
         } else {
             (run(&cfg), Config::default().max_views_after_stable)

@@ -14,7 +14,8 @@
 //!
 //! With `--secure --identity FILE --directory FILE [--protocol P]` every group is a secure group
 //! (docs/secure.md): the same commands, a message to one group at a time, flushes acknowledged by
-//! the secure layer.
+//! the secure layer. With `--secure --keys daemons` the keys come from the daemons instead
+//! (docs/integrated.md), and no identity is needed.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;

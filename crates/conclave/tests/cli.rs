@@ -588,6 +588,50 @@ fn keygen_and_secure_users_talk_sealed() {
         "{ann_out:?}"
     );
 
+    // With the keys from the daemons no identity is needed: the daemon hands each view's key.
+    let keyed = |name: &str, script: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_conclave"))
+            .args(["user", "--daemon", &addr, "--name", name, "--json"])
+            .args(["--secure", "--keys", "daemons", "--linger", "1500"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        c
+    };
+    let ann = keyed(
+        "ann",
+        "join room\nsleep 600\nsend room from the daemons' key\n",
+    );
+    let eve = keyed("eve", "sleep 200\njoin room\n");
+    let ann_out = json_lines(&String::from_utf8_lossy(
+        &ann.wait_with_output().unwrap().stdout,
+    ));
+    let eve_out = json_lines(&String::from_utf8_lossy(
+        &eve.wait_with_output().unwrap().stdout,
+    ));
+    let k = key_of(&ann_out);
+    assert!(k.is_some(), "{ann_out:?}");
+    assert_eq!(k, key_of(&eve_out), "{eve_out:?}");
+    assert!(
+        eve_out
+            .iter()
+            .any(|l| l["ev"] == "message" && l["payload"] == "from the daemons' key"),
+        "{eve_out:?}"
+    );
+    // Keys agreed by the members still need an identity and a directory.
+    let (ok, _, err) = conclave(
+        &["user", "--daemon", &addr, "--name", "x", "--secure"],
+        Some(""),
+    );
+    assert!(!ok && err.contains("--identity"), "{err}");
+
     let (ok, out, _) = conclave(&["admin", "--config", cfg_arg, "shutdown"], None);
     assert!(ok, "{out}");
     assert!(daemon.wait().unwrap().success());

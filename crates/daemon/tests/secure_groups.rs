@@ -1,8 +1,10 @@
 //! Secure groups through real daemons: two daemons in this process on free ports, clients over
-//! TCP with the secure layer of the client library. A key per view, data sealed under it, and a
-//! leaver that gets nothing after it left.
+//! TCP with the secure layer of the client library. A key per view (agreed by the members, or
+//! handed by the daemons), data sealed under it, and a leaver that gets nothing after it left.
 
-use conclave_client::secure::{SecureClient, SecureClientError, SecureConfig, SecureEvent};
+use conclave_client::secure::{
+    KeySource, SecureClient, SecureClientError, SecureConfig, SecureEvent,
+};
 use conclave_client::{Address, Client, ServiceType};
 use conclave_crypto::{Fingerprint, Identity, SigScheme};
 use conclave_daemon::{AdminRequest, Config, Options, Running};
@@ -75,6 +77,17 @@ fn message(e: &SecureEvent) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secure_group_over_two_daemons_rekeys_on_every_view() {
+    rekeys_on_every_view(KeySource::Agreement).await
+}
+
+/// The same with the keys from the daemons (Integrated VS): no agreement among the members; the
+/// daemons, which agreed their own key over sealed links, hand each view's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_keyed_by_the_daemons_rekeys_on_every_view() {
+    rekeys_on_every_view(KeySource::Daemons).await
+}
+
+async fn rekeys_on_every_view(source: KeySource) {
     let (_daemons, addrs) = two_daemons().await;
     let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);
     let names = ["alice", "bob", "carol"];
@@ -91,6 +104,7 @@ async fn a_secure_group_over_two_daemons_rekeys_on_every_view() {
         let c = Client::connect(&addrs[i % 2], n).await.unwrap();
         let mut s = SecureClient::new(c, ids[i].clone(), directory.clone());
         let cfg = SecureConfig {
+            keys: source,
             protocol: ProtocolId::Tgdh,
             ..SecureConfig::default()
         };

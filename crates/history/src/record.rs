@@ -124,6 +124,13 @@ pub enum Event {
         signed_for: ViewId,
         run: ViewId,
     },
+    /// The process's daemon handed it the key of view `view` of `group`, derived from the
+    /// daemons' key (the integrated architecture); `key` is the key's fingerprint.
+    GroupKey {
+        group: String,
+        view: ViewId,
+        key: String,
+    },
     /// An attacker on the wire sent the daemon a datagram of its own making (`kind`: a replay,
     /// an altered copy, a forgery, garbage, or one from an address no daemon has); `taken` is
     /// how many packets of it the daemon's core took (the link must refuse it: 0).
@@ -211,7 +218,8 @@ impl Record {
             | Event::SecureRefused { group, .. }
             | Event::SecureSend { group, .. }
             | Event::SecureDeliver { group, .. }
-            | Event::SecureConsumed { group, .. } => Some(group),
+            | Event::SecureConsumed { group, .. }
+            | Event::GroupKey { group, .. } => Some(group),
             Event::Crash | Event::Stable { .. } | Event::Hostile { .. } => None,
         }
     }

@@ -1248,6 +1248,13 @@ impl Node {
             *slot = None;
         }
         self.metrics.group_keys.fetch_add(1, Relaxed);
+        if let (Some(r), Some((client, inc))) = (
+            self.recorder.as_mut(),
+            self.sessions.get(&id).and_then(|s| s.client.as_ref()),
+        ) {
+            let e = r.group_key(group, view, &key);
+            r.push(self.now, client, *inc, e);
+        }
         self.reply(
             id,
             Reply::Event(ClientEvent::ViewKey {

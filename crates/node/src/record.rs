@@ -153,6 +153,22 @@ impl Recorder {
         secure_event(ev, &|v| self.group_view(v))
     }
 
+    /// The key of `view` of `group` this daemon hands a client (by its fingerprint alone).
+    pub fn group_key(
+        &self,
+        group: &str,
+        view: GroupViewId,
+        key: &conclave_wire::client::KeyBytes,
+    ) -> Event {
+        Event::GroupKey {
+            group: group.to_owned(),
+            view: self.group_view(view),
+            key: conclave_crypto::GroupKey::from_bytes(key.0)
+                .fingerprint()
+                .to_string(),
+        }
+    }
+
     /// A message the daemons' key agreement took in.
     pub fn consumed(&self, c: &Consumed) -> Event {
         consumed(crate::daemons_key::DAEMONS_GROUP, c, &|v| {

@@ -12,6 +12,11 @@
 //! application as soon as what it sealed in the view is on its way: later messages wait for the
 //! next secure view, and the application is told ([`SecureEvent::ViewEnding`]).
 //!
+//! A group may instead take its keys from the daemons (the integrated architecture's Integrated
+//! VS, paper 002 §V-B3; [`KeySource::Daemons`]): no key agreement runs; the member asks its
+//! daemon for the group's keys before it joins, and each view's key comes with the view
+//! ([`ClientEvent::ViewKey`]). What is sealed, buffered and flushed is the same.
+//!
 //! Departures from the papers: a unicast of the key agreement goes to the whole group and names
 //! its recipient (the daemons have no private groups); a group's protocol is fixed by its first
 //! member, and a newcomer whose protocol differs leaves with a typed error; a view with a member
@@ -32,10 +37,47 @@ use conclave_wire::gka::Envelope;
 use conclave_wire::secure::{SecureMessage, MAX_PLAINTEXT_BYTES};
 use std::collections::{HashMap, VecDeque};
 
+/// Where a group's keys come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KeySource {
+    /// The members agree each view's key among themselves (the layered architecture): the
+    /// daemons are trusted with no group's key.
+    #[default]
+    Agreement,
+    /// The daemons derive each view's key from the key they agree among themselves and hand it
+    /// to the view's members (Integrated VS): no agreement among the members, at the price of
+    /// trusting every daemon of the ring with the group's keys (docs/integrated.md).
+    Daemons,
+}
+
+impl std::str::FromStr for KeySource {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "agreement" | "layered" => Ok(KeySource::Agreement),
+            "daemons" | "integrated" => Ok(KeySource::Daemons),
+            _ => Err(format!("unknown key source {s:?} (agreement or daemons)")),
+        }
+    }
+}
+
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KeySource::Agreement => "agreement",
+            KeySource::Daemons => "daemons",
+        })
+    }
+}
+
 /// How a secure group is run; the defaults suit most groups.
 #[derive(Clone, Debug)]
 pub struct SecureConfig {
-    /// The key agreement protocol this member asks for (the group keeps its first member's).
+    /// Where the group's keys come from; every member of a group must take the same.
+    pub keys: KeySource,
+    /// The key agreement protocol this member asks for (the group keeps its first member's);
+    /// unused when the keys come from the daemons.
     pub protocol: ProtocolId,
     pub aead: AeadAlg,
     /// Messages the application may send while no key is agreed, and their bytes: past either,
@@ -51,6 +93,7 @@ pub struct SecureConfig {
 impl Default for SecureConfig {
     fn default() -> Self {
         SecureConfig {
+            keys: KeySource::Agreement,
             protocol: ProtocolId::Tgdh,
             aead: AeadAlg::Aes256Gcm,
             max_queued: 1024,
@@ -198,6 +241,7 @@ enum Inflight {
 /// The daemons' current view of the group.
 struct DaemonView {
     id: GroupViewId,
+    members: Vec<String>,
     transitional: Vec<String>,
 }
 
@@ -240,6 +284,8 @@ pub struct SecureGroup {
     keyed: Option<Keyed>,
     /// A key was agreed in this group at least once.
     ever_keyed: bool,
+    /// Keys the daemons handed this member ([`KeySource::Daemons`]): each secure view's epoch.
+    handed: u64,
     /// The flush of the current view is acknowledged: nothing more goes out in it.
     flushed: bool,
     left: bool,
@@ -297,6 +343,7 @@ impl SecureGroup {
             view: None,
             keyed: None,
             ever_keyed: false,
+            handed: 0,
             flushed: false,
             left: false,
             told_left: false,
@@ -319,6 +366,13 @@ impl SecureGroup {
 
     pub fn group(&self) -> &str {
         &self.group
+    }
+
+    /// Where this member takes the group's keys from. With [`KeySource::Daemons`] the caller
+    /// asks the daemon for the group's keys (the client protocol's `Keys` request) before it
+    /// sends the join, the first command.
+    pub fn key_source(&self) -> KeySource {
+        self.cfg.keys
     }
 
     /// The current secure view, if the current view's key is agreed.
@@ -391,6 +445,7 @@ impl SecureGroup {
                 view,
                 ..
             } if !self.left => self.on_message(sender, service, payload, view),
+            ClientEvent::ViewKey { view, key, .. } if !self.left => self.on_view_key(view, key),
             ClientEvent::FlushRequest { view, .. } => self.on_flush_request(view),
             ClientEvent::Sent { view, .. } => self.on_sent(view),
             ClientEvent::Left { group } => {
@@ -449,6 +504,19 @@ impl SecureGroup {
         let Some(mut view) = View::from_event(&ev) else {
             return;
         };
+        if self.cfg.keys == KeySource::Daemons {
+            // The view's key follows the view; until it is here, nothing is sealed or opened.
+            self.keyed = None;
+            self.flushed = false;
+            self.early.clear();
+            self.early_bytes = 0;
+            self.view = Some(DaemonView {
+                id: view.view_id,
+                members: view.members,
+                transitional: view.transitional,
+            });
+            return;
+        }
         let came_along: Vec<String> = match &self.came_along {
             Some(c) => view
                 .transitional
@@ -479,6 +547,7 @@ impl SecureGroup {
         self.early_bytes = 0;
         self.view = Some(DaemonView {
             id: view.view_id,
+            members: view.members.clone(),
             transitional: view.transitional.clone(),
         });
         let untrusted: Vec<String> = {
@@ -526,6 +595,11 @@ impl SecureGroup {
         };
         let current = self.view.as_ref().map(|v| v.id);
         match msg {
+            SecureMessage::KeyAgreement { .. } if self.cfg.keys == KeySource::Daemons => {
+                if sender != self.me && current == Some(at) {
+                    self.on_key_source_mismatch(sender);
+                }
+            }
             SecureMessage::KeyAgreement { to, envelope } => {
                 if sender == self.me || to.is_some_and(|t| t != self.me) || current != Some(at) {
                     return;
@@ -683,7 +757,7 @@ impl SecureGroup {
         if let Some(k) = self.unconfirmed.take() {
             self.confirmed = Some(self.gka.clone_box());
             self.came_along = None;
-            self.install_key(k);
+            self.install_key(k.view_id, k.members, k.epoch, k.key);
         }
     }
 
@@ -742,6 +816,45 @@ impl SecureGroup {
                 group: self.group.clone(),
                 view,
             });
+        }
+    }
+
+    /// The daemons' key of `view` ([`KeySource::Daemons`]): the view's secure view begins. A
+    /// key of a view that is no longer current (a newer view came first) is dropped.
+    fn on_view_key(&mut self, view: GroupViewId, key: conclave_wire::client::KeyBytes) {
+        if self.cfg.keys != KeySource::Daemons || self.keyed.is_some() {
+            return;
+        }
+        let Some(members) = self
+            .view
+            .as_ref()
+            .filter(|v| v.id == view)
+            .map(|v| v.members.clone())
+        else {
+            return;
+        };
+        self.handed += 1;
+        let key = GroupKey::from_bytes(key.0);
+        self.install_key(view, members, self.handed, key);
+    }
+
+    /// A member runs a key agreement in a group whose keys this member takes from the daemons:
+    /// the group's members do not take their keys from one place. As with another protocol, a
+    /// newcomer leaves; an older member reports it.
+    fn on_key_source_mismatch(&mut self, sender: String) {
+        let error = SecureError::KeySourceMismatch {
+            mine: self.cfg.keys,
+        };
+        if !self.ever_keyed {
+            self.refused(sender, error.clone());
+            self.leave();
+            self.told_left = true;
+            self.events.push_back(SecureEvent::Left {
+                group: self.group.clone(),
+                reason: error.to_string(),
+            });
+        } else {
+            self.refused(sender, error);
         }
     }
 
@@ -822,18 +935,18 @@ impl SecureGroup {
         self.confirm();
     }
 
-    fn install_key(&mut self, k: conclave_gka::SecureView) {
+    fn install_key(&mut self, view: GroupViewId, members: Vec<String>, epoch: u64, key: GroupKey) {
         let info = SecureViewInfo {
             group: self.group.clone(),
-            view: k.view_id,
-            members: k.members.clone(),
-            epoch: k.epoch,
-            fingerprint: k.key.fingerprint(),
+            view,
+            members,
+            epoch,
+            fingerprint: key.fingerprint(),
         };
-        let mine = SenderKey::derive(self.cfg.aead, &k.key, &self.group, &k.view_id, &self.me);
+        let mine = SenderKey::derive(self.cfg.aead, &key, &self.group, &view, &self.me);
         self.keyed = Some(Keyed {
             info: info.clone(),
-            key: k.key,
+            key,
             mine,
             sent: 0,
             senders: HashMap::new(),

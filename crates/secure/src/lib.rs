@@ -2,14 +2,16 @@
 //! a client joins securely, a key agreed by the group's members for every view the daemons
 //! deliver, and the application's data sealed under it. A pure state machine like the protocols
 //! under it: it takes the client session's events and the application's sends, and gives
-//! commands for the session and events for the application; randomness is passed in.
+//! commands for the session and events for the application; randomness is passed in. A group may
+//! instead take its keys from the daemons (the integrated architecture, docs/integrated.md).
 
 pub mod files;
 mod group;
 mod seal;
 
 pub use group::{
-    Consumed, SecureConfig, SecureEvent, SecureGroup, SecureViewInfo, ViewKey, MAX_CONSUMED,
+    Consumed, KeySource, SecureConfig, SecureEvent, SecureGroup, SecureViewInfo, ViewKey,
+    MAX_CONSUMED,
 };
 
 use conclave_gka::{GkaError, ProtocolId};
@@ -48,6 +50,10 @@ pub enum SecureError {
         group_uses: ProtocolId,
         asked: ProtocolId,
     },
+    /// A member runs a key agreement while this one takes the group's keys from the daemons,
+    /// or the other way round.
+    #[error("the group's members take their keys from different places (this member: {mine})")]
+    KeySourceMismatch { mine: KeySource },
 }
 
 impl SecureError {
@@ -65,6 +71,7 @@ impl SecureError {
             SecureError::EarlyFull { .. } => "early_full",
             SecureError::KeyAgreement(_) => "key_agreement",
             SecureError::ProtocolMismatch { .. } => "protocol_mismatch",
+            SecureError::KeySourceMismatch { .. } => "key_source_mismatch",
         }
     }
 }

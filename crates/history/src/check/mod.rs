@@ -30,7 +30,7 @@ use liveness::liveness;
 use membership::membership;
 use order::{order, safe};
 pub use secure::DAEMONS_GROUP;
-use secure::{daemons_key, secure};
+use secure::{daemons_key, group_keys, secure};
 use synchrony::synchrony;
 
 /// Most violations reported per property (the first ones are the useful ones).
@@ -208,7 +208,8 @@ fn gather(records: &[Record], rep: &mut Report<'_>) -> Facts {
             | Event::SecureRefused { .. }
             | Event::SecureSend { .. }
             | Event::SecureDeliver { .. }
-            | Event::SecureConsumed { .. } => {}
+            | Event::SecureConsumed { .. }
+            | Event::GroupKey { .. } => {}
             Event::Join { group, vs } => {
                 if *vs {
                     f.vs.insert((proc.clone(), group.clone()));
@@ -429,6 +430,7 @@ pub fn check(records: &[Record], cfg: &Config) -> Vec<Violation> {
     liveness(&f, cfg, &mut rep);
     secure(records, &f, &mut rep);
     daemons_key(records, &mut rep);
+    group_keys(records, &mut rep);
     rep.out
 }
 

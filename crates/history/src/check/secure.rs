@@ -310,6 +310,97 @@ pub(super) fn daemons_key(records: &[Record], rep: &mut Report<'_>) {
     }
 }
 
+/// S-group-key: a group key the daemons derive reaches only that view's members, and is one key
+/// for one view. Every key a daemon hands a process is of a view the process was given and is a
+/// member of; all handed for a view are the same, no two views get the same one, and a secure
+/// view installed in a view whose key was handed holds that key.
+pub(super) fn group_keys(records: &[Record], rep: &mut Report<'_>) {
+    // (process, group, view) -> the view's members, as given to the process.
+    let mut given: HashMap<(Proc, &str, &ViewId), &[String]> = HashMap::new();
+    let mut by_view: HashMap<(&str, &ViewId), (&str, usize)> = HashMap::new();
+    let mut by_key: HashMap<&str, (&str, &ViewId, usize)> = HashMap::new();
+    for (i, r) in records.iter().enumerate() {
+        let proc: Proc = (r.p.clone(), r.inc);
+        match &r.ev {
+            Event::View {
+                group,
+                view,
+                members,
+                ..
+            } if !group.is_empty() => {
+                given.insert((proc, group, view), members);
+            }
+            Event::GroupKey { group, view, key } => {
+                match given.get(&(proc, group.as_str(), view)) {
+                    Some(members) if members.contains(&r.p) => {}
+                    Some(_) => rep.add(
+                        "S-group-key",
+                        format!(
+                            "{} was handed the key of view {view} of {group}, not its member",
+                            r.p
+                        ),
+                        &[i],
+                    ),
+                    None => rep.add(
+                        "S-group-key",
+                        format!(
+                            "{} was handed the key of view {view} of {group}, a view it was \
+                             never given",
+                            r.p
+                        ),
+                        &[i],
+                    ),
+                }
+                match by_view.get(&(group.as_str(), view)) {
+                    Some((k, rec)) if k != key => rep.add(
+                        "S-group-key",
+                        format!("view {view} of {group} was handed keys {k} and {key}"),
+                        &[*rec, i],
+                    ),
+                    Some(_) => {}
+                    None => {
+                        by_view.insert((group, view), (key, i));
+                    }
+                }
+                match by_key.get(key.as_str()) {
+                    Some((g, v, rec)) if (*g, *v) != (group.as_str(), view) => rep.add(
+                        "S-group-key",
+                        format!(
+                            "key {key} was handed for view {v} of {g} and view {view} of {group}"
+                        ),
+                        &[*rec, i],
+                    ),
+                    Some(_) => {}
+                    None => {
+                        by_key.insert(key, (group, view, i));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for (i, r) in records.iter().enumerate() {
+        if let Event::SecureView {
+            group, view, key, ..
+        } = &r.ev
+        {
+            if let Some((k, rec)) = by_view.get(&(group.as_str(), view)) {
+                if k != key {
+                    rep.add(
+                        "S-group-key",
+                        format!(
+                            "{}'s secure view {view} of {group} holds key {key}, not the \
+                             handed {k}",
+                            r.p
+                        ),
+                        &[*rec, i],
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::check::{check, Config};
@@ -572,5 +663,60 @@ mod tests {
         assert_eq!(ring_key(&beyond), 1);
         let nowhere = vec![ring("d1"), ring("d2"), key("#d1", 6, &["#d1", "#d2"])];
         assert_eq!(ring_key(&nowhere), 1);
+    }
+
+    /// Keys the daemons hand: only to a view's members, one per view, the key the members
+    /// install. A key handed to a non-member, two keys for a view, one key for two views, or a
+    /// secure view holding another key than the one handed, is caught.
+    #[test]
+    fn a_handed_group_key_beyond_its_view_is_caught() {
+        let handed = |p: &str, n: u64, key: &str| {
+            rec(
+                3,
+                p,
+                Event::GroupKey {
+                    group: "g".into(),
+                    view: ViewId(n, "d1".into()),
+                    key: key.into(),
+                },
+            )
+        };
+        // good(): views of a and b at 2 and 3, a's second view at 7.
+        let with_keys = || {
+            let mut h = good();
+            h.insert(8, handed("a", 2, "k2"));
+            h.insert(4, handed("b", 1, "k1"));
+            h.insert(4, handed("a", 1, "k1"));
+            h
+        };
+        let group_key = |h: &[Record]| {
+            check(h, &Config::default())
+                .into_iter()
+                .filter(|v| v.property == "S-group-key")
+                .count()
+        };
+        assert_eq!(properties(&with_keys()), Vec::<&str>::new());
+
+        let mut outsider = with_keys();
+        outsider.push(rec(9, "c", view(2, &["a"])));
+        outsider.push(handed("c", 2, "k2"));
+        assert_eq!(group_key(&outsider), 1);
+
+        let mut not_given = with_keys();
+        not_given.push(handed("b", 2, "k2"));
+        assert_eq!(group_key(&not_given), 1);
+
+        let mut two = with_keys();
+        two[5] = handed("b", 1, "kx");
+        assert_eq!(group_key(&two), 1);
+
+        let mut reused = with_keys();
+        let at = reused
+            .iter()
+            .position(|r| matches!(&r.ev, Event::GroupKey { key, .. } if key == "k2"))
+            .unwrap();
+        reused[at] = handed("a", 2, "k1");
+        // k1 for two views, and a's secure view 2 holds k2, not the k1 handed.
+        assert_eq!(group_key(&reused), 2);
     }
 }

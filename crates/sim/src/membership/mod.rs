@@ -157,6 +157,9 @@ pub struct MembershipSimConfig {
     /// this one), and the history holds each client's secure views for the checker's K1-K6.
     pub secure: bool,
     pub protocol: Option<conclave_gka::ProtocolId>,
+    /// Where the secure groups' keys come from: the seed draws the daemons (Integrated VS) one
+    /// time in three, or this.
+    pub keys: Option<conclave_secure::KeySource>,
 }
 
 impl MembershipSimConfig {
@@ -175,6 +178,7 @@ impl MembershipSimConfig {
             max_visit_bytes: None,
             secure: false,
             protocol: None,
+            keys: None,
         }
     }
 
@@ -311,7 +315,12 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             conclave_gka::ProtocolId::Bd,
         ];
         let protocol = cfg.protocol.unwrap_or(all[(prng.next_u32() % 5) as usize]);
-        w.security = Some(secure::Security::new(&w.clients, protocol, cfg.seed));
+        let keys = cfg.keys.unwrap_or(if prng.next_u32() % 3 == 0 {
+            conclave_secure::KeySource::Daemons
+        } else {
+            conclave_secure::KeySource::Agreement
+        });
+        w.security = Some(secure::Security::new(&w.clients, protocol, keys, cfg.seed));
     }
     w.by_name = w
         .clients

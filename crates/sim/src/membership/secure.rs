@@ -1,6 +1,7 @@
 //! Secure runs (`conclave sim --secure`): every client's groups are secure groups (the secure
 //! layer of the client library, `conclave-secure`, over the client's session core), with
-//! identities and a trust directory naming every client. The history gains each client's secure
+//! identities and a trust directory naming every client; in a third of the seeds the groups take
+//! their keys from the daemons (Integrated VS) instead of agreeing them. The history gains each client's secure
 //! views (keys by fingerprint), the messages its secure layer took and delivered (named by a
 //! digest, never the plaintext), what its key agreement took in and the layer's refusals, for
 //! the checker's K properties.
@@ -10,13 +11,14 @@ use bytes::Bytes;
 use conclave_crypto::{Identity, SigScheme};
 use conclave_gka::{Directory, ProtocolId, SharedDirectory};
 use conclave_history::ViewId;
-use conclave_secure::{SecureConfig, SecureGroup};
+use conclave_secure::{KeySource, SecureConfig, SecureGroup};
 use conclave_wire::client::GroupViewId;
 use conclave_wire::gcs::ServiceType;
 use std::sync::{Arc, RwLock};
 
 pub(super) struct Security {
     pub(super) protocol: ProtocolId,
+    keys: KeySource,
     identities: BTreeMap<String, Identity>,
     directory: SharedDirectory,
     seed: u64,
@@ -25,7 +27,12 @@ pub(super) struct Security {
 }
 
 impl Security {
-    pub(super) fn new(clients: &[SimClient], protocol: ProtocolId, seed: u64) -> Security {
+    pub(super) fn new(
+        clients: &[SimClient],
+        protocol: ProtocolId,
+        keys: KeySource,
+        seed: u64,
+    ) -> Security {
         let mut rng = ChaCha20Rng::seed_from_u64(seed ^ 0x6b657973);
         let mut directory = Directory::new();
         let mut identities = BTreeMap::new();
@@ -36,6 +43,7 @@ impl Security {
         }
         Security {
             protocol,
+            keys,
             identities,
             directory: Arc::new(RwLock::new(directory)),
             seed,
@@ -82,6 +90,7 @@ impl World {
         sec.made += 1;
         let rng = ChaCha20Rng::seed_from_u64(sec.seed ^ (sec.made << 20) ^ ci as u64);
         let cfg = SecureConfig {
+            keys: sec.keys,
             protocol: sec.protocol,
             ..SecureConfig::default()
         };
@@ -93,7 +102,16 @@ impl World {
             cfg,
             Box::new(rng),
         );
+        // The keys are asked for before the join goes, so that the first view has its key.
+        let asked = match g.key_source() {
+            KeySource::Daemons => c.core.keys(&group).ok(),
+            KeySource::Agreement => None,
+        };
         c.secure.insert(group.clone(), g);
+        if let (Some(bytes), Some(sid)) = (asked, c.session) {
+            let now = Time::from_micros(self.now);
+            self.nodes[c.daemon].handle_session_bytes(now, sid, &bytes);
+        }
         self.secure_send_commands(ci, &group);
     }
 

@@ -1,0 +1,223 @@
+//! A secure group whose keys come from the daemons (Integrated VS): each view's key arrives
+//! after the view, and nothing is sealed or opened before it; a key of a view that is no longer
+//! current is not taken; a member that runs a key agreement in such a group is told apart.
+//! The daemons' side (who is handed which key) is tested in `conclave-node`'s group key tests;
+//! here the session's events are written out by hand.
+
+use bytes::Bytes;
+use conclave_crypto::{GroupKey, Identity, SigScheme};
+use conclave_gka::Directory;
+use conclave_secure::{KeySource, SecureConfig, SecureError, SecureEvent, SecureGroup};
+use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, KeyBytes, Reason};
+use conclave_wire::gcs::{RingId, ServiceType};
+use conclave_wire::secure::SecureMessage;
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use std::sync::{Arc, RwLock};
+
+fn view_id(index: u64) -> GroupViewId {
+    GroupViewId {
+        ring: RingId {
+            seq: 4,
+            rep: 1,
+            inc: 0,
+        },
+        index,
+    }
+}
+
+fn member(me: &str) -> SecureGroup {
+    let mut rng = ChaCha20Rng::seed_from_u64(me.len() as u64);
+    let identity = Identity::generate(SigScheme::Ed25519, &mut rng).unwrap();
+    let cfg = SecureConfig {
+        keys: KeySource::Daemons,
+        ..SecureConfig::default()
+    };
+    let mut g = SecureGroup::join(
+        "g",
+        me,
+        identity,
+        Arc::new(RwLock::new(Directory::new())),
+        cfg,
+        Box::new(rng),
+    );
+    assert_eq!(g.key_source(), KeySource::Daemons);
+    assert_eq!(
+        g.poll_command(),
+        Some(ClientCommand::Join {
+            group: "g".into(),
+            vs: true
+        })
+    );
+    g
+}
+
+fn view(index: u64, members: &[&str]) -> ClientEvent {
+    ClientEvent::View {
+        group: "g".into(),
+        view: view_id(index),
+        members: members.iter().map(|m| m.to_string()).collect(),
+        transitional: Vec::new(),
+        reason: Reason::Join,
+    }
+}
+
+fn key(index: u64, byte: u8) -> ClientEvent {
+    ClientEvent::ViewKey {
+        group: "g".into(),
+        view: view_id(index),
+        key: KeyBytes([byte; 32]),
+    }
+}
+
+fn events(g: &mut SecureGroup) -> Vec<SecureEvent> {
+    std::iter::from_fn(|| g.poll_event()).collect()
+}
+
+/// The payload of the next multicast `g` sends.
+fn multicast(g: &mut SecureGroup) -> Bytes {
+    loop {
+        match g.poll_command() {
+            Some(ClientCommand::Multicast { payload, .. }) => return payload,
+            Some(_) => continue,
+            None => panic!("no multicast"),
+        }
+    }
+}
+
+fn message(sender: &str, index: u64, payload: Bytes) -> ClientEvent {
+    ClientEvent::Message {
+        group: "g".into(),
+        sender: sender.into(),
+        service: ServiceType::Agreed,
+        payload,
+        view: view_id(index),
+        transitional: false,
+    }
+}
+
+#[test]
+fn a_view_is_secure_once_its_key_is_handed_and_data_opens_under_it() {
+    let (mut a, mut b) = (member("a"), member("b"));
+    for m in [&mut a, &mut b] {
+        m.handle_event(view(1, &["a", "b"]));
+        assert!(
+            m.secure_view().is_none(),
+            "no key before the daemons hand it"
+        );
+    }
+    // What a sends before its key waits for it.
+    a.send(ServiceType::Agreed, Bytes::from_static(b"early"))
+        .unwrap();
+    assert_eq!(a.poll_command(), None);
+    a.handle_event(key(1, 7));
+    let got = events(&mut a);
+    let [SecureEvent::View(info)] = got.as_slice() else {
+        panic!("{got:?}")
+    };
+    assert_eq!(info.view, view_id(1));
+    assert_eq!(info.members, ["a", "b"]);
+    assert_eq!(info.epoch, 1);
+    assert_eq!(
+        info.fingerprint,
+        GroupKey::from_bytes([7; 32]).fingerprint()
+    );
+    let sealed = multicast(&mut a);
+    assert!(!sealed.windows(5).any(|w| w == b"early"), "sealed");
+
+    // b has not its key yet: a's message waits, then opens.
+    b.handle_event(message("a", 1, sealed));
+    assert!(events(&mut b).is_empty());
+    b.handle_event(key(1, 7));
+    let got = events(&mut b);
+    assert!(matches!(&got[0], SecureEvent::View(v) if v.fingerprint == info.fingerprint));
+    assert!(
+        matches!(&got[1], SecureEvent::Message { sender, payload, .. }
+            if sender == "a" && payload.as_ref() == b"early"),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn a_key_of_a_view_gone_is_not_taken_and_each_view_has_its_own() {
+    let mut a = member("a");
+    a.handle_event(view(1, &["a", "b"]));
+    a.handle_event(key(1, 1));
+    let first = a.secure_view().unwrap().fingerprint;
+    a.handle_event(view(2, &["a"]));
+    assert!(a.secure_view().is_none(), "a new view ends the old key");
+    // A key handed for the view before, or one handed twice, changes nothing.
+    a.handle_event(key(1, 9));
+    assert!(a.secure_view().is_none());
+    a.handle_event(key(2, 2));
+    let second = a.secure_view().unwrap().clone();
+    assert_ne!(second.fingerprint, first);
+    assert_eq!(second.epoch, 2);
+    a.handle_event(key(2, 3));
+    assert_eq!(a.secure_view(), Some(&second));
+
+    // Data sealed under view 1's key is refused in view 2.
+    let mut b = member("b");
+    b.handle_event(view(1, &["a", "b"]));
+    b.handle_event(key(1, 1));
+    b.send(ServiceType::Agreed, Bytes::from_static(b"old"))
+        .unwrap();
+    let old = multicast(&mut b);
+    events(&mut a);
+    a.handle_event(message("b", 2, old));
+    assert!(matches!(
+        events(&mut a).as_slice(),
+        [SecureEvent::Refused {
+            error: SecureError::OtherView { .. },
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn a_newcomer_that_meets_a_key_agreement_leaves_and_an_old_member_reports_it() {
+    let agreement = SecureMessage::KeyAgreement {
+        to: None,
+        envelope: b"a key agreement message",
+    }
+    .encode();
+    let mut new = member("n");
+    new.handle_event(view(1, &["a", "n"]));
+    new.handle_event(message("a", 1, agreement.clone().into()));
+    let got = events(&mut new);
+    assert!(
+        matches!(
+            &got[0],
+            SecureEvent::Refused {
+                error: SecureError::KeySourceMismatch {
+                    mine: KeySource::Daemons
+                },
+                ..
+            }
+        ),
+        "{got:?}"
+    );
+    assert!(matches!(&got[1], SecureEvent::Left { .. }), "{got:?}");
+    assert_eq!(
+        new.poll_command(),
+        Some(ClientCommand::Leave { group: "g".into() })
+    );
+
+    let mut old = member("a");
+    old.handle_event(view(1, &["a"]));
+    old.handle_event(key(1, 4));
+    old.handle_event(view(2, &["a", "x"]));
+    old.handle_event(message("x", 2, agreement.into()));
+    let got = events(&mut old);
+    assert!(
+        matches!(
+            got.last(),
+            Some(SecureEvent::Refused {
+                error: SecureError::KeySourceMismatch { .. },
+                ..
+            })
+        ),
+        "{got:?}"
+    );
+    assert_eq!(old.poll_command(), None, "an old member stays");
+}
