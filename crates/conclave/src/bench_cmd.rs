@@ -21,6 +21,10 @@ pub enum BenchCommand {
     /// E2: time from a join, leave, partition and merge to the new secure view at every member
     /// (Time_max and Time_avg), per key agreement protocol, over real daemons.
     Secure(crate::secure_bench::SecureArgs),
+    /// E6: fresh keys for 1 to 10,000 groups after a daemon partition and a merge, and a join
+    /// and a leave of one group, layered (TGDH among the members) against integrated (keys
+    /// from the daemons' key), next to paper 002's values.
+    Integrated(crate::integrated_bench::IntegratedArgs),
     /// E1: computation cost of GDH, CKD, TGDH, STR and BD per event (join, leave, merge,
     /// partition) against group size, next to paper 000's Tables I and II.
     Gka {
@@ -296,6 +300,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Latency(a) => crate::net_bench::run_latency(a),
         BenchCommand::Membership(a) => crate::net_bench::run_membership(a),
         BenchCommand::Secure(a) => crate::secure_bench::run(a),
+        BenchCommand::Integrated(a) => crate::integrated_bench::run(a),
         BenchCommand::Keygraph {
             n,
             sizes,

@@ -6,6 +6,7 @@ mod check_cmd;
 mod daemon_cmd;
 mod demo;
 mod gka_cmd;
+mod integrated_bench;
 mod keys_demo;
 mod net_bench;
 mod secure_bench;

@@ -115,7 +115,8 @@ pub(crate) async fn statuses(net: &Network) -> String {
             .unwrap_or_default();
         st.push(format!(
             "{} {} {:?} {:?} ready {} clients {} progress (seen, received, delivered, queued) \
-             {:?}, {} slow clients closed, {} refusals",
+             {:?}, {} slow clients closed, {} refusals, {} configurations, {} retransmissions \
+             asked, {} datagrams refused, {} not sent for want of a link epoch",
             s.daemon,
             s.phase,
             s.ring,
@@ -124,7 +125,11 @@ pub(crate) async fn statuses(net: &Network) -> String {
             s.clients,
             s.progress,
             d.metrics.closed_slow_clients.load(Relaxed),
-            d.metrics.refusals.load(Relaxed)
+            d.metrics.refusals.load(Relaxed),
+            d.metrics.views.load(Relaxed),
+            d.metrics.retransmit_requests.load(Relaxed),
+            d.metrics.bad_datagrams.load(Relaxed),
+            d.metrics.link_waiting.load(Relaxed),
         ));
     }
     st.join("; ")

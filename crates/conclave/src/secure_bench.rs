@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use conclave_bench::plot::{Chart, Series};
 use conclave_client::secure::{
-    SecureClient, SecureConfig, SecureEvent, SecureReceiver, SecureSender,
+    KeySource, SecureClient, SecureConfig, SecureEvent, SecureReceiver, SecureSender,
 };
 use conclave_client::Client;
 use conclave_crypto::{Identity, SigScheme};
@@ -273,6 +273,8 @@ async fn wan_network() -> Result<Network> {
 /// Secure members of one protocol, with identities the directory names.
 pub(crate) struct Secure {
     protocol: ProtocolId,
+    /// Where the groups' keys come from (the daemons: Integrated VS, `bench integrated`).
+    pub(crate) keys: KeySource,
     directory: Directory,
     identities: Vec<(String, Identity)>,
 }
@@ -289,9 +291,29 @@ impl Secure {
         }
         Ok(Secure {
             protocol,
+            keys: KeySource::Agreement,
             directory,
             identities,
         })
+    }
+
+    /// A secure client of `name` over `client`.
+    pub(crate) fn client(&self, client: Client, name: &str) -> Result<SecureClient> {
+        let id = self
+            .identities
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, id)| id.clone())
+            .context("an identity for every member")?;
+        Ok(SecureClient::new(client, id, self.directory.clone()))
+    }
+
+    pub(crate) fn config(&self) -> SecureConfig {
+        SecureConfig {
+            keys: self.keys,
+            protocol: self.protocol,
+            ..SecureConfig::default()
+        }
     }
 }
 
@@ -306,18 +328,9 @@ impl Members for Secure {
         i: usize,
         name: &str,
     ) -> Result<(SecureSender, SecureReceiver)> {
-        let id = self
-            .identities
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, id)| id.clone())
-            .context("an identity for every member")?;
         let c = Client::connect(&net.address(i), name).await?;
-        let (mut tx, rx) = SecureClient::new(c, id, self.directory.clone()).split();
-        let cfg = SecureConfig {
-            protocol: self.protocol,
-            ..SecureConfig::default()
-        };
+        let (mut tx, rx) = self.client(c, name)?.split();
+        let cfg = self.config();
         tx.join_secure(GROUP, cfg).await?;
         Ok((tx, rx))
     }

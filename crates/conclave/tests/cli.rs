@@ -670,6 +670,65 @@ fn bench_secure_times_secure_views_over_real_daemons() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// E6: both architectures rekey several groups after a partition and a merge, and time a join
+/// and a leave; the paper's values come first.
+#[test]
+fn bench_integrated_rekeys_many_groups_in_both_architectures() {
+    let dir = std::env::temp_dir().join(format!("conclave-bench-e6-{}", std::process::id()));
+    let (ok, out, err) = conclave(
+        &[
+            "bench",
+            "integrated",
+            "--daemons",
+            "3",
+            "--groups",
+            "1,4",
+            "--layered-groups",
+            "2",
+            "--members",
+            "2",
+            "--token-loss-ms",
+            "300",
+            "--repeat",
+            "1",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let rows = json_lines(&out);
+    assert_eq!(rows[0]["paper"], "002 §VI-A", "{out}");
+    let rows = &rows[1..];
+    // (layered 2 groups + integrated 1 and 4) x (partition, merge), then 2 x (join, leave).
+    assert_eq!(rows.len(), 10, "{out}");
+    for r in rows {
+        assert!(r.get("error").is_none(), "{r}");
+        assert!(r["time_max_ms"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    for arch in ["layered", "integrated"] {
+        for event in ["partition", "merge", "join", "leave"] {
+            assert!(
+                rows.iter()
+                    .any(|r| r["architecture"] == arch && r["event"] == event),
+                "{arch} {event}: {out}"
+            );
+        }
+    }
+    let groups: Vec<_> = rows
+        .iter()
+        .filter(|r| r["experiment"] == "groups")
+        .collect();
+    for r in groups {
+        assert_eq!(r["members"], 3, "one member per daemon: {r}");
+        assert!(r["membership_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["rekey_ms"].is_number(), "{r}");
+    }
+    assert!(dir.join("integrated-groups.svg").exists());
+    assert!(dir.join("integrated-join-leave.svg").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn bench_secure_runs_the_clustering_experiment_and_the_wan_testbed() {
     let dir = std::env::temp_dir().join(format!("conclave-bench-e3e4-{}", std::process::id()));
