@@ -479,3 +479,41 @@ fn what_one_client_keeps_waiting_is_bounded_in_bytes() {
     );
     assert_eq!(e.refusal(), conclave_wire::client::Refusal::TooManyHeld);
 }
+
+/// A daemon speaks only for its own clients, whose names end in `#` and its name: a join of a
+/// client named after another daemon is dropped, at every daemon alike (so views still agree),
+/// and counted; the others' joins go on.
+#[test]
+fn a_daemon_cannot_put_another_daemons_client_into_a_group() {
+    let cfg = DaemonConfig {
+        daemon_names: [(1, "d1".to_owned()), (2, "d2".to_owned())].into(),
+        ..DaemonConfig::default()
+    };
+    let mut net = Net::new(2, cfg);
+    net.connect(0, "amy#d1");
+    // Daemon 2's core takes what its driver gives it: a faulty driver names a client of d1's.
+    net.connect(1, "eve#d1");
+    net.connect(1, "bob#d2");
+    net.client(0, "amy#d1", join("g", false));
+    net.client(1, "eve#d1", join("g", false));
+    net.client(1, "bob#d2", join("g", false));
+    net.run_until(|n| {
+        n.views_of("amy#d1", "g")
+            .last()
+            .is_some_and(|v| v.1 == ["amy#d1", "bob#d2"])
+            && n.views_of("bob#d2", "g")
+                .last()
+                .is_some_and(|v| v.1 == ["amy#d1", "bob#d2"])
+    });
+    for c in ["amy#d1", "bob#d2", "eve#d1"] {
+        assert!(
+            net.views_of(c, "g")
+                .iter()
+                .all(|v| !v.1.contains(&"eve#d1".to_owned())),
+            "{c} saw eve in a view"
+        );
+    }
+    for d in net.nodes() {
+        assert_eq!(d.foreign_names(), 1, "eve's join, dropped at every daemon");
+    }
+}

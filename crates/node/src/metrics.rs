@@ -80,6 +80,7 @@ metrics! {
     unread_bytes: "gauge", "Bytes queued for clients and not yet written to them.";
     incomplete_bytes: "gauge", "Bytes of client requests not yet complete, held for all connections.";
     groups: "gauge", "Client groups this daemon keeps state for.";
+    foreign_client_names: "counter", "Joins, leaves, departures and state entries another daemon sent for a client that is not its own (its name does not end in that daemon's name): dropped.";
     sync_changes_dropped: "counter", "Group changes dropped past the limit of what a state exchange keeps (only a faulty daemon's flood reaches it).";
     closed_slow_clients: "counter", "Clients disconnected for not reading their events.";
     closed_limits: "counter", "Connections closed for holding too many bytes of incomplete requests.";

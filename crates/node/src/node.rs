@@ -211,6 +211,13 @@ impl Node {
         });
         let mut dcfg = cfg.core.clone();
         dcfg.record_ring = recorder.is_some();
+        // A client's name ends in `#` and its daemon's name: a daemon speaks for its own alone.
+        dcfg.daemon_names = cfg
+            .daemon
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (i as DaemonId + 1, d.name.clone()))
+            .collect();
         let epoch = (opts.incarnation as u64) << 32 | opts.link_salt as u64;
         let dh = opts.identity.as_ref().map(|i| i.static_dh());
         let links = Links::new(cfg.links.mode, me, epoch, dh.as_ref(), &cfg.roster())?;
@@ -993,6 +1000,8 @@ impl Node {
         self.metrics.groups.store(groups, Relaxed);
         let dropped = self.daemon.sync_changes_dropped();
         self.metrics.sync_changes_dropped.store(dropped, Relaxed);
+        let foreign = self.daemon.foreign_names();
+        self.metrics.foreign_client_names.store(foreign, Relaxed);
         let keyed = self.links.peers_on_ring_key() as u64;
         self.metrics.links_on_daemons_key.store(keyed, Relaxed);
     }

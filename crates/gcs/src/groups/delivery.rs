@@ -45,6 +45,15 @@ impl Daemon {
             }
             return;
         }
+        let foreign = match &*body {
+            Body::GroupJoin { client, .. }
+            | Body::GroupLeave { client, .. }
+            | Body::ClientGone { client } => !self.speaks_for(sender, client),
+            _ => false,
+        };
+        if foreign {
+            return;
+        }
         match Arc::unwrap_or_clone(body) {
             Body::Client { .. } => {}
             Body::GroupState { members } => {

@@ -88,7 +88,10 @@ impl Daemon {
         let mut next: BTreeMap<String, Vec<(Member, Prev)>> = BTreeMap::new();
         for (daemon, entries) in states {
             for e in entries {
-                if check_name(&e.client).is_err() || check_name(&e.group).is_err() {
+                if check_name(&e.client).is_err()
+                    || check_name(&e.group).is_err()
+                    || !self.speaks_for(daemon, &e.client)
+                {
                     continue;
                 }
                 let ms = next.entry(e.group).or_default();

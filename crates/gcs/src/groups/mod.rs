@@ -99,6 +99,12 @@ pub struct DaemonConfig {
     /// daemons' own history). Set by whoever runs the daemon, not by its configuration.
     #[serde(skip)]
     pub record_ring: bool,
+    /// The daemons' names by id, when client names end in `#` and their daemon's name (as the
+    /// node names them): a daemon then speaks only for clients of its own, and a join, leave,
+    /// departure or state entry naming another daemon's client is dropped and counted
+    /// ([`Daemon::foreign_names`]). Empty: names are not checked. Set by whoever runs the daemon.
+    #[serde(skip)]
+    pub daemon_names: BTreeMap<DaemonId, String>,
 }
 
 impl Default for DaemonConfig {
@@ -112,6 +118,7 @@ impl Default for DaemonConfig {
             max_changes_per_client: 32,
             flush_timeout_ms: 2_000,
             record_ring: false,
+            daemon_names: BTreeMap::new(),
         }
     }
 }
@@ -264,6 +271,8 @@ pub struct Daemon {
     sync_backlog: Option<Vec<(Option<String>, Change)>>,
     /// Changes dropped past [`MAX_SYNC_BACKLOG`], since this daemon started.
     sync_dropped: u64,
+    /// Names of other daemons' clients a daemon spoke for, dropped, since this daemon started.
+    foreign_names: u64,
     groups: BTreeMap<String, Group>,
     /// A group is forgotten once it has no members and nothing queued; one created again on
     /// the same ring numbers its views from here, past every view a forgotten group had, so a
@@ -302,6 +311,7 @@ impl Daemon {
             syncing: None,
             sync_backlog: None,
             sync_dropped: 0,
+            foreign_names: 0,
             groups: BTreeMap::new(),
             first_count: 0,
             clients: BTreeMap::new(),
@@ -310,6 +320,30 @@ impl Daemon {
             ring_log: VecDeque::new(),
             now,
         }
+    }
+
+    /// Client names another daemon spoke for that are not its clients' (dropped; see
+    /// [`DaemonConfig::daemon_names`]), since this daemon started.
+    pub fn foreign_names(&self) -> u64 {
+        self.foreign_names
+    }
+
+    /// Whether daemon `sender` may speak for `client`: a client's name ends in `#` and its
+    /// daemon's name (when the names are known). A daemon that does otherwise is faulty or
+    /// hostile: it could put another daemon's client into a group, or take it out.
+    pub(super) fn speaks_for(&mut self, sender: DaemonId, client: &str) -> bool {
+        if self.cfg.daemon_names.is_empty() {
+            return true;
+        }
+        let own = self.cfg.daemon_names.get(&sender).is_some_and(|d| {
+            client
+                .strip_suffix(d.as_str())
+                .is_some_and(|p| p.ends_with('#'))
+        });
+        if !own {
+            self.foreign_names += 1;
+        }
+        own
     }
 
     /// The daemon ring layer (for its state: ring, members, operational).
