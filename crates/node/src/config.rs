@@ -24,6 +24,11 @@
 //! [faults]                     # optional
 //! drop = 0.01
 //! partition = [["d1", "d2"], ["d3"]]
+//!
+//! [[access]]                   # optional, in order: who may join and send (crate::access)
+//! groups = "ops*"              # a name, a prefix ending in '*', or '*'
+//! join = ["alice", "svc-*"]    # absent: every client
+//! send = ["alice"]             # absent: every member
 //! ```
 
 use crate::faults::{Faults, LinkFaults};
@@ -147,6 +152,9 @@ pub struct Config {
     pub faults: FaultsConfig,
     #[serde(default)]
     pub links: LinksConfig,
+    /// Who may join and send to which groups (`[[access]]`, in order; crate::access).
+    #[serde(default)]
+    pub access: Vec<crate::access::AccessRule>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +192,7 @@ impl Config {
             sessions: SessionLimits::default(),
             faults: FaultsConfig::default(),
             links: LinksConfig::default(),
+            access: Vec::new(),
         }
     }
 
@@ -286,6 +295,7 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        crate::access::Access::validate(&self.access).map_err(ConfigError::Invalid)?;
         if self.daemon.is_empty() {
             return bad("no [[daemon]] is named".into());
         }
@@ -471,6 +481,11 @@ token_loss_ms = 200
 [faults]
 drop = 0.01
 partition = [["d1", "d2"], ["d3"]]
+
+[[access]]
+groups = "ops*"
+join = ["alice", "svc-*"]
+send = ["alice"]
 "#,
             key(1),
             key(2),
@@ -485,6 +500,8 @@ partition = [["d1", "d2"], ["d3"]]
         assert_eq!(c.faults().partition.unwrap().len(), 2);
         assert_eq!(c.core.membership.token_loss_ms, 200);
         assert_eq!(c.core.membership.join_ms, 30);
+        assert_eq!(c.access.len(), 1);
+        assert_eq!(c.access[0].send.as_deref(), Some(&["alice".to_owned()][..]));
     }
 
     #[test]
@@ -516,6 +533,10 @@ partition = [["d1", "d2"], ["d3"]]
                 "used twice",
             ),
             ("[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\ncolour = 3\n", "colour"),
+            (
+                "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n[[access]]\ngroups = \"a*b\"\n",
+                "access pattern",
+            ),
             (
                 "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n[faults]\ndrop = 2.0\n",
                 "probability",

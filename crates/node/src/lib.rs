@@ -5,6 +5,7 @@
 //! sockets and a node, and the simulator (`conclave-sim`) runs the same nodes on a simulated
 //! network, with the same configuration and defaults.
 
+pub mod access;
 pub mod admin;
 pub mod config;
 pub mod daemons_key;

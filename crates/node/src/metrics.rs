@@ -75,6 +75,7 @@ metrics! {
     messages_accepted: "counter", "Client messages accepted for sending.";
     messages_delivered: "counter", "Messages delivered to this daemon's clients.";
     refusals: "counter", "Client requests refused.";
+    access_refusals: "counter", "Client joins, key requests and messages the access policy refused (among the refusals).";
     connections: "gauge", "Client connections open.";
     clients: "gauge", "Clients connected under a name.";
     unread_bytes: "gauge", "Bytes queued for clients and not yet written to them.";

@@ -24,6 +24,7 @@
 //! handled together (the datagrams that arrived at once) are drained together, which is what
 //! lets one datagram carry a token and the messages that follow it.
 
+use crate::access::Access;
 use crate::admin::{AdminReply, AdminRequest, Status, MAX_PAUSE_MS};
 use crate::config::{qualified_name, Config, ConfigError};
 use crate::daemons_key::{is_reserved_group, member_name, ServersAgreement};
@@ -672,6 +673,11 @@ impl Node {
                     self.refuse_reserved(id, g);
                     return;
                 }
+                let client = private_name(s.client.as_ref());
+                if let Err(d) = Access::new(&self.cfg.access).command(client, &cmd) {
+                    self.refuse_access(id, d);
+                    return;
+                }
                 let is_msg = matches!(cmd, ClientCommand::Multicast { .. });
                 match self.daemon.handle_client(now, id, cmd) {
                     Ok(()) => {
@@ -684,8 +690,11 @@ impl Node {
             }
             (Request::Disconnect, true) => self.close(id, None),
             (Request::Keys { group }, true) => {
+                let client = private_name(s.client.as_ref());
                 if is_reserved_group(&group) {
                     self.refuse_reserved(id, &group);
+                } else if let Err(d) = Access::new(&self.cfg.access).join(client, &group) {
+                    self.refuse_access(id, d);
                 } else if self.servers.is_none() {
                     let reason = "this daemon has no identity, so no daemons' key to derive \
                                   group keys from"
@@ -725,6 +734,12 @@ impl Node {
     fn refuse_reserved(&mut self, id: SessionId, group: &str) {
         let reason = format!("group {group:?}: names beginning with '#' are the daemons'");
         self.refuse(id, Refusal::NotAllowed, reason);
+    }
+
+    /// Refuses the request of `id` handled last, which the access policy forbids.
+    fn refuse_access(&mut self, id: SessionId, d: crate::access::Denied) {
+        self.metrics.access_refusals.fetch_add(1, Relaxed);
+        self.refuse(id, Refusal::NotAllowed, d.to_string());
     }
 
     /// Refuses the request of `id` that did not arrive, or could not be read.
@@ -1350,6 +1365,13 @@ impl Node {
 }
 
 /// A group of the daemons' own that a client's command names.
+/// The name a client connected with, without its daemon's suffix (what the access policy names).
+fn private_name(client: Option<&(String, u32)>) -> &str {
+    client
+        .and_then(|(name, _)| name.split('#').next())
+        .unwrap_or("")
+}
+
 fn reserved_group(cmd: &ClientCommand) -> Option<&str> {
     match cmd {
         ClientCommand::Join { group, .. }
