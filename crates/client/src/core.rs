@@ -84,6 +84,9 @@ pub enum Handled {
     Refused { code: Refusal, reason: String },
     /// The session ended (the daemon closed it).
     Closed(String),
+    /// The daemon asks the client to prove it holds the key of its name: sign
+    /// [`conclave_wire::client::proof_message`] of these and send it ([`SessionCore::prove`]).
+    Challenge { name: String, nonce: [u8; 32] },
     /// Nothing for the application (the handshake's reply).
     Nothing,
 }
@@ -138,6 +141,12 @@ impl SessionCore {
             }
             .encode(),
         )
+    }
+
+    /// The proof of the client's name (its signature of the challenge), framed.
+    pub fn prove(&mut self, signature: Vec<u8>) -> Vec<u8> {
+        self.requests += 1;
+        frame(&Request::Prove { signature }.encode())
     }
 
     /// The disconnect request, framed.
@@ -290,6 +299,7 @@ impl SessionCore {
                 self.name = Some(name);
                 Handled::Nothing
             }
+            Reply::Challenge { name, nonce } => Handled::Challenge { name, nonce },
             Reply::Refused {
                 request,
                 code,

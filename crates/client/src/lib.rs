@@ -102,13 +102,16 @@ impl std::fmt::Display for Address {
 type Writer = BufWriter<Box<dyn AsyncWrite + Unpin + Send>>;
 
 /// How a client connects.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Options {
     /// Places for messages on their way to the daemon (a message takes one per group).
     pub window: usize,
     /// Events held for the application, not yet taken with `receive`, before the session ends
     /// with [`ClientError::Overflow`].
     pub event_queue: usize,
+    /// The client's identity, to prove its name when the daemons know a key for it (their
+    /// configuration's `[[client]]`); without it such a name is refused.
+    pub identity: Option<conclave_crypto::Identity>,
 }
 
 impl Default for Options {
@@ -116,6 +119,7 @@ impl Default for Options {
         Options {
             window: DEFAULT_WINDOW,
             event_queue: EVENT_QUEUE,
+            identity: None,
         }
     }
 }
@@ -251,6 +255,21 @@ impl Client {
                     return Err(ClientError::Refused { code, reason })
                 }
                 Some(Handled::Closed(reason)) => return Err(ClientError::Closed(reason)),
+                Some(Handled::Challenge { name, nonce }) => {
+                    let Some(id) = &opts.identity else {
+                        return Err(ClientError::Invalid(format!(
+                            "the daemon asks for a proof of the name {name:?}: connect with its \
+                             identity"
+                        )));
+                    };
+                    let msg = conclave_wire::client::proof_message(&name, &nonce);
+                    let signature = id
+                        .sign(&msg)
+                        .map_err(|e| ClientError::Invalid(format!("signing the proof: {e}")))?;
+                    w.write_all(&core.prove(signature)).await?;
+                    w.flush().await?;
+                    continue;
+                }
                 Some(_) => {
                     if let Some(n) = core.name() {
                         break n.to_owned();
@@ -556,7 +575,8 @@ async fn read_replies(
                 h
             };
             match handled {
-                Handled::Nothing => {}
+                // A challenge after the handshake is none the client answers.
+                Handled::Nothing | Handled::Challenge { .. } => {}
                 Handled::Closed(reason) => break 'read ClientError::Closed(reason),
                 Handled::Event(ev) => batch.push(Ok(ev)),
                 Handled::Refused { code, reason } => {

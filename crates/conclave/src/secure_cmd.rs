@@ -55,6 +55,11 @@ pub fn run_keygen(args: KeygenArgs) -> Result<()> {
         "for a daemon, its [[daemon]] entry: {}",
         conclave_daemon::Config::key_line(&id)
     );
+    println!(
+        "for a client the daemons know, its entry: [[client]] name = {:?} {}",
+        args.name,
+        conclave_daemon::Config::key_line(&id)
+    );
     if let Some(dir) = &args.directory {
         let mut entries: Vec<(String, conclave_crypto::PublicIdentity)> =
             match std::fs::read_to_string(dir) {
@@ -91,12 +96,21 @@ pub struct SecureArgs {
     /// The key agreement protocol a group this client creates uses: gdh, ckd, tgdh, str or bd.
     #[arg(long, default_value = "tgdh")]
     pub protocol: String,
-    /// This client's identity file (`conclave keygen`).
+    /// This client's identity file (`conclave keygen`): it signs the key agreement, and proves
+    /// the client's name to daemons that know a key for it (with or without --secure).
     #[arg(long)]
     pub identity: Option<PathBuf>,
     /// The trust directory: who may take part.
     #[arg(long)]
     pub directory: Option<PathBuf>,
+}
+
+/// An identity file (`conclave keygen`).
+pub fn read_identity(path: &Path) -> Result<IdentityFile> {
+    IdentityFile::parse(
+        &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("reading {}", path.display()))
 }
 
 pub fn parse_protocol(s: &str) -> Result<ProtocolId> {
@@ -189,11 +203,7 @@ pub async fn secure_user(
     let protocol = parse_protocol(&args.protocol)?;
     let (identity, directory) = match (args.keys, &args.identity, &args.directory) {
         (_, Some(id_path), Some(dir_path)) => {
-            let identity = IdentityFile::parse(
-                &std::fs::read_to_string(id_path)
-                    .with_context(|| format!("reading {}", id_path.display()))?,
-            )
-            .with_context(|| format!("reading {}", id_path.display()))?;
+            let identity = read_identity(id_path)?;
             let directory = parse_directory(
                 &std::fs::read_to_string(dir_path)
                     .with_context(|| format!("reading {}", dir_path.display()))?,
@@ -217,7 +227,11 @@ pub async fn secure_user(
             bail!("--keys daemons takes neither --identity nor --directory, or both")
         }
     };
-    let client = Client::connect(addr, name)
+    let opts = conclave_client::Options {
+        identity: Some(identity.clone()),
+        ..Default::default()
+    };
+    let client = Client::connect_with(addr, name, opts)
         .await
         .with_context(|| format!("connecting to {addr}"))?;
     let say = |v: serde_json::Value, t: String| {

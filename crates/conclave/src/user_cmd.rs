@@ -12,6 +12,9 @@
 //! quit                         (q)
 //! ```
 //!
+//! With `--identity FILE` the client proves its name when the daemons know a key for it
+//! (`[[client]]` in their configuration).
+//!
 //! With `--secure --identity FILE --directory FILE [--protocol P]` every group is a secure group
 //! (docs/secure.md): the same commands, a message to one group at a time, flushes acknowledged by
 //! the secure layer. With `--secure --keys daemons` the keys come from the daemons instead
@@ -320,8 +323,13 @@ async fn user(args: UserArgs) -> Result<()> {
         )
         .await;
     }
+    let identity = match &args.secure.identity {
+        Some(path) => Some(crate::secure_cmd::read_identity(path)?.identity()),
+        None => None,
+    };
     let opts = conclave_client::Options {
         event_queue: args.event_queue,
+        identity,
         ..Default::default()
     };
     let c = Client::connect_with(&addr, &args.name, opts)

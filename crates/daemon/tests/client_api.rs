@@ -111,6 +111,7 @@ async fn a_client_that_does_not_take_its_events_is_told() {
     let opts = ClientOptions {
         window: 16,
         event_queue: 100,
+        ..ClientOptions::default()
     };
     let mut c = Client::connect_with(&addr, "deaf", opts).await.unwrap();
     c.join("g").await.unwrap();
@@ -150,6 +151,7 @@ async fn a_split_client_sends_and_receives_without_limit() {
     let opts = ClientOptions {
         window: 16,
         event_queue: 100,
+        ..ClientOptions::default()
     };
     let mut c = Client::connect_with(&addr, "split", opts).await.unwrap();
     c.join("g").await.unwrap();
@@ -172,4 +174,72 @@ async fn a_split_client_sends_and_receives_without_limit() {
     ends(reader).await.unwrap();
     tx.disconnect().await.unwrap();
     d.shutdown().await.unwrap();
+}
+
+/// A name the daemons know a key for (`[[client]]`) is taken only by who proves it holds the
+/// key; with `require_client_keys`, no other name connects. Each refusal says why.
+#[tokio::test]
+async fn a_listed_name_is_taken_only_with_its_key() {
+    use conclave_crypto::identity_file::public_text;
+    use conclave_crypto::{Identity, SigScheme};
+    let alice = Identity::generate(SigScheme::Ed25519, &mut rand_core::OsRng).unwrap();
+    let other = Identity::generate(SigScheme::Ed25519, &mut rand_core::OsRng).unwrap();
+    let key = public_text(&alice.public());
+    let (d, addr, _) = one_daemon(|c| {
+        c.client = vec![conclave_daemon::config::ClientEntry {
+            name: "alice".into(),
+            key,
+        }];
+        c.sessions.require_client_keys = true;
+    })
+    .await;
+    let with = |identity: Option<Identity>| ClientOptions {
+        identity,
+        ..ClientOptions::default()
+    };
+    let c = Client::connect_with(&addr, "alice", with(Some(alice.clone())))
+        .await
+        .unwrap();
+    assert_eq!(c.name(), "alice#d1");
+    // Alice is connected: a second session under her name is refused as taken, proof or not.
+    let again = Client::connect_with(&addr, "alice", with(Some(alice))).await;
+    assert!(
+        matches!(
+            &again,
+            Err(ClientError::Refused {
+                code: Refusal::NameTaken,
+                ..
+            })
+        ),
+        "{:?}",
+        again.as_ref().err()
+    );
+    drop(c);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let wrong = Client::connect_with(&addr, "alice", with(Some(other))).await;
+    assert!(
+        matches!(&wrong, Err(ClientError::Refused { code: Refusal::NotAllowed, reason })
+            if reason.contains("does not verify")),
+        "{:?}",
+        wrong.as_ref().err()
+    );
+    let none = Client::connect_with(&addr, "alice", with(None)).await;
+    assert!(
+        matches!(&none, Err(ClientError::Invalid(why)) if why.contains("proof")),
+        "{:?}",
+        none.as_ref().err()
+    );
+    let bob = Client::connect(&addr, "bob").await;
+    assert!(
+        matches!(&bob, Err(ClientError::Refused { code: Refusal::NotAllowed, reason })
+            if reason.contains("only known clients")),
+        "{:?}",
+        bob.as_ref().err()
+    );
+    assert_eq!(
+        d.metrics
+            .client_proofs_refused
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
 }

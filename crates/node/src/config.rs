@@ -96,6 +96,9 @@ pub struct SessionLimits {
     /// Bytes of incomplete requests all connections together may make the daemon hold; the
     /// connection that goes past it is closed.
     pub max_incomplete_bytes: usize,
+    /// Refuse every client whose name no `[[client]]` lists (by default such a client connects
+    /// under the name it gives, unproven).
+    pub require_client_keys: bool,
 }
 
 impl Default for SessionLimits {
@@ -106,6 +109,7 @@ impl Default for SessionLimits {
             handshake_ms: 5_000,
             request_ms: 10_000,
             max_incomplete_bytes: 64 << 20,
+            require_client_keys: false,
         }
     }
 }
@@ -155,6 +159,18 @@ pub struct Config {
     /// Who may join and send to which groups (`[[access]]`, in order; crate::access).
     #[serde(default)]
     pub access: Vec<crate::access::AccessRule>,
+    /// Clients the daemons know an identity key for (`[[client]]`): one that connects under such
+    /// a name must prove it holds the key.
+    #[serde(default)]
+    pub client: Vec<ClientEntry>,
+}
+
+/// A client's name and the public key of its identity (`conclave keygen`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientEntry {
+    pub name: String,
+    pub key: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -193,6 +209,7 @@ impl Config {
             faults: FaultsConfig::default(),
             links: LinksConfig::default(),
             access: Vec::new(),
+            client: Vec::new(),
         }
     }
 
@@ -293,9 +310,32 @@ impl Config {
         })
     }
 
+    /// The clients' keys by name (`[[client]]`).
+    pub fn client_keys(&self) -> Result<BTreeMap<String, PublicIdentity>, ConfigError> {
+        let mut keys = BTreeMap::new();
+        for c in &self.client {
+            if qualified_name(&c.name, "d").is_err() {
+                return Err(ConfigError::Invalid(format!(
+                    "[[client]] {:?}: not a client name",
+                    c.name
+                )));
+            }
+            let key = parse_public_text("key", &c.key)
+                .map_err(|e| ConfigError::Invalid(format!("[[client]] {:?}: key: {e}", c.name)))?;
+            if keys.insert(c.name.clone(), key).is_some() {
+                return Err(ConfigError::Invalid(format!(
+                    "[[client]] {:?} is named twice",
+                    c.name
+                )));
+            }
+        }
+        Ok(keys)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         crate::access::Access::validate(&self.access).map_err(ConfigError::Invalid)?;
+        self.client_keys()?;
         if self.daemon.is_empty() {
             return bad("no [[daemon]] is named".into());
         }

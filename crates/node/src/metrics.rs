@@ -75,6 +75,7 @@ metrics! {
     messages_accepted: "counter", "Client messages accepted for sending.";
     messages_delivered: "counter", "Messages delivered to this daemon's clients.";
     refusals: "counter", "Client requests refused.";
+    client_proofs_refused: "counter", "Clients refused at connect: a proof of a listed name that does not verify, or a name no [[client]] lists where one must.";
     access_refusals: "counter", "Client joins, key requests and messages the access policy refused (among the refusals).";
     connections: "gauge", "Client connections open.";
     clients: "gauge", "Clients connected under a name.";

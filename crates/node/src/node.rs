@@ -169,6 +169,10 @@ pub struct Node {
     links: Links,
     /// The daemons' key agreement (with an identity).
     servers: Option<ServersAgreement>,
+    /// The keys of the clients the configuration lists (`[[client]]`), and the generator of the
+    /// nonces they sign.
+    client_keys: std::collections::BTreeMap<String, conclave_crypto::PublicIdentity>,
+    nonces: Option<Box<dyn CryptoRng + Send>>,
     refusal_log: RefusalLog,
     frag_id: u32,
     faults: Faults,
@@ -235,6 +239,17 @@ impl Node {
             }
             None => None,
         };
+        let client_keys = cfg.client_keys()?;
+        let nonces = if client_keys.is_empty() {
+            None
+        } else {
+            Some(
+                opts.secret_rng
+                    .as_ref()
+                    .ok_or(NodeError::NoSecretRng)?
+                    .make(),
+            )
+        };
         if cfg.links.mode == LinkMode::Off {
             tracing::warn!(
                 daemon = name,
@@ -254,6 +269,8 @@ impl Node {
         let mut node = Node {
             links,
             servers,
+            client_keys,
+            nonces,
             refusal_log: RefusalLog::default(),
             me,
             name: name.to_owned(),
@@ -635,6 +652,11 @@ impl Node {
         };
         let now = self.now;
         match (req, s.client.is_some()) {
+            (Request::Connect { .. }, false) if s.challenged.is_some() => {
+                let reason = "a proof of the name is due, not another connect".to_owned();
+                self.refuse(id, Refusal::BadRequest, reason);
+                self.close(id, None);
+            }
             (Request::Connect { name }, false) => {
                 let q = match qualified_name(&name, &self.name) {
                     Ok(q) => q,
@@ -644,18 +666,51 @@ impl Node {
                         return;
                     }
                 };
-                if let Err(e) = self.daemon.connect(id, &q) {
-                    self.refuse(id, e.refusal(), e.to_string());
+                if self.client_keys.contains_key(&name) {
+                    // A name the daemons know a key for is proven before it is taken.
+                    let mut nonce = [0u8; 32];
+                    if let Some(rng) = self.nonces.as_mut() {
+                        rng.fill_bytes(&mut nonce);
+                    }
+                    if let Some(s) = self.sessions.get_mut(&id) {
+                        s.challenged = Some((name, nonce));
+                    }
+                    self.reply(id, Reply::Challenge { name: q, nonce });
+                } else if self.cfg.sessions.require_client_keys {
+                    self.metrics.client_proofs_refused.fetch_add(1, Relaxed);
+                    let reason =
+                        format!("no [[client]] names {name:?}: only known clients connect");
+                    self.refuse(id, Refusal::NotAllowed, reason);
                     self.close(id, None);
+                } else {
+                    self.admit(id, q);
+                }
+            }
+            (Request::Prove { signature }, false) if s.challenged.is_some() => {
+                let Some((name, nonce)) =
+                    self.sessions.get_mut(&id).and_then(|s| s.challenged.take())
+                else {
                     return;
+                };
+                let q = qualified_name(&name, &self.name).unwrap_or_default();
+                let proven = self.client_keys.get(&name).is_some_and(|key| {
+                    key.verify(
+                        &conclave_wire::client::proof_message(&q, &nonce),
+                        &signature,
+                    )
+                    .is_ok()
+                });
+                if proven {
+                    self.admit(id, q);
+                } else {
+                    self.metrics.client_proofs_refused.fetch_add(1, Relaxed);
+                    let reason = format!("the proof of {name:?} does not verify under its key");
+                    self.refuse(id, Refusal::NotAllowed, reason);
+                    self.close(id, None);
                 }
-                let inc = self.next_client_inc();
-                if let Some(s) = self.sessions.get_mut(&id) {
-                    s.client = Some((q.clone(), inc));
-                }
-                self.set_deadline(id, None);
-                self.metrics.clients.fetch_add(1, Relaxed);
-                self.reply(id, Reply::Connected { name: q });
+            }
+            (Request::Prove { .. }, true) => {
+                self.refuse(id, Refusal::AlreadyConnected, "already connected".into());
             }
             (Request::Connect { .. }, true) => {
                 self.refuse(id, Refusal::AlreadyConnected, "already connected".into());
@@ -712,6 +767,22 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Connects session `id` as client `q` (its qualified name), proven if it had to be.
+    fn admit(&mut self, id: SessionId, q: String) {
+        if let Err(e) = self.daemon.connect(id, &q) {
+            self.refuse(id, e.refusal(), e.to_string());
+            self.close(id, None);
+            return;
+        }
+        let inc = self.next_client_inc();
+        if let Some(s) = self.sessions.get_mut(&id) {
+            s.client = Some((q.clone(), inc));
+        }
+        self.set_deadline(id, None);
+        self.metrics.clients.fetch_add(1, Relaxed);
+        self.reply(id, Reply::Connected { name: q });
     }
 
     /// Refuses the request of `id` handled last.

@@ -46,6 +46,9 @@ pub(crate) struct Session {
     /// Groups whose keys the client asked the daemons for ([`Request::Keys`]), with the view
     /// it was last given while that view's key is not derived yet.
     pub keyed: std::collections::BTreeMap<String, Option<conclave_wire::client::GroupViewId>>,
+    /// The name this connection asked for and the nonce it must sign, when the daemons know a
+    /// key for that name ([`conclave_wire::client::Reply::Challenge`]).
+    pub challenged: Option<(String, [u8; 32])>,
 }
 
 impl Session {
@@ -61,6 +64,7 @@ impl Session {
             unwritten_replies: 0,
             spare: Vec::new(),
             keyed: Default::default(),
+            challenged: None,
         }
     }
 

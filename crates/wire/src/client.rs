@@ -335,6 +335,24 @@ pub enum Request {
     Keys {
         group: String,
     },
+    /// The answer to a [`Reply::Challenge`]: the client's signature of
+    /// [`proof_message`] with the identity key the daemons' configuration lists for its name.
+    Prove {
+        signature: Vec<u8>,
+    },
+}
+
+/// Longest signature a [`Request::Prove`] carries.
+pub const MAX_SIGNATURE_BYTES: usize = 128;
+
+/// What a client signs to prove its name: a label, the name the daemon gave it (which names the
+/// daemon) and the daemon's fresh nonce, so that a proof serves one connection to one daemon.
+pub fn proof_message(name: &str, nonce: &[u8; 32]) -> Vec<u8> {
+    let mut w = Writer::with_capacity(64);
+    w.raw(b"conclave client proof v1");
+    w.name(name, MAX_NAME_BYTES);
+    w.raw(nonce);
+    w.into_vec()
 }
 
 /// From a daemon to a client.
@@ -343,6 +361,12 @@ pub enum Reply {
     /// The connection is accepted under `name`.
     Connected {
         name: String,
+    },
+    /// The name the client asked for is one the daemons know a key for: it must prove it holds
+    /// that key ([`Request::Prove`]) before it is connected as `name`.
+    Challenge {
+        name: String,
+        nonce: [u8; 32],
     },
     Event(ClientEvent),
     /// A request was refused (the connection goes on unless the daemon closes it).
@@ -460,6 +484,10 @@ impl Request {
                 w.u8(7);
                 w.name(group, MAX_NAME_BYTES);
             }
+            Request::Prove { signature } => {
+                w.u8(8);
+                w.bytes(signature, MAX_SIGNATURE_BYTES);
+            }
         }
         w.into_vec()
     }
@@ -501,6 +529,9 @@ impl Request {
             7 => Request::Keys {
                 group: group(&mut r)?,
             },
+            8 => Request::Prove {
+                signature: r.bytes("signature", MAX_SIGNATURE_BYTES)?.to_vec(),
+            },
             tag => {
                 return Err(DecodeError::BadTag {
                     what: "request",
@@ -538,6 +569,11 @@ impl Reply {
             Reply::Connected { name } => {
                 w.u8(1);
                 w.name(name, MAX_NAME_BYTES);
+            }
+            Reply::Challenge { name, nonce } => {
+                w.u8(13);
+                w.name(name, MAX_NAME_BYTES);
+                w.raw(nonce);
             }
             Reply::Refused {
                 request,
@@ -684,6 +720,10 @@ impl Reply {
             11 => ev(ClientEvent::Closed {
                 reason: read_text(&mut r, "reason")?,
             }),
+            13 => Reply::Challenge {
+                name: r.name("client name", MAX_NAME_BYTES)?,
+                nonce: r.take(32, "nonce")?.try_into().expect("32 bytes"),
+            },
             12 => ev(ClientEvent::ViewKey {
                 group: group(&mut r)?,
                 view: read_view(&mut r)?,
@@ -899,6 +939,8 @@ mod tests {
             command().prop_map(Request::Command),
             Just(Request::Disconnect),
             name().prop_map(|group| Request::Keys { group }),
+            prop::collection::vec(any::<u8>(), 0..=MAX_SIGNATURE_BYTES)
+                .prop_map(|signature| Request::Prove { signature }),
         ]
     }
     fn event() -> impl Strategy<Value = ClientEvent> {
@@ -955,6 +997,7 @@ mod tests {
     fn reply() -> impl Strategy<Value = Reply> {
         prop_oneof![
             name().prop_map(|name| Reply::Connected { name }),
+            (name(), any::<[u8; 32]>()).prop_map(|(name, nonce)| Reply::Challenge { name, nonce }),
             (any::<u64>(), any::<u8>(), "[ -~]{0,40}").prop_map(|(request, code, reason)| {
                 Reply::Refused {
                     request,
