@@ -25,6 +25,9 @@ pub enum BenchCommand {
     /// and a leave of one group, layered (TGDH among the members) against integrated (keys
     /// from the daemons' key), next to paper 002's values.
     Integrated(crate::integrated_bench::IntegratedArgs),
+    /// E7: agreed throughput against message size, 1 and 5 senders, for data in the clear,
+    /// links authenticated, links sealed, and sealed by the members (layered and Integrated VS).
+    Sealed(crate::sealed_bench::SealedArgs),
     /// E1: computation cost of GDH, CKD, TGDH, STR and BD per event (join, leave, merge,
     /// partition) against group size, next to paper 000's Tables I and II.
     Gka {
@@ -301,6 +304,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Membership(a) => crate::net_bench::run_membership(a),
         BenchCommand::Secure(a) => crate::secure_bench::run(a),
         BenchCommand::Integrated(a) => crate::integrated_bench::run(a),
+        BenchCommand::Sealed(a) => crate::sealed_bench::run(a),
         BenchCommand::Keygraph {
             n,
             sizes,

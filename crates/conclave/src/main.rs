@@ -9,6 +9,7 @@ mod gka_cmd;
 mod integrated_bench;
 mod keys_demo;
 mod net_bench;
+mod sealed_bench;
 mod secure_bench;
 mod secure_cmd;
 mod secure_demo;

@@ -86,7 +86,7 @@ pub struct MembershipArgs {
     out: PathBuf,
 }
 
-fn parse_link_mode(name: &str) -> Result<LinkMode> {
+pub(crate) fn parse_link_mode(name: &str) -> Result<LinkMode> {
     Ok(match name {
         "sealed" => LinkMode::Sealed,
         "authenticated" => LinkMode::Authenticated,
@@ -247,7 +247,8 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
         .secure
         .as_deref()
         .map(crate::secure_cmd::parse_protocol)
-        .transpose()?;
+        .transpose()?
+        .map(|p| (p, conclave_client::secure::KeySource::Agreement));
     let links = args
         .links
         .iter()
@@ -333,18 +334,22 @@ pub(crate) struct Load {
 }
 
 /// Runs `load`; every member counts what it delivers, from the first send to its last delivery.
-async fn throughput_once(
+pub(crate) async fn throughput_once(
     net: &Network,
     load: &Load,
     tag: &str,
-    secure: Option<conclave_gka::ProtocolId>,
+    secure: Option<(conclave_gka::ProtocolId, conclave_client::secure::KeySource)>,
 ) -> Result<serde_json::Value> {
     let mut row = match secure {
-        Some(p) => {
+        Some((p, keys)) => {
             let names: Vec<String> = (0..load.receivers).map(|i| format!("{tag}{i}")).collect();
             let mut m = crate::secure_bench::Secure::new(p, &names)?;
+            m.keys = keys;
             let mut row = run_load(net, &mut m, load, tag).await?;
-            row["secure"] = json!(format!("{p:?}"));
+            row["secure"] = match keys {
+                conclave_client::secure::KeySource::Agreement => json!(format!("{p:?}")),
+                conclave_client::secure::KeySource::Daemons => json!("daemons"),
+            };
             row
         }
         None => run_load(net, &mut Plain, load, tag).await?,

@@ -729,6 +729,45 @@ fn bench_integrated_rekeys_many_groups_in_both_architectures() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// E7: every variant that is built delivers, and the one that is not says so.
+#[test]
+fn bench_sealed_runs_each_protection() {
+    let dir = std::env::temp_dir().join(format!("conclave-bench-e7-{}", std::process::id()));
+    let (ok, out, err) = conclave(
+        &[
+            "bench",
+            "sealed",
+            "--senders",
+            "1",
+            "--sizes",
+            "100",
+            "--seconds",
+            "0.3",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 6, "{out}");
+    for r in &rows {
+        if r["variant"] == "three-step" {
+            assert!(r["skipped"].is_string(), "{r}");
+            continue;
+        }
+        assert!(r.get("error").is_none(), "{r}");
+        assert!(r["msgs_per_s_min"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let secure: Vec<_> = rows.iter().map(|r| r["secure"].clone()).collect();
+    assert!(
+        secure.contains(&"Tgdh".into()) && secure.contains(&"daemons".into()),
+        "{out}"
+    );
+    assert!(dir.join("sealed.svg").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn bench_secure_runs_the_clustering_experiment_and_the_wan_testbed() {
     let dir = std::env::temp_dir().join(format!("conclave-bench-e3e4-{}", std::process::id()));
