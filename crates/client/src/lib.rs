@@ -255,7 +255,15 @@ impl Client {
                     return Err(ClientError::Refused { code, reason })
                 }
                 Some(Handled::Closed(reason)) => return Err(ClientError::Closed(reason)),
-                Some(Handled::Challenge { name, nonce }) => {
+                Some(Handled::Challenge { name: asked, nonce }) => {
+                    // Only a proof of the name this client asked for: a proof of another would
+                    // let whoever relayed the challenge connect under that name.
+                    if !asked.strip_prefix(name).is_some_and(|d| d.starts_with('#')) {
+                        return Err(ClientError::Invalid(format!(
+                            "the daemon asks for a proof of {asked:?}, not of {name:?}"
+                        )));
+                    }
+                    let name = asked;
                     let Some(id) = &opts.identity else {
                         return Err(ClientError::Invalid(format!(
                             "the daemon asks for a proof of the name {name:?}: connect with its \
@@ -266,6 +274,11 @@ impl Client {
                     let signature = id
                         .sign(&msg)
                         .map_err(|e| ClientError::Invalid(format!("signing the proof: {e}")))?;
+                    if signature.len() > conclave_wire::client::MAX_SIGNATURE_BYTES {
+                        return Err(ClientError::Invalid(
+                            "only an Ed25519 identity proves a client's name".into(),
+                        ));
+                    }
                     w.write_all(&core.prove(signature)).await?;
                     w.flush().await?;
                     continue;

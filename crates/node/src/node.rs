@@ -669,9 +669,11 @@ impl Node {
                 if self.client_keys.contains_key(&name) {
                     // A name the daemons know a key for is proven before it is taken.
                     let mut nonce = [0u8; 32];
-                    if let Some(rng) = self.nonces.as_mut() {
-                        rng.fill_bytes(&mut nonce);
-                    }
+                    // Node::new refuses listed clients without a generator of secrets.
+                    let Some(rng) = self.nonces.as_mut() else {
+                        return;
+                    };
+                    rng.fill_bytes(&mut nonce);
                     if let Some(s) = self.sessions.get_mut(&id) {
                         s.challenged = Some((name, nonce));
                     }
@@ -1435,7 +1437,6 @@ impl Node {
     }
 }
 
-/// A group of the daemons' own that a client's command names.
 /// The name a client connected with, without its daemon's suffix (what the access policy names).
 fn private_name(client: Option<&(String, u32)>) -> &str {
     client
@@ -1443,6 +1444,7 @@ fn private_name(client: Option<&(String, u32)>) -> &str {
         .unwrap_or("")
 }
 
+/// A group of the daemons' own that a client's command names.
 fn reserved_group(cmd: &ClientCommand) -> Option<&str> {
     match cmd {
         ClientCommand::Join { group, .. }

@@ -286,6 +286,8 @@ pub struct SecureGroup {
     ever_keyed: bool,
     /// Keys the daemons handed this member ([`KeySource::Daemons`]): each secure view's epoch.
     handed: u64,
+    /// Views of the group this member was given ([`KeySource::Daemons`]).
+    views_seen: u64,
     /// The flush of the current view is acknowledged: nothing more goes out in it.
     flushed: bool,
     left: bool,
@@ -344,6 +346,7 @@ impl SecureGroup {
             keyed: None,
             ever_keyed: false,
             handed: 0,
+            views_seen: 0,
             flushed: false,
             left: false,
             told_left: false,
@@ -506,6 +509,7 @@ impl SecureGroup {
         };
         if self.cfg.keys == KeySource::Daemons {
             // The view's key follows the view; until it is here, nothing is sealed or opened.
+            self.views_seen += 1;
             self.keyed = None;
             self.flushed = false;
             self.early.clear();
@@ -840,22 +844,35 @@ impl SecureGroup {
 
     /// A member runs a key agreement in a group whose keys this member takes from the daemons:
     /// the group's members do not take their keys from one place. As with another protocol, a
-    /// newcomer leaves; an older member reports it.
+    /// newcomer (in its first view of the group, which the sender did not come into with it)
+    /// leaves; an older member reports it. (The daemons' key may have come with the view already:
+    /// having a key does not make a member an old one.)
     fn on_key_source_mismatch(&mut self, sender: String) {
         let error = SecureError::KeySourceMismatch {
             mine: self.cfg.keys,
         };
-        if !self.ever_keyed {
-            self.refused(sender, error.clone());
-            self.leave();
-            self.told_left = true;
-            self.events.push_back(SecureEvent::Left {
-                group: self.group.clone(),
-                reason: error.to_string(),
-            });
+        let newcomer = self.views_seen == 1
+            && self
+                .view
+                .as_ref()
+                .is_some_and(|v| !v.transitional.contains(&sender));
+        if newcomer {
+            self.leave_refusing(sender, error);
         } else {
             self.refused(sender, error);
         }
+    }
+
+    /// A newcomer that cannot take part in the group as it is run: it refuses what `sender` sent,
+    /// leaves, and tells the application why.
+    fn leave_refusing(&mut self, sender: String, error: SecureError) {
+        self.refused(sender, error.clone());
+        self.leave();
+        self.told_left = true;
+        self.events.push_back(SecureEvent::Left {
+            group: self.group.clone(),
+            reason: error.to_string(),
+        });
     }
 
     /// A member runs another protocol. The group keeps its first member's: a newcomer (that
@@ -871,13 +888,7 @@ impl SecureGroup {
             asked: expected,
         };
         if newcomer {
-            self.refused(sender, error.clone());
-            self.leave();
-            self.told_left = true;
-            self.events.push_back(SecureEvent::Left {
-                group: self.group.clone(),
-                reason: error.to_string(),
-            });
+            self.leave_refusing(sender, error);
         } else {
             self.refused(
                 sender,
