@@ -17,6 +17,55 @@
 
 use super::*;
 
+/// Keys seen so far, by view and by key: one key per view, and no key in two views.
+#[derive(Default)]
+struct KeysSeen<'a> {
+    by_view: HashMap<(&'a str, &'a ViewId), (&'a str, usize)>,
+    by_key: HashMap<&'a str, (&'a str, &'a ViewId, usize)>,
+}
+
+impl<'a> KeysSeen<'a> {
+    /// Takes `key` of `view` of `group` (record `i`); reports under `property` a view with two
+    /// keys or a key in two views, `what` naming how the key came.
+    fn see(
+        &mut self,
+        group: &'a str,
+        view: &'a ViewId,
+        key: &'a str,
+        i: usize,
+        (property, what): (&'static str, &str),
+        rep: &mut Report<'_>,
+    ) {
+        match self.by_view.get(&(group, view)) {
+            Some((k, rec)) if *k != key => rep.add(
+                property,
+                format!("two keys {what} in view {view} of {group}: {k} and {key}"),
+                &[*rec, i],
+            ),
+            Some(_) => {}
+            None => {
+                self.by_view.insert((group, view), (key, i));
+            }
+        }
+        match self.by_key.get(key) {
+            Some((g, v, rec)) if (*g, *v) != (group, view) => rep.add(
+                property,
+                format!("key {key} {what} in view {v} of {g} and in view {view} of {group}"),
+                &[*rec, i],
+            ),
+            Some(_) => {}
+            None => {
+                self.by_key.insert(key, (group, view, i));
+            }
+        }
+    }
+
+    /// The key first seen for `view` of `group`, and its record.
+    fn of(&self, group: &str, view: &ViewId) -> Option<(&'a str, usize)> {
+        self.by_view.get(&(group, view)).copied()
+    }
+}
+
 pub(super) fn secure(records: &[Record], f: &Facts, rep: &mut Report<'_>) {
     // (process, group) -> the view installed last, with its members and record.
     let mut current: HashMap<(Proc, &str), (&ViewId, &[String], usize)> = HashMap::new();
@@ -24,8 +73,7 @@ pub(super) fn secure(records: &[Record], f: &Facts, rep: &mut Report<'_>) {
     let mut installed: HashMap<(Proc, &str, &ViewId), (&[String], usize)> = HashMap::new();
     let mut left: HashMap<(Proc, &str), usize> = HashMap::new();
     let mut last_secure: HashMap<(Proc, &str), (&ViewId, usize)> = HashMap::new();
-    let mut by_view: HashMap<(&str, &ViewId), (&str, usize)> = HashMap::new();
-    let mut by_key: HashMap<&str, (&str, &ViewId, usize)> = HashMap::new();
+    let mut keys = KeysSeen::default();
     let mut secure_groups: HashSet<&str> = HashSet::new();
     // What the applications handed their secure layers, and where each message was delivered.
     let mut sent: HashSet<(&str, &str)> = HashSet::new();
@@ -81,28 +129,7 @@ pub(super) fn secure(records: &[Record], f: &Facts, rep: &mut Report<'_>) {
                         &[i],
                     ),
                 }
-                match by_view.get(&(group.as_str(), view)) {
-                    Some((k, rec)) if k != key => rep.add(
-                        "K1",
-                        format!("two keys in view {view} of {group}: {k} and {key}"),
-                        &[*rec, i],
-                    ),
-                    Some(_) => {}
-                    None => {
-                        by_view.insert((group, view), (key, i));
-                    }
-                }
-                match by_key.get(key.as_str()) {
-                    Some((g, v, rec)) if (*g, *v) != (group.as_str(), view) => rep.add(
-                        "K1",
-                        format!("key {key} in view {v} of {g} and in view {view} of {group}"),
-                        &[*rec, i],
-                    ),
-                    Some(_) => {}
-                    None => {
-                        by_key.insert(key, (group, view, i));
-                    }
-                }
+                keys.see(group, view, key, i, ("K1", "installed"), rep);
                 last_secure.insert((proc, group), (view, i));
             }
             Event::SecureSend { group, msg } => {
@@ -317,8 +344,7 @@ pub(super) fn daemons_key(records: &[Record], rep: &mut Report<'_>) {
 pub(super) fn group_keys(records: &[Record], rep: &mut Report<'_>) {
     // (process, group, view) -> the view's members, as given to the process.
     let mut given: HashMap<(Proc, &str, &ViewId), &[String]> = HashMap::new();
-    let mut by_view: HashMap<(&str, &ViewId), (&str, usize)> = HashMap::new();
-    let mut by_key: HashMap<&str, (&str, &ViewId, usize)> = HashMap::new();
+    let mut handed = KeysSeen::default();
     for (i, r) in records.iter().enumerate() {
         let proc: Proc = (r.p.clone(), r.inc);
         match &r.ev {
@@ -351,30 +377,7 @@ pub(super) fn group_keys(records: &[Record], rep: &mut Report<'_>) {
                         &[i],
                     ),
                 }
-                match by_view.get(&(group.as_str(), view)) {
-                    Some((k, rec)) if k != key => rep.add(
-                        "S-group-key",
-                        format!("view {view} of {group} was handed keys {k} and {key}"),
-                        &[*rec, i],
-                    ),
-                    Some(_) => {}
-                    None => {
-                        by_view.insert((group, view), (key, i));
-                    }
-                }
-                match by_key.get(key.as_str()) {
-                    Some((g, v, rec)) if (*g, *v) != (group.as_str(), view) => rep.add(
-                        "S-group-key",
-                        format!(
-                            "key {key} was handed for view {v} of {g} and view {view} of {group}"
-                        ),
-                        &[*rec, i],
-                    ),
-                    Some(_) => {}
-                    None => {
-                        by_key.insert(key, (group, view, i));
-                    }
-                }
+                handed.see(group, view, key, i, ("S-group-key", "handed"), rep);
             }
             _ => {}
         }
@@ -384,7 +387,7 @@ pub(super) fn group_keys(records: &[Record], rep: &mut Report<'_>) {
             group, view, key, ..
         } = &r.ev
         {
-            if let Some((k, rec)) = by_view.get(&(group.as_str(), view)) {
+            if let Some((k, rec)) = handed.of(group, view) {
                 if k != key {
                     rep.add(
                         "S-group-key",
@@ -393,7 +396,7 @@ pub(super) fn group_keys(records: &[Record], rep: &mut Report<'_>) {
                              handed {k}",
                             r.p
                         ),
-                        &[*rec, i],
+                        &[rec, i],
                     );
                 }
             }
