@@ -503,6 +503,20 @@ impl SecureGroup {
         self.consumed.pop_front()
     }
 
+    /// The daemons' new view: it ends the old key (nothing more is sealed or opened under it),
+    /// the flush, and what waited for a key of the view before.
+    fn enter_view(&mut self, id: GroupViewId, members: Vec<String>, transitional: Vec<String>) {
+        self.keyed = None;
+        self.flushed = false;
+        self.early.clear();
+        self.early_bytes = 0;
+        self.view = Some(DaemonView {
+            id,
+            members,
+            transitional,
+        });
+    }
+
     fn on_view(&mut self, ev: ClientEvent) {
         let Some(mut view) = View::from_event(&ev) else {
             return;
@@ -510,15 +524,7 @@ impl SecureGroup {
         if self.cfg.keys == KeySource::Daemons {
             // The view's key follows the view; until it is here, nothing is sealed or opened.
             self.views_seen += 1;
-            self.keyed = None;
-            self.flushed = false;
-            self.early.clear();
-            self.early_bytes = 0;
-            self.view = Some(DaemonView {
-                id: view.view_id,
-                members: view.members,
-                transitional: view.transitional,
-            });
+            self.enter_view(view.view_id, view.members, view.transitional);
             return;
         }
         let came_along: Vec<String> = match &self.came_along {
@@ -544,16 +550,11 @@ impl SecureGroup {
         self.came_along = Some(came_along);
         self.own_sent = 0;
         self.own_in_view = 0;
-        // A new view ends the old key: nothing more is sealed or opened under it.
-        self.keyed = None;
-        self.flushed = false;
-        self.early.clear();
-        self.early_bytes = 0;
-        self.view = Some(DaemonView {
-            id: view.view_id,
-            members: view.members.clone(),
-            transitional: view.transitional.clone(),
-        });
+        self.enter_view(
+            view.view_id,
+            view.members.clone(),
+            view.transitional.clone(),
+        );
         let untrusted: Vec<String> = {
             let dir = self.directory.read().unwrap_or_else(|p| p.into_inner());
             view.members
