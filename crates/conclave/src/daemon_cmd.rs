@@ -3,16 +3,14 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use conclave_crypto::identity_file::IdentityFile;
-use conclave_daemon::{AdminReply, AdminRequest, Config, Options};
+use conclave_daemon::{AdminRequest, Config, Options};
 use std::path::PathBuf;
 use std::sync::Arc;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 #[derive(Args)]
 pub struct DaemonArgs {
     /// The network's configuration (TOML, docs/daemon.md); without it, three daemons d1..d3 on
-    /// 127.0.0.1 (peers on UDP 4801-4803, clients on TCP 4901-4903, admin 5001-5003, metrics
-    /// 9101-9103).
+    /// 127.0.0.1 (peers on UDP 4801-4803, clients on TCP 4901-4903, admin 5001-5003).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Which daemon of the configuration this is.
@@ -126,6 +124,11 @@ pub struct AdminArgs {
     /// The daemons to ask, by name (default: every daemon of the configuration).
     #[arg(long, value_delimiter = ',')]
     daemon: Vec<String>,
+    /// The identity to sign in with: an administrator's that `[[admin]]` lists, or a daemon's
+    /// own. By default each daemon is asked with the identity file its configuration entry
+    /// names (the operator running the daemons holds them).
+    #[arg(long)]
+    identity: Option<PathBuf>,
     #[command(subcommand)]
     command: AdminCommand,
 }
@@ -164,6 +167,8 @@ enum AdminCommand {
     Clear,
     /// Stop the daemon, telling its clients.
     Shutdown,
+    /// The daemon's metrics (Prometheus' text format, in the reply's `metrics`).
+    Metrics,
 }
 
 impl AdminCommand {
@@ -192,31 +197,9 @@ impl AdminCommand {
             AdminCommand::Pause { ms } => AdminRequest::Pause { ms },
             AdminCommand::Clear => AdminRequest::Clear,
             AdminCommand::Shutdown => AdminRequest::Shutdown,
+            AdminCommand::Metrics => AdminRequest::Metrics,
         })
     }
-}
-
-/// Sends one admin request to a daemon's admin address.
-pub async fn ask(addr: std::net::SocketAddr, req: &AdminRequest) -> Result<AdminReply> {
-    let s = tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        tokio::net::TcpStream::connect(addr),
-    )
-    .await
-    .with_context(|| format!("{addr}: no answer"))?
-    .with_context(|| format!("connecting to {addr}"))?;
-    let (r, mut w) = s.into_split();
-    let mut line = serde_json::to_vec(req)?;
-    line.push(b'\n');
-    w.write_all(&line).await?;
-    let mut answer = String::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        BufReader::new(r).read_line(&mut answer),
-    )
-    .await
-    .with_context(|| format!("{addr}: no answer"))??;
-    serde_json::from_str(answer.trim()).with_context(|| format!("{addr}: a bad answer"))
 }
 
 pub fn run_admin(args: AdminArgs) -> Result<()> {
@@ -227,6 +210,10 @@ pub fn run_admin(args: AdminArgs) -> Result<()> {
         args.daemon.clone()
     };
     let req = args.command.request()?;
+    let given = match &args.identity {
+        Some(p) => Some(Arc::new(conclave_daemon::read_identity(p)?)),
+        None => None,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -236,10 +223,18 @@ pub fn run_admin(args: AdminArgs) -> Result<()> {
             let id = cfg
                 .id_of(n)
                 .with_context(|| format!("the configuration names no daemon {n:?}"))?;
-            let Some(addr) = cfg.entry(id).and_then(|e| e.admin) else {
+            let entry = cfg.entry(id).expect("named");
+            let Some(addr) = entry.admin else {
                 bail!("daemon {n} has no admin address");
             };
-            let line = match ask(addr, &req).await {
+            let identity = match (&given, &entry.identity) {
+                (Some(id), _) => id.clone(),
+                (None, Some(path)) => Arc::new(conclave_daemon::read_identity(path)?),
+                (None, None) => bail!(
+                    "daemon {n}'s entry names no identity file to sign in with: give --identity"
+                ),
+            };
+            let line = match conclave_daemon::endpoints::ask(addr, &identity, &req).await {
                 Ok(reply) => {
                     failed |= !reply.ok;
                     serde_json::json!({ "daemon": n, "reply": reply })

@@ -60,6 +60,11 @@ pub fn run_keygen(args: KeygenArgs) -> Result<()> {
         args.name,
         conclave_daemon::Config::key_line(&id)
     );
+    println!(
+        "for an administrator (`conclave admin --identity`), its entry: [[admin]] name = {:?} {}",
+        args.name,
+        conclave_daemon::Config::key_line(&id)
+    );
     if let Some(dir) = &args.directory {
         let mut entries: Vec<(String, conclave_crypto::PublicIdentity)> =
             match std::fs::read_to_string(dir) {

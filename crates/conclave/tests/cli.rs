@@ -341,6 +341,21 @@ fn json_lines(out: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+const METRICS_TOKEN: &str = "t0ken-for-the-scraper";
+
+/// The metrics endpoint's answer to one HTTP GET, with this Authorization header if any.
+fn scrape(addr: std::net::SocketAddr, auth: Option<&str>) -> String {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let auth = auth
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
 /// A configuration of one daemon on free ports, written to a file.
 fn one_daemon_config(tag: &str) -> (std::path::PathBuf, conclave_daemon::Config) {
     let dir = std::env::temp_dir().join(format!("conclave-{tag}-daemon-{}", std::process::id()));
@@ -350,15 +365,22 @@ fn one_daemon_config(tag: &str) -> (std::path::PathBuf, conclave_daemon::Config)
         .with_identity_files(&dir, &mut rand_core::OsRng)
         .unwrap();
     let d = &cfg.daemon[0];
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let token = dir.join("metrics-token");
+    std::fs::write(&token, format!("{METRICS_TOKEN}\n")).unwrap();
     let text = format!(
-        "[[daemon]]\nname = \"d1\"\npeer = \"{}\"\nclient = \"{}\"\nadmin = \"{}\"\nmetrics = \"{}\"\nkey = \"{}\"\nidentity = {:?}\n",
+        "[[daemon]]\nname = \"d1\"\npeer = \"{}\"\nclient = \"{}\"\nadmin = \"{}\"\nmetrics = \"{metrics}\"\nmetrics_token = {token:?}\nkey = \"{}\"\nidentity = {:?}\n",
         d.peer,
         d.client.unwrap(),
         d.admin.unwrap(),
-        d.metrics.unwrap(),
         d.key.as_ref().unwrap(),
         d.identity.as_ref().unwrap(),
     );
+    let mut cfg = cfg;
+    cfg.daemon[0].metrics = Some(metrics);
     let path = dir.join("conclave.toml");
     std::fs::write(&path, text).unwrap();
     (path, cfg)
@@ -450,6 +472,48 @@ fn daemon_user_and_admin_work_together() {
         None,
     );
     assert!(!ok, "a partition naming an unknown daemon is refused");
+
+    // The metrics endpoint answers its token only; the admin port signs in the keys it knows.
+    let m = cfg.daemon[0].metrics.unwrap();
+    assert!(scrape(m, None).starts_with("HTTP/1.1 401"));
+    assert!(scrape(m, Some("Bearer not-the-token")).starts_with("HTTP/1.1 401"));
+    let page = scrape(m, Some(&format!("Bearer {METRICS_TOKEN}")));
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("conclave_metrics_refusals 2"), "{page}");
+    let (ok, out, err) = conclave(&["admin", "--config", cfg_arg, "metrics"], None);
+    assert!(
+        ok && out.contains("conclave_messages_delivered"),
+        "{out}{err}"
+    );
+    let stranger = path.with_file_name("stranger.identity");
+    let (ok, _, err) = conclave(
+        &[
+            "keygen",
+            "--name",
+            "mallory",
+            "--out",
+            stranger.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let (ok, out, _) = conclave(
+        &[
+            "admin",
+            "--config",
+            cfg_arg,
+            "--identity",
+            stranger.to_str().unwrap(),
+            "shutdown",
+        ],
+        None,
+    );
+    assert!(
+        !ok && out.contains("no administrator \\\"mallory\\\""),
+        "{out}"
+    );
+    let (ok, out, _) = conclave(&["admin", "--config", cfg_arg, "metrics"], None);
+    assert!(ok && out.contains("conclave_admin_refusals 1"), "{out}");
     let (ok, out, _) = conclave(&["admin", "--config", cfg_arg, "shutdown"], None);
     assert!(ok, "{out}");
     assert!(daemon.wait().unwrap().success());

@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const SERVICES: [ServiceType; 6] = [
     ServiceType::Unreliable,
@@ -29,12 +28,11 @@ fn config_text(c: &Config) -> String {
     let mut s = String::from("[core]\nflush_timeout_ms = 5000\n\n");
     for d in &c.daemon {
         s += &format!(
-            "[[daemon]]\nname = \"{}\"\npeer = \"{}\"\nclient = \"{}\"\nadmin = \"{}\"\nmetrics = \"{}\"\nkey = \"{}\"\nidentity = {:?}\n\n",
+            "[[daemon]]\nname = \"{}\"\npeer = \"{}\"\nclient = \"{}\"\nadmin = \"{}\"\nkey = \"{}\"\nidentity = {:?}\n\n",
             d.name,
             d.peer,
             d.client.unwrap(),
             d.admin.unwrap(),
-            d.metrics.unwrap(),
             d.key.as_ref().unwrap(),
             d.identity.as_ref().unwrap(),
         );
@@ -74,15 +72,11 @@ impl Net {
     }
 
     async fn admin(&self, i: usize, req: &AdminRequest) -> Option<AdminReply> {
-        let addr = self.cfg.daemon[i].admin.unwrap();
-        let s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let (r, mut w) = s.into_split();
-        let mut line = serde_json::to_vec(req).unwrap();
-        line.push(b'\n');
-        w.write_all(&line).await.ok()?;
-        let mut answer = String::new();
-        BufReader::new(r).read_line(&mut answer).await.ok()?;
-        serde_json::from_str(answer.trim()).ok()
+        let d = &self.cfg.daemon[i];
+        let identity = conclave_daemon::read_identity(d.identity.as_ref().unwrap()).unwrap();
+        conclave_daemon::endpoints::ask(d.admin.unwrap(), &identity, req)
+            .await
+            .ok()
     }
 
     /// Waits until the daemons `alive` form one ring of exactly them, ready for clients.

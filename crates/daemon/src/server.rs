@@ -10,8 +10,11 @@
 //! node's task over channels. Nothing here decides anything about the protocol: that is all in
 //! the node, which the simulator runs too.
 
-use crate::admin::{AdminReply, AdminRequest, MAX_ADMIN_LINE};
+use crate::admin::{AdminReply, AdminRequest};
 use crate::config::Config;
+use crate::endpoints::{
+    admin_session, read_token, serve_metrics, AdminGate, MetricsGate, RefusalLog,
+};
 use crate::metrics::Metrics;
 use crate::record::HistoryFile;
 use crate::session::{self, Written};
@@ -24,7 +27,6 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
@@ -161,6 +163,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         .id_of(name)
         .with_context(|| format!("the configuration names no daemon {name:?}"))?;
     let entry = cfg.entry(me).expect("named").clone();
+    let admin_keys = cfg.admin_keys(name)?;
     let udp =
         bind_udp(entry.peer).with_context(|| format!("binding the peer address {}", entry.peer))?;
     let recorder = match &opts.record {
@@ -234,6 +237,18 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         }));
     }
     if let Some(addr) = entry.admin {
+        let gate = Arc::new(AdminGate {
+            daemon: name.to_owned(),
+            keys: admin_keys,
+            metrics: metrics.clone(),
+            log: RefusalLog::default(),
+        });
+        if gate.keys.is_empty() {
+            tracing::warn!(
+                "the admin port is open but no key may sign in to it: name this daemon's key, \
+                 or an [[admin]]"
+            );
+        }
         let l = TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding the admin address {addr}"))?;
@@ -241,20 +256,28 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         tasks.push(tokio::spawn(async move {
             loop {
                 if let Ok((s, _)) = l.accept().await {
-                    tokio::spawn(admin_session(s, tx.clone()));
+                    tokio::spawn(admin_session(s, gate.clone(), tx.clone()));
                 }
             }
         }));
     }
     if let Some(addr) = entry.metrics {
+        let path = entry
+            .metrics_token
+            .as_ref()
+            .expect("validated: metrics has a token");
+        let gate = Arc::new(MetricsGate {
+            token: read_token(path)?,
+            metrics: metrics.clone(),
+            log: RefusalLog::default(),
+        });
         let l = TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding the metrics address {addr}"))?;
-        let m = metrics.clone();
         tasks.push(tokio::spawn(async move {
             loop {
                 if let Ok((s, _)) = l.accept().await {
-                    tokio::spawn(serve_metrics(s, m.clone()));
+                    tokio::spawn(serve_metrics(s, gate.clone()));
                 }
             }
         }));
@@ -313,54 +336,6 @@ impl Sessions {
         let (core, written) = (self.core.clone(), self.written.clone());
         tokio::spawn(session::run(s, id, core, written));
     }
-}
-
-async fn admin_session(s: tokio::net::TcpStream, core: mpsc::Sender<ToCore>) {
-    let (r, mut w) = s.into_split();
-    let mut lines = BufReader::new(r.take(u64::MAX));
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let mut limited = (&mut lines).take(MAX_ADMIN_LINE as u64 + 1);
-        match limited.read_line(&mut line).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        let reply = if line.len() > MAX_ADMIN_LINE {
-            AdminReply::error(format!("a request is at most {MAX_ADMIN_LINE} bytes"))
-        } else {
-            match serde_json::from_str::<AdminRequest>(line.trim()) {
-                Err(e) => AdminReply::error(format!("bad request: {e}")),
-                Ok(req) => {
-                    let (reply, rx) = oneshot::channel();
-                    if core.send(ToCore::Admin { req, reply }).await.is_err() {
-                        return;
-                    }
-                    rx.await
-                        .unwrap_or_else(|_| AdminReply::error("the daemon has stopped"))
-                }
-            }
-        };
-        let mut out = serde_json::to_vec(&reply).expect("replies serialize");
-        out.push(b'\n');
-        if w.write_all(&out).await.is_err() || line.len() > MAX_ADMIN_LINE {
-            return;
-        }
-    }
-}
-
-async fn serve_metrics(mut s: tokio::net::TcpStream, m: Arc<Metrics>) {
-    let mut buf = [0u8; 4096];
-    // The request itself does not matter; a client that sends nothing still gets its answer.
-    let _ = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
-    let body = m.render();
-    let head = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let _ = s.write_all(head.as_bytes()).await;
-    let _ = s.write_all(body.as_bytes()).await;
-    let _ = s.shutdown().await;
 }
 
 /// What woke the node's task.

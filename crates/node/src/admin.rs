@@ -1,5 +1,20 @@
 //! The admin protocol: one JSON object a line each way over TCP (`conclave admin` speaks it).
 //!
+//! Whoever reaches the admin port could shut the daemon down or cut the network in two, so a
+//! connection must first prove it holds an administrator's identity key: the daemon opens with a
+//! fresh nonce, the administrator answers with its name and its Ed25519 signature of
+//! [`admin_proof_message`]. The keys that may are the daemon's own (the operator running it holds
+//! its identity file) and those `[[admin]]` lists. Anything else is refused, counted
+//! (`conclave_admin_refusals`) and the connection closed.
+//!
+//! ```text
+//! <- {"daemon":"d1","challenge":"<64 hex digits>"}
+//! -> {"name":"ops","signature":"<128 hex digits>"}
+//! <- {"ok":true}
+//! ```
+//!
+//! Then requests, each answered by one line:
+//!
 //! ```text
 //! {"cmd":"status"}
 //! {"cmd":"partition","sets":[["d1","d2"],["d3"]]}
@@ -10,6 +25,7 @@
 //! {"cmd":"pause","ms":1000}
 //! {"cmd":"clear"}                                 (every fault off)
 //! {"cmd":"shutdown"}
+//! {"cmd":"metrics"}                               (the metrics endpoint's text)
 //! ```
 //!
 //! Each request gets one line back: `{"ok":true,...}` or `{"ok":false,"error":"..."}`.
@@ -52,6 +68,37 @@ pub enum AdminRequest {
     },
     Clear,
     Shutdown,
+    /// The daemon's metrics in Prometheus' text format (what the metrics endpoint serves).
+    Metrics,
+}
+
+/// The daemon's first line on an admin connection.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminChallenge {
+    pub daemon: String,
+    /// 32 bytes, in hex.
+    pub challenge: String,
+}
+
+/// The administrator's answer to the challenge.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminProof {
+    /// An `[[admin]]` name, or the daemon's own.
+    pub name: String,
+    /// Ed25519 signature of [`admin_proof_message`], in hex.
+    pub signature: String,
+}
+
+/// What an administrator signs to be let in: bound to the daemon, so that a proof made for one
+/// daemon cannot be replayed to another, and to its fresh nonce.
+pub fn admin_proof_message(daemon: &str, nonce: &[u8; 32]) -> Vec<u8> {
+    let mut m = b"conclave admin proof v1\0".to_vec();
+    m.extend_from_slice(daemon.as_bytes());
+    m.push(0);
+    m.extend_from_slice(nonce);
+    m
 }
 
 /// The daemon's state, as `status` reports it.
@@ -103,6 +150,8 @@ pub struct AdminReply {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
 }
 
 impl AdminReply {
@@ -111,6 +160,7 @@ impl AdminReply {
             ok: true,
             error: None,
             status: None,
+            metrics: None,
         }
     }
     pub fn error(e: impl Into<String>) -> Self {
@@ -118,6 +168,7 @@ impl AdminReply {
             ok: false,
             error: Some(e.into()),
             status: None,
+            metrics: None,
         }
     }
 }
@@ -139,6 +190,7 @@ mod tests {
             r#"{"cmd":"pause","ms":1000}"#,
             r#"{"cmd":"clear"}"#,
             r#"{"cmd":"shutdown"}"#,
+            r#"{"cmd":"metrics"}"#,
         ] {
             let r: AdminRequest = serde_json::from_str(line).unwrap();
             let back: AdminRequest =

@@ -10,8 +10,9 @@
 //! peer = "127.0.0.1:4801"      # UDP, to the other daemons
 //! client = "127.0.0.1:4901"    # TCP, for clients
 //! unix = "/tmp/conclave-d1.sock"   # optional: clients on a Unix socket
-//! admin = "127.0.0.1:5001"     # optional: `conclave admin`
-//! metrics = "127.0.0.1:9101"   # optional: Prometheus text at any path
+//! admin = "127.0.0.1:5001"     # optional: `conclave admin` (crate::admin: signed in)
+//! metrics = "127.0.0.1:9101"   # optional: Prometheus text at any path, to a bearer token
+//! metrics_token = "/etc/conclave/d1.metrics-token"  # the token's file (with metrics)
 //! key = "ed25519:<64 hex digits>"  # its identity's public key (`conclave keygen`)
 //! identity = "/etc/conclave/d1.identity"  # optional: its identity file, read by d1 only
 //!
@@ -29,6 +30,10 @@
 //! groups = "ops*"              # a name, a prefix ending in '*', or '*'
 //! join = ["alice", "svc-*"]    # absent: every client
 //! send = ["alice"]             # absent: every member
+//!
+//! [[admin]]                    # optional: who may use `conclave admin`, besides each daemon's
+//! name = "ops"                 # own identity
+//! key = "ed25519:<64 hex digits>"
 //! ```
 
 use crate::faults::{Faults, LinkFaults};
@@ -52,6 +57,9 @@ pub struct DaemonEntry {
     pub unix: Option<PathBuf>,
     pub admin: Option<SocketAddr>,
     pub metrics: Option<SocketAddr>,
+    /// The file holding the bearer token a scraper of `metrics` must send
+    /// (`Authorization: Bearer <token>`); read by this daemon only. Required with `metrics`.
+    pub metrics_token: Option<PathBuf>,
     /// The public key of the daemon's identity (`ed25519:` and 64 hex digits).
     pub key: Option<String>,
     /// Where the daemon finds its identity file (read by that daemon only; `--identity`
@@ -163,9 +171,14 @@ pub struct Config {
     /// a name must prove it holds the key.
     #[serde(default)]
     pub client: Vec<ClientEntry>,
+    /// Administrators (`[[admin]]`): besides a daemon's own identity, these keys may sign in to
+    /// its admin port (crate::admin).
+    #[serde(default)]
+    pub admin: Vec<ClientEntry>,
 }
 
-/// A client's name and the public key of its identity (`conclave keygen`).
+/// A client's (or an administrator's) name and the public key of its identity
+/// (`conclave keygen`).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ClientEntry {
@@ -187,8 +200,8 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// `n` daemons on this machine: d1..dn with peer ports `base+i`, client ports `base+100+i`,
-    /// admin ports `base+200+i` and metrics ports `base+300+i`.
+    /// `n` daemons on this machine: d1..dn with peer ports `base+i`, client ports `base+100+i`
+    /// and admin ports `base+200+i` (no metrics endpoint: it needs a token).
     pub fn local(n: usize, base: u16) -> Config {
         let at = |p: usize| SocketAddr::from(([127, 0, 0, 1], base + p as u16));
         Config {
@@ -199,7 +212,8 @@ impl Config {
                     client: Some(at(100 + i)),
                     unix: None,
                     admin: Some(at(200 + i)),
-                    metrics: Some(at(300 + i)),
+                    metrics: None,
+                    metrics_token: None,
                     key: None,
                     identity: None,
                 })
@@ -210,6 +224,7 @@ impl Config {
             links: LinksConfig::default(),
             access: Vec::new(),
             client: Vec::new(),
+            admin: Vec::new(),
         }
     }
 
@@ -288,7 +303,6 @@ impl Config {
             held_udp.push(u);
             d.client = Some(tcp()?);
             d.admin = Some(tcp()?);
-            d.metrics = Some(tcp()?);
         }
         Ok(c)
     }
@@ -312,22 +326,25 @@ impl Config {
 
     /// The clients' keys by name (`[[client]]`).
     pub fn client_keys(&self) -> Result<BTreeMap<String, PublicIdentity>, ConfigError> {
-        let mut keys = BTreeMap::new();
-        for c in &self.client {
-            if qualified_name(&c.name, "d").is_err() {
-                return Err(ConfigError::Invalid(format!(
-                    "[[client]] {:?}: not a client name",
-                    c.name
-                )));
-            }
-            let key = parse_public_text("key", &c.key)
-                .map_err(|e| ConfigError::Invalid(format!("[[client]] {:?}: key: {e}", c.name)))?;
-            if keys.insert(c.name.clone(), key).is_some() {
-                return Err(ConfigError::Invalid(format!(
-                    "[[client]] {:?} is named twice",
-                    c.name
-                )));
-            }
+        named_keys("client", &self.client)
+    }
+
+    /// Who may sign in to `daemon`'s admin port, by name: the `[[admin]]` entries and the
+    /// daemon's own identity (under its name).
+    pub fn admin_keys(
+        &self,
+        daemon: &str,
+    ) -> Result<BTreeMap<String, PublicIdentity>, ConfigError> {
+        let mut keys = named_keys("admin", &self.admin)?;
+        if let Some(k) = self
+            .daemon
+            .iter()
+            .find(|d| d.name == daemon)
+            .and_then(|d| d.key.as_ref())
+        {
+            let key =
+                parse_public_text(daemon, k).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+            keys.insert(daemon.to_owned(), key);
         }
         Ok(keys)
     }
@@ -336,6 +353,17 @@ impl Config {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         crate::access::Access::validate(&self.access).map_err(ConfigError::Invalid)?;
         self.client_keys()?;
+        named_keys("admin", &self.admin)?;
+        if let Some(a) = self
+            .admin
+            .iter()
+            .find(|a| self.daemon.iter().any(|d| d.name == a.name))
+        {
+            return bad(format!(
+                "[[admin]] {:?} is a daemon's name: a daemon's own identity may administer it already",
+                a.name
+            ));
+        }
         if self.daemon.is_empty() {
             return bad("no [[daemon]] is named".into());
         }
@@ -363,6 +391,13 @@ impl Config {
             }
             if !udp.insert(d.peer) {
                 return bad(format!("peer address {} is used twice", d.peer));
+            }
+            if d.metrics.is_some() && d.metrics_token.is_none() {
+                return bad(format!(
+                    "daemon {:?} serves metrics but names no metrics_token: a file holding the \
+                     bearer token scrapers must send (anyone else is refused)",
+                    d.name
+                ));
             }
             for a in [d.client, d.admin, d.metrics].into_iter().flatten() {
                 if !tcp.insert(a) {
@@ -467,6 +502,31 @@ impl Config {
     }
 }
 
+/// Names and keys of `[[what]]` entries: names of a client's form, keys that parse, no name twice.
+fn named_keys(
+    what: &str,
+    entries: &[ClientEntry],
+) -> Result<BTreeMap<String, PublicIdentity>, ConfigError> {
+    let mut keys = BTreeMap::new();
+    for c in entries {
+        if qualified_name(&c.name, "d").is_err() {
+            return Err(ConfigError::Invalid(format!(
+                "[[{what}]] {:?}: not a name (1 to 62 bytes, no '#' or control characters)",
+                c.name
+            )));
+        }
+        let key = parse_public_text("key", &c.key)
+            .map_err(|e| ConfigError::Invalid(format!("[[{what}]] {:?}: key: {e}", c.name)))?;
+        if keys.insert(c.name.clone(), key).is_some() {
+            return Err(ConfigError::Invalid(format!(
+                "[[{what}]] {:?} is named twice",
+                c.name
+            )));
+        }
+    }
+    Ok(keys)
+}
+
 /// A client's name as the daemons know it: its private name and its daemon's, so that names are
 /// unique across the network (`alice#d1`).
 pub fn qualified_name(private: &str, daemon: &str) -> Result<String, String> {
@@ -505,6 +565,7 @@ client = "127.0.0.1:4901"
 unix = "/tmp/conclave-d1.sock"
 admin = "127.0.0.1:5001"
 metrics = "127.0.0.1:9101"
+metrics_token = "/etc/conclave/d1.metrics-token"
 {}identity = "/etc/conclave/d1.identity"
 
 [[daemon]]
@@ -526,10 +587,14 @@ partition = [["d1", "d2"], ["d3"]]
 groups = "ops*"
 join = ["alice", "svc-*"]
 send = ["alice"]
-"#,
+
+[[admin]]
+name = "ops"
+{}"#,
             key(1),
             key(2),
-            key(3)
+            key(3),
+            key(4)
         );
         let c = Config::parse(&text).unwrap();
         assert_eq!(c.links.mode, LinkMode::Sealed);
@@ -542,6 +607,8 @@ send = ["alice"]
         assert_eq!(c.core.membership.join_ms, 30);
         assert_eq!(c.access.len(), 1);
         assert_eq!(c.access[0].send.as_deref(), Some(&["alice".to_owned()][..]));
+        let admins: Vec<String> = c.admin_keys("d2").unwrap().into_keys().collect();
+        assert_eq!(admins, ["d2", "ops"]);
     }
 
     #[test]
@@ -596,6 +663,14 @@ send = ["alice"]
             (
                 "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n[sessions]\nrequest_ms = 0\n",
                 "above 0",
+            ),
+            (
+                "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\nmetrics = \"127.0.0.1:9\"\n",
+                "metrics_token",
+            ),
+            (
+                "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n[[admin]]\nname = \"d1\"\nkey = \"ed25519:00\"\n",
+                "32 bytes",
             ),
         ];
         for (text, needle) in cases {

@@ -922,9 +922,15 @@ impl Node {
 
     pub fn handle_admin(&mut self, now: Time, req: AdminRequest) -> AdminReply {
         self.input(now);
+        let metrics = matches!(req, AdminRequest::Metrics);
         let r = self.admin(req);
         match r {
             Err(e) => AdminReply::error(e),
+            Ok(()) if metrics => {
+                let mut reply = AdminReply::ok();
+                reply.metrics = Some(self.metrics.render());
+                reply
+            }
             Ok(()) => {
                 let mut reply = AdminReply::ok();
                 reply.status = Some(self.status());
@@ -952,7 +958,7 @@ impl Node {
                 }
             };
         match req {
-            AdminRequest::Status => {}
+            AdminRequest::Status | AdminRequest::Metrics => {}
             AdminRequest::Partition { sets } => {
                 self.faults.partition = Some(self.cfg.partition_sets(&sets)?);
             }
