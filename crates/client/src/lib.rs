@@ -1,4 +1,4 @@
-//! The Conclave client library: a session with a daemon over TCP or a Unix socket.
+//! The Conclave client library: a session with a daemon over TCP, TLS or a Unix socket.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), conclave_client::ClientError> {
@@ -38,6 +38,7 @@
 
 pub mod core;
 pub mod secure;
+pub mod tls;
 
 pub use crate::core::ClientError;
 use crate::core::{Handled, ReplyDecoder, SessionCore};
@@ -64,10 +65,12 @@ pub const EVENT_BATCH: usize = 256;
 
 type Item = Result<ClientEvent, ClientError>;
 
-/// Where a daemon takes clients: `host:port` or `tcp:host:port`, or `unix:/path`.
+/// Where a daemon takes clients: `host:port` or `tcp:host:port`, `tls:host:port` (its `tls`
+/// port: the client must know the daemon's key, [`Options::daemon_key`]), or `unix:/path`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
     Tcp(String),
+    Tls(String),
     Unix(PathBuf),
 }
 
@@ -80,13 +83,19 @@ impl std::str::FromStr for Address {
             }
             return Ok(Address::Unix(p.into()));
         }
-        let hp = s.strip_prefix("tcp:").unwrap_or(s);
+        let (tls, hp) = match s.strip_prefix("tls:") {
+            Some(hp) => (true, hp),
+            None => (false, s.strip_prefix("tcp:").unwrap_or(s)),
+        };
         if !hp.contains(':') {
             return Err(ClientError::Invalid(format!(
-                "{s:?} is not host:port, tcp:host:port or unix:/path"
+                "{s:?} is not host:port, tcp:host:port, tls:host:port or unix:/path"
             )));
         }
-        Ok(Address::Tcp(hp.to_owned()))
+        Ok(match tls {
+            true => Address::Tls(hp.to_owned()),
+            false => Address::Tcp(hp.to_owned()),
+        })
     }
 }
 
@@ -94,6 +103,7 @@ impl std::fmt::Display for Address {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Address::Tcp(a) => write!(f, "{a}"),
+            Address::Tls(a) => write!(f, "tls:{a}"),
             Address::Unix(p) => write!(f, "unix:{}", p.display()),
         }
     }
@@ -112,6 +122,8 @@ pub struct Options {
     /// The client's identity, to prove its name when the daemons know a key for it (their
     /// configuration's `[[client]]`); without it such a name is refused.
     pub identity: Option<conclave_crypto::Identity>,
+    /// The daemon's identity key, which a TLS address needs: the daemon must prove it holds it.
+    pub daemon_key: Option<conclave_crypto::PublicIdentity>,
 }
 
 impl Default for Options {
@@ -120,6 +132,7 @@ impl Default for Options {
             window: DEFAULT_WINDOW,
             event_queue: EVENT_QUEUE,
             identity: None,
+            daemon_key: None,
         }
     }
 }
@@ -216,6 +229,7 @@ impl Client {
         name: &str,
         opts: Options,
     ) -> Result<Client, ClientError> {
+        let mut binding = None;
         let (r, w): (
             Box<dyn AsyncRead + Unpin + Send>,
             Box<dyn AsyncWrite + Unpin + Send>,
@@ -224,6 +238,17 @@ impl Client {
                 let s = tokio::net::TcpStream::connect(a).await?;
                 s.set_nodelay(true)?;
                 let (r, w) = s.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Address::Tls(a) => {
+                let Some(key) = &opts.daemon_key else {
+                    return Err(ClientError::Invalid(format!(
+                        "{addr}: TLS needs the daemon's key, to know it is talking to the daemon"
+                    )));
+                };
+                let (s, b) = tls::connect(a, key).await?;
+                binding = Some(b);
+                let (r, w) = tokio::io::split(s);
                 (Box::new(r), Box::new(w))
             }
             #[cfg(unix)]
@@ -235,7 +260,7 @@ impl Client {
             #[cfg(not(unix))]
             Address::Unix(_) => return Err(ClientError::Invalid("no Unix sockets here".into())),
         };
-        Self::handshake(r, w, name, opts).await
+        Self::handshake(r, w, name, opts, binding).await
     }
 
     async fn handshake(
@@ -243,6 +268,7 @@ impl Client {
         w: Box<dyn AsyncWrite + Unpin + Send>,
         name: &str,
         opts: Options,
+        binding: Option<[u8; 32]>,
     ) -> Result<Client, ClientError> {
         let window = opts.window.max(1);
         let mut w = BufWriter::with_capacity(64 * 1024, w);
@@ -270,7 +296,7 @@ impl Client {
                              identity"
                         )));
                     };
-                    let msg = conclave_wire::client::proof_message(&name, &nonce);
+                    let msg = conclave_wire::client::proof_message(&name, &nonce, binding.as_ref());
                     let signature = id
                         .sign(&msg)
                         .map_err(|e| ClientError::Invalid(format!("signing the proof: {e}")))?;

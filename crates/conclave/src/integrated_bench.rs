@@ -19,7 +19,6 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use conclave_bench::plot::{Chart, Series};
 use conclave_client::secure::{KeySource, SecureEvent, SecureReceiver, SecureSender};
-use conclave_client::Client;
 use conclave_daemon::Config;
 use conclave_gka::ProtocolId;
 use serde_json::json;
@@ -306,7 +305,7 @@ async fn many_groups(
     let (seen, mut views) = mpsc::unbounded_channel();
     let mut watchers = Vec::new();
     for daemon in 0..n {
-        let client = Client::connect(&net.address(daemon), &format!("{tag}-w{daemon}")).await?;
+        let client = net.connect(daemon, &format!("{tag}-w{daemon}")).await?;
         let (mut tx, rx) = client.split();
         let (expect, expected) = mpsc::unbounded_channel();
         expect.send(Expect { size: 1, epoch: 0 })?;
@@ -319,7 +318,7 @@ async fn many_groups(
         let (daemon, slot) = (c % n, c / n);
         let groups: Vec<usize> =
             (slot * GROUPS_PER_CLIENT..((slot + 1) * GROUPS_PER_CLIENT).min(k)).collect();
-        let client = Client::connect(&net.address(daemon), name).await?;
+        let client = net.connect(daemon, name).await?;
         let (mut tx, rx) = m.client(client, name)?.split();
         let (expect, expected) = mpsc::unbounded_channel();
         expect.send(Expect { size: 1, epoch: 0 })?;

@@ -188,13 +188,31 @@ impl Network {
         }
     }
 
+    /// Daemon `i mod n`'s client address: its TLS port if every daemon has one (Three-Step).
     pub(crate) fn address(&self, i: usize) -> Address {
-        Address::Tcp(
-            self.cfg.daemon[i % self.cfg.daemon.len()]
-                .client
-                .unwrap()
-                .to_string(),
-        )
+        let d = &self.cfg.daemon[i % self.cfg.daemon.len()];
+        match d.tls {
+            Some(a) if self.cfg.daemon.iter().all(|d| d.tls.is_some()) => {
+                Address::Tls(a.to_string())
+            }
+            _ => Address::Tcp(d.client.unwrap().to_string()),
+        }
+    }
+
+    /// A client of daemon `i mod n` (over TLS, knowing the daemon's key, if the daemons have
+    /// TLS ports).
+    pub(crate) async fn connect(&self, i: usize, name: &str) -> Result<Client> {
+        let d = &self.cfg.daemon[i % self.cfg.daemon.len()];
+        let daemon_key = d
+            .key
+            .as_deref()
+            .map(|k| conclave_crypto::identity_file::parse_public_text(&d.name, k))
+            .transpose()?;
+        let opts = conclave_client::Options {
+            daemon_key,
+            ..Default::default()
+        };
+        Ok(Client::connect_with(&self.address(i), name, opts).await?)
     }
 
     pub(crate) async fn stop(self) -> Result<()> {
@@ -210,7 +228,7 @@ impl Network {
 async fn members(net: &Network, k: usize, tag: &str) -> Result<Vec<(Sender, Receiver)>> {
     let mut out = Vec::new();
     for i in 0..k {
-        let mut c = Client::connect(&net.address(i), &format!("{tag}{i}")).await?;
+        let mut c = net.connect(i, &format!("{tag}{i}")).await?;
         c.join(GROUP).await?;
         out.push(c.split());
     }
@@ -729,7 +747,7 @@ impl Members for Plain {
     type Rx = Receiver;
     const BATCH: u64 = 32;
     async fn add(&mut self, net: &Network, i: usize, name: &str) -> Result<(Sender, Receiver)> {
-        let mut c = Client::connect(&net.address(i), name).await?;
+        let mut c = net.connect(i, name).await?;
         c.join(GROUP).await?;
         Ok(c.split())
     }

@@ -7,12 +7,13 @@
 //! - `links`: links sealed (encrypted between daemons; clear at the daemons and on the client hop);
 //! - `layered`: links off, every message sealed by its sender's secure layer under the key the
 //!   members agreed (TGDH) and opened by every member;
-//! - `integrated`: the same with the key the daemons hand (Integrated VS).
+//! - `integrated`: the same with the key the daemons hand (Integrated VS);
+//! - `three-step`: Three-Step Client-Server: TLS between each client and its daemon, links sealed
+//!   between daemons, nothing sealed by the clients.
 //!
 //! The client-side variants run with links off, so that each row shows one protection's cost.
 //! Variants alternate within each round (`--rounds`), each with daemons of its own, so that they
-//! are compared in the same minutes. Three-Step Client-Server (TLS between client and daemon) is
-//! not built: its row says so.
+//! are compared in the same minutes.
 
 use crate::net_bench::{parse_link_mode, throughput_once, Load, Network};
 use anyhow::{bail, Result};
@@ -59,15 +60,15 @@ pub struct SealedArgs {
     out: PathBuf,
 }
 
-/// A variant's link mode and client-side sealing.
-fn variant(name: &str) -> Result<Option<(&'static str, Option<KeySource>)>> {
+/// A variant's link mode, client-side sealing, and whether clients talk TLS to their daemons.
+fn variant(name: &str) -> Result<(&'static str, Option<KeySource>, bool)> {
     Ok(match name {
-        "none" => Some(("off", None)),
-        "integrity" => Some(("authenticated", None)),
-        "links" => Some(("sealed", None)),
-        "layered" => Some(("off", Some(KeySource::Agreement))),
-        "integrated" => Some(("off", Some(KeySource::Daemons))),
-        "three-step" => None,
+        "none" => ("off", None, false),
+        "integrity" => ("authenticated", None, false),
+        "links" => ("sealed", None, false),
+        "layered" => ("off", Some(KeySource::Agreement), false),
+        "integrated" => ("off", Some(KeySource::Daemons), false),
+        "three-step" => ("sealed", None, true),
         other => bail!("unknown variant {other:?} ({})", VARIANTS.join(", ")),
     })
 }
@@ -83,18 +84,14 @@ pub fn run(args: SealedArgs) -> Result<()> {
         let mut run = 0;
         for round in 0..args.rounds.max(1) {
             for v in &args.variants {
-                let Some((links, keys)) = variant(v)? else {
-                    let row = json!({
-                        "bench": "sealed", "variant": v, "round": round,
-                        "skipped": "Three-Step Client-Server needs TLS between client and \
-                                    daemon, which is not built",
-                    });
-                    println!("{row}");
-                    rows.push(row);
-                    continue;
-                };
+                let (links, keys, tls) = variant(v)?;
                 let mut cfg = Config::local_on_free_ports(args.daemons)?;
                 cfg.links.mode = parse_link_mode(links)?;
+                if tls {
+                    for d in &mut cfg.daemon {
+                        d.tls = Some(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?);
+                    }
+                }
                 let net = Network::start_with(cfg).await?;
                 for &senders in &args.senders {
                     for &size in &args.sizes {
@@ -117,6 +114,7 @@ pub fn run(args: SealedArgs) -> Result<()> {
                         row["bench"] = json!("sealed");
                         row["variant"] = json!(v);
                         row["links"] = json!(links);
+                        row["tls"] = json!(tls);
                         row["round"] = json!(round);
                         println!("{row}");
                         rows.push(row);

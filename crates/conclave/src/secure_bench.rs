@@ -328,7 +328,7 @@ impl Members for Secure {
         i: usize,
         name: &str,
     ) -> Result<(SecureSender, SecureReceiver)> {
-        let c = Client::connect(&net.address(i), name).await?;
+        let c = net.connect(i, name).await?;
         let (mut tx, rx) = self.client(c, name)?.split();
         let cfg = self.config();
         tx.join_secure(GROUP, cfg).await?;

@@ -108,6 +108,23 @@ pub struct SecureArgs {
     /// The trust directory: who may take part.
     #[arg(long)]
     pub directory: Option<PathBuf>,
+    /// The daemon's identity key (`ed25519:` and 64 hex digits, its configuration entry's
+    /// `key`), which a `tls:` address needs: the connection goes on only if the daemon proves it.
+    #[arg(long)]
+    pub daemon_key: Option<String>,
+}
+
+impl SecureArgs {
+    /// The key `--daemon-key` names, if any.
+    pub fn daemon_key(&self) -> Result<Option<conclave_crypto::PublicIdentity>> {
+        self.daemon_key
+            .as_deref()
+            .map(|k| {
+                conclave_crypto::identity_file::parse_public_text("--daemon-key", k)
+                    .map_err(Into::into)
+            })
+            .transpose()
+    }
 }
 
 /// An identity file (`conclave keygen`).
@@ -234,6 +251,7 @@ pub async fn secure_user(
     };
     let opts = conclave_client::Options {
         identity: Some(identity.clone()),
+        daemon_key: args.daemon_key()?,
         ..Default::default()
     };
     let client = Client::connect_with(addr, name, opts)

@@ -13,7 +13,8 @@
 //! ```
 //!
 //! With `--identity FILE` the client proves its name when the daemons know a key for it
-//! (`[[client]]` in their configuration).
+//! (`[[client]]` in their configuration). `--daemon tls:host:port --daemon-key KEY` talks TLS to
+//! the daemon's TLS port and goes on only if the daemon proves it holds KEY.
 //!
 //! With `--secure --identity FILE --directory FILE [--protocol P]` every group is a secure group
 //! (docs/secure.md): the same commands, a message to one group at a time, flushes acknowledged by
@@ -29,7 +30,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 #[derive(Args)]
 pub struct UserArgs {
-    /// The daemon: host:port or unix:/path.
+    /// The daemon: host:port, tls:host:port (with --daemon-key) or unix:/path.
     #[arg(long, default_value = "127.0.0.1:4901")]
     daemon: String,
     /// The client's private name (the daemon makes it name#daemon).
@@ -330,6 +331,7 @@ async fn user(args: UserArgs) -> Result<()> {
     let opts = conclave_client::Options {
         event_queue: args.event_queue,
         identity,
+        daemon_key: args.secure.daemon_key()?,
         ..Default::default()
     };
     let c = Client::connect_with(&addr, &args.name, opts)

@@ -369,10 +369,14 @@ fn one_daemon_config(tag: &str) -> (std::path::PathBuf, conclave_daemon::Config)
         .unwrap()
         .local_addr()
         .unwrap();
+    let tls = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let token = dir.join("metrics-token");
     std::fs::write(&token, format!("{METRICS_TOKEN}\n")).unwrap();
     let text = format!(
-        "[[daemon]]\nname = \"d1\"\npeer = \"{}\"\nclient = \"{}\"\nadmin = \"{}\"\nmetrics = \"{metrics}\"\nmetrics_token = {token:?}\nkey = \"{}\"\nidentity = {:?}\n",
+        "[[daemon]]\nname = \"d1\"\npeer = \"{}\"\nclient = \"{}\"\nadmin = \"{}\"\ntls = \"{tls}\"\nmetrics = \"{metrics}\"\nmetrics_token = {token:?}\nkey = \"{}\"\nidentity = {:?}\n",
         d.peer,
         d.client.unwrap(),
         d.admin.unwrap(),
@@ -381,6 +385,7 @@ fn one_daemon_config(tag: &str) -> (std::path::PathBuf, conclave_daemon::Config)
     );
     let mut cfg = cfg;
     cfg.daemon[0].metrics = Some(metrics);
+    cfg.daemon[0].tls = Some(tls);
     let path = dir.join("conclave.toml");
     std::fs::write(&path, text).unwrap();
     (path, cfg)
@@ -472,6 +477,42 @@ fn daemon_user_and_admin_work_together() {
         None,
     );
     assert!(!ok, "a partition naming an unknown daemon is refused");
+
+    // Over TLS, knowing the daemon's key; a wrong key is no connection.
+    let tls = format!("tls:{}", cfg.daemon[0].tls.unwrap());
+    let key = cfg.daemon[0].key.clone().unwrap();
+    let (ok, out, err) = conclave(
+        &[
+            "user",
+            "--daemon",
+            &tls,
+            "--daemon-key",
+            &key,
+            "--name",
+            "cy",
+            "--json",
+        ],
+        Some("j chat\ns chat sealed hop\n"),
+    );
+    assert!(ok && out.contains("sealed hop"), "{out}{err}");
+    let other = conclave_crypto::identity_file::public_text(
+        &conclave_crypto::Identity::ed25519_from_seed(&[7; 32])
+            .unwrap()
+            .public(),
+    );
+    let (ok, _, err) = conclave(
+        &[
+            "user",
+            "--daemon",
+            &tls,
+            "--daemon-key",
+            &other,
+            "--name",
+            "cy",
+        ],
+        Some("q\n"),
+    );
+    assert!(!ok && err.contains("TLS"), "{err}");
 
     // The metrics endpoint answers its token only; the admin port signs in the keys it knows.
     let m = cfg.daemon[0].metrics.unwrap();

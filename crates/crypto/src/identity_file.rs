@@ -60,6 +60,15 @@ impl IdentityFile {
         Identity::ed25519_from_seed(&self.seed).expect("any 32 bytes are an Ed25519 seed")
     }
 
+    /// The secret key as PKCS#8 v1 DER (RFC 8410), for TLS libraries. Wiped when dropped.
+    pub fn pkcs8_der(&self) -> Zeroizing<Vec<u8>> {
+        // SEQUENCE { INTEGER 0, SEQUENCE { OID 1.3.101.112 }, OCTET STRING { OCTET STRING seed } }
+        let mut der = Zeroizing::new(Vec::with_capacity(48));
+        der.extend_from_slice(&PKCS8_ED25519_PREFIX);
+        der.extend_from_slice(self.seed.as_ref());
+        der
+    }
+
     /// The public key as a directory lists it (`ed25519:` and 64 hex digits).
     pub fn public_text(&self) -> String {
         public_text(&self.identity().public())
@@ -106,6 +115,22 @@ pub(crate) fn bad(what: &str, why: &'static str) -> FileError {
     }
 }
 
+const PKCS8_ED25519_PREFIX: [u8; 16] = [
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+const SPKI_ED25519_PREFIX: [u8; 12] = [
+    0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+];
+
+/// An Ed25519 public key as a SubjectPublicKeyInfo (RFC 8410): what TLS carries as a raw public
+/// key (RFC 7250). `None` for a key of another scheme.
+pub fn spki_der(p: &PublicIdentity) -> Option<Vec<u8>> {
+    let key = p.ed25519_bytes()?;
+    let mut der = SPKI_ED25519_PREFIX.to_vec();
+    der.extend_from_slice(&key);
+    Some(der)
+}
+
 /// A public key as a directory or a configuration lists it (`ed25519:` and 64 hex digits).
 pub fn public_text(p: &PublicIdentity) -> String {
     match p.ed25519_bytes() {
@@ -130,6 +155,17 @@ pub fn parse_public_text(what: &str, text: &str) -> Result<PublicIdentity, FileE
 mod tests {
     use super::*;
     use rand_chacha::rand_core::SeedableRng;
+
+    #[test]
+    fn the_der_encodings_are_the_keys_tls_libraries_read() {
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(3);
+        let f = IdentityFile::generate("d1", &mut rng);
+        let pair = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(&f.pkcs8_der()).unwrap();
+        let spki = spki_der(&f.identity().public()).unwrap();
+        use aws_lc_rs::signature::KeyPair;
+        assert_eq!(&spki[12..], pair.public_key().as_ref());
+        assert_eq!(spki.len(), 44);
+    }
 
     #[test]
     fn identity_files_round_trip_and_bad_ones_are_clear_errors() {

@@ -1,13 +1,14 @@
 //! The Conclave daemon (`conclave daemon`): the tokio runtime around a pure node
 //! ([`conclave_node::Node`], docs/daemon.md). The node holds the group communication core, the
 //! client sessions, datagram batching, fault injection and the recorder; this crate gives it
-//! sockets (UDP to the other daemons, TCP and Unix sockets for clients), a clock, an admin
+//! sockets (UDP to the other daemons, TCP, TLS and Unix sockets for clients), a clock, an admin
 //! endpoint, a metrics endpoint, and a file for the history.
 
 pub mod endpoints;
 pub mod record;
 pub mod server;
 pub mod session;
+pub mod tls;
 
 pub use conclave_node::{admin, config, faults, frag, link, metrics};
 pub use conclave_node::{AdminReply, AdminRequest, Config, ConfigError, Status};

@@ -62,6 +62,8 @@ pub(crate) enum ToCore {
     Open {
         id: SessionId,
         tx: mpsc::UnboundedSender<SessionOutput>,
+        /// The connection's channel binding, when it is TLS.
+        binding: Option<[u8; 32]>,
     },
     /// What one read of a connection brought; the permit bounds the reads in flight.
     Bytes {
@@ -178,6 +180,16 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         (None, Some(path)) => Some(Arc::new(read_identity(path)?)),
         (None, None) => None,
     };
+    let tls_acceptor = match (entry.tls, &identity) {
+        (None, _) => None,
+        (Some(_), None) => {
+            anyhow::bail!("a TLS port needs the daemon's identity (identity = ... or --identity)")
+        }
+        (Some(_), Some(id)) => Some(tokio_rustls::TlsAcceptor::from(crate::tls::server_config(
+            id,
+        )?)),
+    };
+    let handshake = Duration::from_millis(cfg.sessions.handshake_ms);
     let start = Instant::now();
     let inc = opts.incarnation.unwrap_or_else(stamp);
     let node_opts = NodeOptions {
@@ -211,10 +223,47 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
                 match l.accept().await {
                     Ok((s, _)) => {
                         let _ = s.set_nodelay(true);
-                        sessions.serve(s);
+                        sessions.serve(s, None);
                     }
                     Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
                 }
+            }
+        }));
+    }
+    if let (Some(addr), Some(acceptor)) = (entry.tls, tls_acceptor) {
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the TLS address {addr}"))?;
+        let sessions = sessions.clone();
+        let metrics = metrics.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let Ok((s, from)) = l.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let _ = s.set_nodelay(true);
+                let (acceptor, sessions, metrics) =
+                    (acceptor.clone(), sessions.clone(), metrics.clone());
+                // Each handshake in a task of its own: a client that stalls in it holds no one
+                // else up, and is dropped at the handshake time.
+                tokio::spawn(async move {
+                    let tls = tokio::time::timeout(handshake, acceptor.accept(s)).await;
+                    let bound = match tls {
+                        Ok(Ok(t)) => crate::tls::binding(&t)
+                            .map(|b| (t, b))
+                            .map_err(|e| e.to_string()),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err("no handshake in time".to_owned()),
+                    };
+                    match bound {
+                        Ok((t, b)) => sessions.serve(t, Some(b)),
+                        Err(e) => {
+                            metrics.tls_handshakes_failed.fetch_add(1, Relaxed);
+                            tracing::debug!(from = %from, error = e, "TLS handshake failed");
+                        }
+                    }
+                });
             }
         }));
     }
@@ -230,7 +279,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         tasks.push(tokio::spawn(async move {
             loop {
                 match l.accept().await {
-                    Ok((s, _)) => sessions.serve(s),
+                    Ok((s, _)) => sessions.serve(s, None),
                     Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
                 }
             }
@@ -328,13 +377,13 @@ struct Sessions {
 
 impl Sessions {
     /// Runs a new connection's session (the node closes it at once past its connection limit).
-    fn serve<S>(&self, s: S)
+    fn serve<S>(&self, s: S, binding: Option<[u8; 32]>)
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
     {
         let id = self.next_id.fetch_add(1, Relaxed);
         let (core, written) = (self.core.clone(), self.written.clone());
-        tokio::spawn(session::run(s, id, core, written));
+        tokio::spawn(session::run(s, id, binding, core, written));
     }
 }
 
@@ -434,13 +483,15 @@ impl Pump {
     fn input(&mut self, now: Time, m: ToCore) -> usize {
         let mut size = 0;
         match m {
-            ToCore::Open { id, tx } => match self.node.open_session(now, id) {
-                Ok(()) => {
-                    self.writers.insert(id, tx);
+            ToCore::Open { id, tx, binding } => {
+                match self.node.open_bound_session(now, id, binding) {
+                    Ok(()) => {
+                        self.writers.insert(id, tx);
+                    }
+                    // Dropping the writer's channel closes the connection.
+                    Err(e) => tracing::debug!(session = id, error = %e, "connection refused"),
                 }
-                // Dropping the writer's channel closes the connection.
-                Err(e) => tracing::debug!(session = id, error = %e, "connection refused"),
-            },
+            }
             ToCore::Bytes { id, bytes, .. } => {
                 size = bytes.len();
                 self.node.handle_session_bytes(now, id, &bytes);

@@ -1,4 +1,4 @@
-//! Client connections (TCP or Unix socket): bytes in, bytes out. What the bytes mean, the
+//! Client connections (TCP, TLS or Unix socket): bytes in, bytes out. What the bytes mean, the
 //! handshake, the limits and when a connection must close are the node's
 //! ([`conclave_node::Node`]); here are only the two tasks that read and write a socket.
 //!
@@ -36,13 +36,14 @@ pub(crate) struct Written {
 pub(crate) async fn run<S>(
     stream: S,
     id: SessionId,
+    binding: Option<[u8; 32]>,
     core: mpsc::Sender<ToCore>,
     written: mpsc::UnboundedSender<Written>,
 ) where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (tx, rx) = mpsc::unbounded_channel();
-    if core.send(ToCore::Open { id, tx }).await.is_err() {
+    if core.send(ToCore::Open { id, tx, binding }).await.is_err() {
         return;
     }
     let (r, w) = tokio::io::split(stream);

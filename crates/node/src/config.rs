@@ -9,6 +9,7 @@
 //! name = "d1"
 //! peer = "127.0.0.1:4801"      # UDP, to the other daemons
 //! client = "127.0.0.1:4901"    # TCP, for clients
+//! tls = "0.0.0.0:4911"         # optional: TLS, for clients (the daemon proves its key)
 //! unix = "/tmp/conclave-d1.sock"   # optional: clients on a Unix socket
 //! admin = "127.0.0.1:5001"     # optional: `conclave admin` (crate::admin: signed in)
 //! metrics = "127.0.0.1:9101"   # optional: Prometheus text at any path, to a bearer token
@@ -54,6 +55,8 @@ pub struct DaemonEntry {
     pub name: String,
     pub peer: SocketAddr,
     pub client: Option<SocketAddr>,
+    /// TCP with TLS, for clients: the daemon proves its identity (docs/daemon.md).
+    pub tls: Option<SocketAddr>,
     pub unix: Option<PathBuf>,
     pub admin: Option<SocketAddr>,
     pub metrics: Option<SocketAddr>,
@@ -210,6 +213,7 @@ impl Config {
                     name: format!("d{i}"),
                     peer: at(i),
                     client: Some(at(100 + i)),
+                    tls: None,
                     unix: None,
                     admin: Some(at(200 + i)),
                     metrics: None,
@@ -399,7 +403,13 @@ impl Config {
                     d.name
                 ));
             }
-            for a in [d.client, d.admin, d.metrics].into_iter().flatten() {
+            if d.tls.is_some() && d.key.is_none() {
+                return bad(format!(
+                    "daemon {:?} has a TLS port but no key: clients check the daemon's key",
+                    d.name
+                ));
+            }
+            for a in [d.client, d.tls, d.admin, d.metrics].into_iter().flatten() {
                 if !tcp.insert(a) {
                     return bad(format!("address {a} is used twice"));
                 }

@@ -76,6 +76,7 @@ metrics! {
     messages_delivered: "counter", "Messages delivered to this daemon's clients.";
     refusals: "counter", "Client requests refused.";
     client_proofs_refused: "counter", "Clients refused at connect: a proof of a listed name that does not verify, or a name no [[client]] lists where one must.";
+    tls_handshakes_failed: "counter", "TLS connections from clients whose handshake failed or did not finish in the handshake time.";
     admin_refusals: "counter", "Admin connections refused: no proof, a name no key is known for, or a signature that does not verify.";
     metrics_refusals: "counter", "Metrics requests refused: no bearer token, or the wrong one.";
     access_refusals: "counter", "Client joins, key requests and messages the access policy refused (among the refusals).";

@@ -463,6 +463,18 @@ impl Node {
     /// A client connection opened; it must connect within the handshake time. Past the
     /// connection limit it is refused, and the driver closes it.
     pub fn open_session(&mut self, now: Time, id: SessionId) -> Result<(), NodeError> {
+        self.open_bound_session(now, id, None)
+    }
+
+    /// A client connection opened over TLS, `binding` its channel binding (the exporter of
+    /// [`conclave_wire::client::TLS_EXPORTER_LABEL`]): a client that proves its name signs it,
+    /// so the proof holds for this connection alone.
+    pub fn open_bound_session(
+        &mut self,
+        now: Time,
+        id: SessionId,
+        binding: Option<[u8; 32]>,
+    ) -> Result<(), NodeError> {
         self.input(now);
         if id == DAEMONS_MEMBER {
             return Err(NodeError::SessionExists(id));
@@ -474,7 +486,9 @@ impl Node {
         if self.sessions.contains_key(&id) {
             return Err(NodeError::SessionExists(id));
         }
-        self.sessions.insert(id, Session::new());
+        let mut session = Session::new();
+        session.binding = binding;
+        self.sessions.insert(id, session);
         self.metrics
             .connections
             .store(self.sessions.len() as u64, Relaxed);
@@ -689,15 +703,18 @@ impl Node {
                 }
             }
             (Request::Prove { signature }, false) if s.challenged.is_some() => {
-                let Some((name, nonce)) =
-                    self.sessions.get_mut(&id).and_then(|s| s.challenged.take())
+                let Some((name, nonce, binding)) = self
+                    .sessions
+                    .get_mut(&id)
+                    .and_then(|s| Some((s.challenged.take()?, s.binding)))
+                    .map(|((n, c), b)| (n, c, b))
                 else {
                     return;
                 };
                 let q = qualified_name(&name, &self.name).unwrap_or_default();
                 let proven = self.client_keys.get(&name).is_some_and(|key| {
                     key.verify(
-                        &conclave_wire::client::proof_message(&q, &nonce),
+                        &conclave_wire::client::proof_message(&q, &nonce, binding.as_ref()),
                         &signature,
                     )
                     .is_ok()

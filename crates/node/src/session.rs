@@ -49,6 +49,8 @@ pub(crate) struct Session {
     /// The name this connection asked for and the nonce it must sign, when the daemons know a
     /// key for that name ([`conclave_wire::client::Reply::Challenge`]).
     pub challenged: Option<(String, [u8; 32])>,
+    /// The connection's channel binding, when it is TLS: a proof of a name must sign it too.
+    pub binding: Option<[u8; 32]>,
 }
 
 impl Session {
@@ -65,6 +67,7 @@ impl Session {
             spare: Vec::new(),
             keyed: Default::default(),
             challenged: None,
+            binding: None,
         }
     }
 

@@ -229,3 +229,45 @@ fn a_client_may_not_join_or_send_to_the_daemons_groups() {
     // The daemon's own member is no client.
     assert_eq!(n.status().clients, 1);
 }
+
+/// On a TLS connection a name's proof must sign the connection's channel binding: a proof made
+/// for the same nonce without it (as one relayed from another connection would be) is refused.
+#[test]
+fn a_proof_on_a_tls_connection_signs_its_channel_binding() {
+    use conclave_crypto::identity_file::public_text;
+    use conclave_wire::client::proof_message;
+    let alice = conclave_crypto::Identity::ed25519_from_seed(&[9; 32]).unwrap();
+    let mut n = node(|c| {
+        c.client = vec![conclave_node::config::ClientEntry {
+            name: "alice".into(),
+            key: public_text(&alice.public()),
+        }];
+    });
+    let binding = [5u8; 32];
+    for (id, signed) in [(1, None), (2, Some([6u8; 32])), (3, Some(binding))] {
+        n.open_bound_session(t(0), id, Some(binding)).unwrap();
+        let hello = Request::Connect {
+            name: "alice".into(),
+        };
+        n.handle_session_bytes(t(0), id, &frame(&hello.encode()));
+        let (replies, _) = outputs(&mut n);
+        let Some((_, Reply::Challenge { name, nonce })) = replies.first() else {
+            panic!("{replies:?}");
+        };
+        let msg = proof_message(name, nonce, signed.as_ref());
+        let prove = Request::Prove {
+            signature: alice.sign(&msg).unwrap(),
+        };
+        n.handle_session_bytes(t(0), id, &frame(&prove.encode()));
+        if signed == Some(binding) {
+            let (replies, closed) = outputs(&mut n);
+            assert!(closed.is_empty());
+            assert!(
+                matches!(&replies[..], [(3, Reply::Connected { .. })]),
+                "{replies:?}"
+            );
+        } else {
+            refused_and_closed(&mut n, id, "does not verify");
+        }
+    }
+}

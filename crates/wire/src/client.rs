@@ -346,14 +346,24 @@ pub enum Request {
 pub const MAX_SIGNATURE_BYTES: usize = 128;
 
 /// What a client signs to prove its name: a label, the name the daemon gave it (which names the
-/// daemon) and the daemon's fresh nonce, so that a proof serves one connection to one daemon.
-pub fn proof_message(name: &str, nonce: &[u8; 32]) -> Vec<u8> {
-    let mut w = Writer::with_capacity(64);
+/// daemon) and the daemon's fresh nonce, so that a proof serves one connection to one daemon;
+/// over TLS also the connection's channel binding (its exporter, [`TLS_EXPORTER_LABEL`]), so
+/// that a proof made on one TLS connection cannot be relayed onto another.
+pub fn proof_message(name: &str, nonce: &[u8; 32], binding: Option<&[u8; 32]>) -> Vec<u8> {
+    let mut w = Writer::with_capacity(96);
     w.raw(b"conclave client proof v1");
     w.name(name, MAX_NAME_BYTES);
     w.raw(nonce);
+    if let Some(b) = binding {
+        w.raw(b"tls-exporter");
+        w.raw(b);
+    }
     w.into_vec()
 }
+
+/// The label of the TLS exporter (RFC 8446 §7.5, no context, 32 bytes) both ends of a TLS
+/// connection take its channel binding from.
+pub const TLS_EXPORTER_LABEL: &[u8] = b"EXPORTER-conclave-client-proof";
 
 /// From a daemon to a client.
 #[derive(Clone, Debug, PartialEq, Eq)]
