@@ -266,7 +266,7 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
         .as_deref()
         .map(crate::secure_cmd::parse_protocol)
         .transpose()?
-        .map(|p| (p, conclave_client::secure::KeySource::Agreement));
+        .map(|p| (p, conclave_client::secure::KeySource::Agreement, false));
     let links = args
         .links
         .iter()
@@ -356,17 +356,23 @@ pub(crate) async fn throughput_once(
     net: &Network,
     load: &Load,
     tag: &str,
-    secure: Option<(conclave_gka::ProtocolId, conclave_client::secure::KeySource)>,
+    secure: Option<(
+        conclave_gka::ProtocolId,
+        conclave_client::secure::KeySource,
+        bool,
+    )>,
 ) -> Result<serde_json::Value> {
     let mut row = match secure {
-        Some((p, keys)) => {
+        Some((p, keys, evs)) => {
             let names: Vec<String> = (0..load.receivers).map(|i| format!("{tag}{i}")).collect();
             let mut m = crate::secure_bench::Secure::new(p, &names)?;
             m.keys = keys;
+            m.evs = evs;
             let mut row = run_load(net, &mut m, load, tag).await?;
-            row["secure"] = match keys {
-                conclave_client::secure::KeySource::Agreement => json!(format!("{p:?}")),
-                conclave_client::secure::KeySource::Daemons => json!("daemons"),
+            row["secure"] = match (keys, evs) {
+                (conclave_client::secure::KeySource::Agreement, _) => json!(format!("{p:?}")),
+                (conclave_client::secure::KeySource::Daemons, false) => json!("daemons"),
+                (conclave_client::secure::KeySource::Daemons, true) => json!("daemons-evs"),
             };
             row
         }

@@ -8,6 +8,7 @@
 //! - `layered`: links off, every message sealed by its sender's secure layer under the key the
 //!   members agreed (TGDH) and opened by every member;
 //! - `integrated`: the same with the key the daemons hand (Integrated VS);
+//! - `optimized-evs`: the same in EVS groups, whose late messages the daemons reseal;
 //! - `three-step`: Three-Step Client-Server: TLS between each client and its daemon, links sealed
 //!   between daemons, nothing sealed by the clients.
 //!
@@ -26,12 +27,13 @@ use conclave_gka::ProtocolId;
 use serde_json::json;
 use std::path::PathBuf;
 
-const VARIANTS: [&str; 6] = [
+const VARIANTS: [&str; 7] = [
     "none",
     "integrity",
     "links",
     "layered",
     "integrated",
+    "optimized-evs",
     "three-step",
 ];
 
@@ -43,11 +45,11 @@ pub struct SealedArgs {
     senders: Vec<usize>,
     #[arg(long, value_delimiter = ',', default_value = "100,1024,8192,65536")]
     sizes: Vec<usize>,
-    /// Variants: none, integrity, links, layered, integrated, three-step.
+    /// Variants: none, integrity, links, layered, integrated, optimized-evs, three-step.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "none,integrity,links,layered,integrated,three-step"
+        default_value = "none,integrity,links,layered,integrated,optimized-evs,three-step"
     )]
     variants: Vec<String>,
     /// How long each run sends, in seconds.
@@ -60,14 +62,20 @@ pub struct SealedArgs {
     out: PathBuf,
 }
 
-/// A variant's link mode, client-side sealing, and whether clients talk TLS to their daemons.
-fn variant(name: &str) -> Result<(&'static str, Option<KeySource>, bool)> {
+/// Link mode; where the members' keys come from and whether their groups are EVS (no sealing by
+/// the members: `None`); TLS between client and daemon.
+type Variant = (&'static str, Option<(KeySource, bool)>, bool);
+
+/// A variant's link mode, client-side sealing (where the keys come from, and whether the groups
+/// are EVS groups the daemons reseal), and whether clients talk TLS to their daemons.
+fn variant(name: &str) -> Result<Variant> {
     Ok(match name {
         "none" => ("off", None, false),
         "integrity" => ("authenticated", None, false),
         "links" => ("sealed", None, false),
-        "layered" => ("off", Some(KeySource::Agreement), false),
-        "integrated" => ("off", Some(KeySource::Daemons), false),
+        "layered" => ("off", Some((KeySource::Agreement, false)), false),
+        "integrated" => ("off", Some((KeySource::Daemons, false)), false),
+        "optimized-evs" => ("off", Some((KeySource::Daemons, true)), false),
         "three-step" => ("sealed", None, true),
         other => bail!("unknown variant {other:?} ({})", VARIANTS.join(", ")),
     })
@@ -103,7 +111,7 @@ pub fn run(args: SealedArgs) -> Result<()> {
                             service: ServiceType::Agreed,
                             seconds: args.seconds,
                         };
-                        let secure = keys.map(|k| (ProtocolId::Tgdh, k));
+                        let secure = keys.map(|(k, evs)| (ProtocolId::Tgdh, k, evs));
                         let tag = format!("e7{run}-");
                         let mut row = match throughput_once(&net, &load, &tag, secure).await {
                             Ok(row) => row,

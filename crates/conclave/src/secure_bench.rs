@@ -275,6 +275,8 @@ pub(crate) struct Secure {
     protocol: ProtocolId,
     /// Where the groups' keys come from (the daemons: Integrated VS, `bench integrated`).
     pub(crate) keys: KeySource,
+    /// With keys from the daemons: EVS groups the daemons reseal (Optimized EVS).
+    pub(crate) evs: bool,
     directory: Directory,
     identities: Vec<(String, Identity)>,
 }
@@ -292,6 +294,7 @@ impl Secure {
         Ok(Secure {
             protocol,
             keys: KeySource::Agreement,
+            evs: false,
             directory,
             identities,
         })
@@ -312,6 +315,7 @@ impl Secure {
         SecureConfig {
             keys: self.keys,
             protocol: self.protocol,
+            evs: self.evs,
             ..SecureConfig::default()
         }
     }

@@ -98,6 +98,11 @@ pub struct SecureArgs {
     /// hand it over with the view: the integrated architecture, docs/integrated.md).
     #[arg(long, default_value = "agreement", requires = "secure")]
     pub keys: conclave_client::secure::KeySource,
+    /// With --keys daemons: EVS groups (no flush before a view change) whose messages the
+    /// daemons reseal when they go out or arrive in a later view than their key's (Optimized
+    /// EVS, docs/integrated.md).
+    #[arg(long, requires = "secure")]
+    pub evs: bool,
     /// The key agreement protocol a group this client creates uses: gdh, ckd, tgdh, str or bd.
     #[arg(long, default_value = "tgdh")]
     pub protocol: String,
@@ -223,6 +228,9 @@ pub async fn secure_user(
     args: &SecureArgs,
 ) -> Result<()> {
     let protocol = parse_protocol(&args.protocol)?;
+    if args.evs && args.keys != KeySource::Daemons {
+        bail!("--evs takes --keys daemons: members that agree their keys need VS");
+    }
     let (identity, directory) = match (args.keys, &args.identity, &args.directory) {
         (_, Some(id_path), Some(dir_path)) => {
             let identity = read_identity(id_path)?;
@@ -305,7 +313,7 @@ pub async fn secure_user(
                 let r = match parse_line(&line) {
                     Err(e) => Err(e),
                     Ok(Line::Join(g, _)) => s
-                        .join_secure(&g, SecureConfig { keys: args.keys, protocol, ..SecureConfig::default() })
+                        .join_secure(&g, SecureConfig { keys: args.keys, protocol, evs: args.evs, ..SecureConfig::default() })
                         .await
                         .map_err(Into::into),
                     Ok(Line::Leave(g)) => s.leave(&g).await.map_err(Into::into),

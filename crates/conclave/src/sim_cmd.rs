@@ -51,6 +51,10 @@ pub struct SimArgs {
     /// seed's draw (the daemons one seed in three).
     #[arg(long, requires = "secure")]
     pub keys: Option<conclave_secure::KeySource>,
+    /// Secure runs with keys from the daemons: EVS groups resealed by the daemons (Optimized
+    /// EVS) if true, VS groups if false, instead of the seed's draw (one in two).
+    #[arg(long, requires = "secure")]
+    pub evs: Option<bool>,
 }
 
 fn parse_seeds(s: &str) -> Result<std::ops::Range<u64>> {
@@ -110,6 +114,7 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
                 .map(crate::secure_cmd::parse_protocol)
                 .transpose()?;
             m.keys = args.keys;
+            m.evs = args.evs;
             (conclave_sim::run_membership(&m), m.max_views_after_stable())
         } else {
             (run(&cfg), Config::default().max_views_after_stable)

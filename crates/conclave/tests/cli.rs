@@ -694,10 +694,11 @@ fn keygen_and_secure_users_talk_sealed() {
     );
 
     // With the keys from the daemons no identity is needed: the daemon hands each view's key.
-    let keyed = |name: &str, script: &str| {
+    let keyed_with = |name: &str, script: &str, evs: bool| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_conclave"))
             .args(["user", "--daemon", &addr, "--name", name, "--json"])
             .args(["--secure", "--keys", "daemons", "--linger", "1500"])
+            .args(if evs { &["--evs"][..] } else { &[][..] })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -710,26 +711,37 @@ fn keygen_and_secure_users_talk_sealed() {
             .unwrap();
         c
     };
-    let ann = keyed(
-        "ann",
-        "join room\nsleep 600\nsend room from the daemons' key\n",
+    // Integrated VS, then Optimized EVS (EVS groups, no flush).
+    for (evs, room) in [(false, "room"), (true, "evs-room")] {
+        let ann = keyed_with(
+            "ann",
+            &format!("join {room}\nsleep 600\nsend {room} from the daemons' key\n"),
+            evs,
+        );
+        let eve = keyed_with("eve", &format!("sleep 200\njoin {room}\n"), evs);
+        let ann_out = json_lines(&String::from_utf8_lossy(
+            &ann.wait_with_output().unwrap().stdout,
+        ));
+        let eve_out = json_lines(&String::from_utf8_lossy(
+            &eve.wait_with_output().unwrap().stdout,
+        ));
+        let k = key_of(&ann_out);
+        assert!(k.is_some(), "{ann_out:?}");
+        assert_eq!(k, key_of(&eve_out), "{eve_out:?}");
+        assert!(
+            eve_out
+                .iter()
+                .any(|l| l["ev"] == "message" && l["payload"] == "from the daemons' key"),
+            "{eve_out:?}"
+        );
+    }
+    let (ok, _, err) = conclave(
+        &[
+            "user", "--daemon", &addr, "--name", "x", "--secure", "--evs",
+        ],
+        Some(""),
     );
-    let eve = keyed("eve", "sleep 200\njoin room\n");
-    let ann_out = json_lines(&String::from_utf8_lossy(
-        &ann.wait_with_output().unwrap().stdout,
-    ));
-    let eve_out = json_lines(&String::from_utf8_lossy(
-        &eve.wait_with_output().unwrap().stdout,
-    ));
-    let k = key_of(&ann_out);
-    assert!(k.is_some(), "{ann_out:?}");
-    assert_eq!(k, key_of(&eve_out), "{eve_out:?}");
-    assert!(
-        eve_out
-            .iter()
-            .any(|l| l["ev"] == "message" && l["payload"] == "from the daemons' key"),
-        "{eve_out:?}"
-    );
+    assert!(!ok && err.contains("--keys daemons"), "{err}");
     // Keys agreed by the members still need an identity and a directory.
     let (ok, _, err) = conclave(
         &["user", "--daemon", &addr, "--name", "x", "--secure"],
@@ -834,7 +846,7 @@ fn bench_integrated_rekeys_many_groups_in_both_architectures() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// E7: every variant that is built delivers, and the one that is not says so.
+/// E7: every variant delivers.
 #[test]
 fn bench_sealed_runs_each_protection() {
     let dir = std::env::temp_dir().join(format!("conclave-bench-e7-{}", std::process::id()));
@@ -855,20 +867,21 @@ fn bench_sealed_runs_each_protection() {
     );
     assert!(ok, "{err}");
     let rows = json_lines(&out);
-    assert_eq!(rows.len(), 6, "{out}");
+    assert_eq!(rows.len(), 7, "{out}");
     for r in &rows {
-        if r["variant"] == "three-step" {
-            assert!(r["skipped"].is_string(), "{r}");
-            continue;
-        }
         assert!(r.get("error").is_none(), "{r}");
         assert!(r["msgs_per_s_min"].as_f64().unwrap() > 0.0, "{r}");
     }
     let secure: Vec<_> = rows.iter().map(|r| r["secure"].clone()).collect();
     assert!(
-        secure.contains(&"Tgdh".into()) && secure.contains(&"daemons".into()),
+        secure.contains(&"Tgdh".into())
+            && secure.contains(&"daemons".into())
+            && secure.contains(&"daemons-evs".into()),
         "{out}"
     );
+    assert!(rows
+        .iter()
+        .any(|r| r["variant"] == "three-step" && r["tls"] == true));
     assert!(dir.join("sealed.svg").exists());
     let _ = std::fs::remove_dir_all(dir);
 }

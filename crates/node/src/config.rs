@@ -32,6 +32,10 @@
 //! join = ["alice", "svc-*"]    # absent: every client
 //! send = ["alice"]             # absent: every member
 //!
+//! [resealing]                  # optional: old group keys kept for Optimized EVS (crate::reseal)
+//! keys_per_group = 8           # key-out
+//! key_timeout_ms = 30000       # time-out
+//!
 //! [[admin]]                    # optional: who may use `conclave admin`, besides each daemon's
 //! name = "ops"                 # own identity
 //! key = "ed25519:<64 hex digits>"
@@ -178,6 +182,9 @@ pub struct Config {
     /// its admin port (crate::admin).
     #[serde(default)]
     pub admin: Vec<ClientEntry>,
+    /// How long old group keys are kept for resealing (Optimized EVS, crate::reseal).
+    #[serde(default)]
+    pub resealing: crate::reseal::ResealingConfig,
 }
 
 /// A client's (or an administrator's) name and the public key of its identity
@@ -229,6 +236,7 @@ impl Config {
             access: Vec::new(),
             client: Vec::new(),
             admin: Vec::new(),
+            resealing: Default::default(),
         }
     }
 
@@ -445,6 +453,7 @@ impl Config {
         core.validate()
             .map_err(|e| ConfigError::Invalid(format!("core: {e}")))?;
         self.sessions.validate().map_err(ConfigError::Invalid)?;
+        self.resealing.validate().map_err(ConfigError::Invalid)?;
         self.faults.all.validate().map_err(ConfigError::Invalid)?;
         for (peer, l) in &self.faults.link {
             if !names.contains(peer) {

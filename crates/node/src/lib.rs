@@ -15,6 +15,7 @@ pub mod link;
 pub mod metrics;
 pub mod node;
 pub mod record;
+pub mod reseal;
 pub mod session;
 
 pub use admin::{AdminReply, AdminRequest, Status};

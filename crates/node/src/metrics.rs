@@ -68,6 +68,8 @@ metrics! {
     link_hellos: "counter", "Link hellos sent (a daemon's epoch, to a peer that lacks it; or the daemons' new key, offered).";
     daemons_keys: "counter", "Keys the daemons agreed among themselves (one per daemon membership change, cascades aside).";
     group_keys: "counter", "Client group keys derived from the daemons' key and handed to members (integrated architecture).";
+    messages_resealed: "counter", "Messages of EVS groups keyed by the daemons opened and sealed again under the delivery view's key (Optimized EVS).";
+    reseals_failed: "counter", "Messages of such groups sealed under another view's key that could not be resealed (the key expired or was never held here, or the message did not open): delivered as they came.";
     links_on_daemons_key: "gauge", "Peers (this daemon among them) that datagrams go to under the daemons' current key.";
     retransmit_requests: "counter", "Messages this daemon asked the ring to retransmit.";
     views: "counter", "Daemon configurations installed.";

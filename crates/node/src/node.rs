@@ -169,6 +169,8 @@ pub struct Node {
     links: Links,
     /// The daemons' key agreement (with an identity).
     servers: Option<ServersAgreement>,
+    /// Group keys kept for resealing (Optimized EVS).
+    old_keys: crate::reseal::OldKeys,
     /// The keys of the clients the configuration lists (`[[client]]`), and the generator of the
     /// nonces they sign.
     client_keys: std::collections::BTreeMap<String, conclave_crypto::PublicIdentity>,
@@ -269,6 +271,7 @@ impl Node {
         let mut node = Node {
             links,
             servers,
+            old_keys: crate::reseal::OldKeys::new(cfg.resealing.clone()),
             client_keys,
             nonces,
             refusal_log: RefusalLog::default(),
@@ -753,6 +756,8 @@ impl Node {
                     return;
                 }
                 let is_msg = matches!(cmd, ClientCommand::Multicast { .. });
+                let mut cmd = cmd;
+                self.reseal_outgoing(id, &mut cmd);
                 match self.daemon.handle_client(now, id, cmd) {
                     Ok(()) => {
                         if is_msg {
@@ -1368,6 +1373,14 @@ impl Node {
             *slot = None;
         }
         self.metrics.group_keys.fetch_add(1, Relaxed);
+        if self
+            .sessions
+            .get(&id)
+            .is_some_and(|s| s.evs.contains(group))
+        {
+            let k = conclave_crypto::GroupKey::from_bytes(key.0);
+            self.old_keys.remember(self.now, group, view, k);
+        }
         if let (Some(r), Some((client, inc))) = (
             self.recorder.as_mut(),
             self.sessions.get(&id).and_then(|s| s.client.as_ref()),
@@ -1393,7 +1406,124 @@ impl Node {
     fn deliver(&mut self, d: &Delivery) {
         let id = d.client();
         self.metrics.messages_delivered.fetch_add(1, Relaxed);
-        self.frame(id, |out| d.message().frame_into(out));
+        let m = d.message();
+        match self.resealed(id, m.group, m.sender, m.service, m.view, m.payload) {
+            None => self.frame(id, |out| m.frame_into(out)),
+            Some(payload) => self.frame(id, |out| {
+                conclave_wire::client::MessageRef {
+                    payload: &payload,
+                    ..m
+                }
+                .frame_into(out)
+            }),
+        }
+    }
+
+    /// What session `id` gets instead of `payload`, a message of `group` delivered in `view`,
+    /// if the message needs resealing (crate::reseal): only for EVS groups the client takes its
+    /// keys from the daemons for, only for data sealed under another view's key.
+    fn resealed(
+        &mut self,
+        id: SessionId,
+        group: &str,
+        sender: &str,
+        service: conclave_wire::gcs::ServiceType,
+        view: conclave_wire::client::GroupViewId,
+        payload: &[u8],
+    ) -> Option<Vec<u8>> {
+        // No key kept: no session takes resealed messages (the common case, at no cost).
+        if self.old_keys.is_empty() {
+            return None;
+        }
+        let s = self.sessions.get(&id)?;
+        if !s.evs.contains(group) || !s.keyed.contains_key(group) {
+            return None;
+        }
+        self.reseal_to(group, sender, service, view, payload)
+    }
+
+    /// `payload` resealed under `view`'s key, if it was sealed under another view's.
+    fn reseal_to(
+        &mut self,
+        group: &str,
+        sender: &str,
+        service: conclave_wire::gcs::ServiceType,
+        view: conclave_wire::client::GroupViewId,
+        payload: &[u8],
+    ) -> Option<Vec<u8>> {
+        if conclave_secure::sealed_view(payload).is_none_or(|v| v == view) {
+            return None;
+        }
+        let now = self.now;
+        let servers = self.servers.as_ref();
+        let derive = |v| {
+            servers
+                .and_then(|s| s.group_key(group, v))
+                .map(|k| conclave_crypto::GroupKey::from_bytes(k.0))
+        };
+        let Some(key) = self.old_keys.get(now, group, view).or_else(|| derive(view)) else {
+            self.metrics.reseals_failed.fetch_add(1, Relaxed);
+            return None;
+        };
+        let r = conclave_secure::Resealing {
+            alg: conclave_secure::SecureConfig::default().aead,
+            group,
+            sender,
+            service,
+            daemon: &self.name,
+            view,
+            key: &key,
+            counter: self.old_keys.next_counter(),
+        };
+        let old_keys = &mut self.old_keys;
+        let got = conclave_secure::reseal(&r, payload, |v| {
+            old_keys.get(now, group, v).or_else(|| derive(v))
+        });
+        match got {
+            Ok(resealed) => {
+                self.metrics.messages_resealed.fetch_add(1, Relaxed);
+                Some(resealed)
+            }
+            Err(conclave_secure::ResealError::NotStale) => None,
+            Err(_) => {
+                self.metrics.reseals_failed.fetch_add(1, Relaxed);
+                None
+            }
+        }
+    }
+
+    /// A message of client `id` to an EVS group it takes its keys from the daemons for, sealed
+    /// under another view's key than the client's current one (it sent before it took the view
+    /// in): resealed under the current one before it goes, since this daemon has both keys and
+    /// the daemons elsewhere may hold neither.
+    fn reseal_outgoing(&mut self, id: SessionId, cmd: &mut ClientCommand) {
+        if self.old_keys.is_empty() {
+            return;
+        }
+        let ClientCommand::Multicast {
+            service,
+            groups,
+            payload,
+        } = cmd
+        else {
+            return;
+        };
+        let Some(s) = self.sessions.get(&id) else {
+            return;
+        };
+        let ([group], Some((client, _))) = (groups.as_slice(), s.client.as_ref()) else {
+            return;
+        };
+        let Some(&view) = s.evs_views.get(group) else {
+            return;
+        };
+        if !s.keyed.contains_key(group) {
+            return;
+        }
+        let (group, client) = (group.clone(), client.clone());
+        if let Some(resealed) = self.reseal_to(&group, &client, *service, view, payload) {
+            *payload = resealed.into();
+        }
     }
 
     fn client_event(&mut self, id: SessionId, ev: ClientEvent) {
@@ -1406,14 +1536,44 @@ impl Node {
             }
         }
         let ev = match ev {
-            ClientEvent::Message { .. } => {
+            ClientEvent::Message {
+                group,
+                sender,
+                service,
+                payload,
+                view,
+                transitional,
+            } => {
                 self.metrics.messages_delivered.fetch_add(1, Relaxed);
+                let payload = match self.resealed(id, &group, &sender, service, view, &payload) {
+                    Some(resealed) => resealed.into(),
+                    None => payload,
+                };
+                ClientEvent::Message {
+                    group,
+                    sender,
+                    service,
+                    payload,
+                    view,
+                    transitional,
+                }
+            }
+            ClientEvent::Joined { ref group, vs } => {
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    match vs {
+                        false => s.evs.insert(group.clone()),
+                        true => s.evs.remove(group),
+                    };
+                }
                 ev
             }
             ClientEvent::View {
                 ref group, view, ..
             } => {
                 self.metrics.group_views.fetch_add(1, Relaxed);
+                if let Some(s) = self.sessions.get_mut(&id).filter(|s| s.evs.contains(group)) {
+                    s.evs_views.insert(group.clone(), view);
+                }
                 let keyed = self
                     .sessions
                     .get(&id)
@@ -1429,6 +1589,8 @@ impl Node {
             ClientEvent::Left { ref group } => {
                 if let Some(s) = self.sessions.get_mut(&id) {
                     s.keyed.remove(group);
+                    s.evs.remove(group);
+                    s.evs_views.remove(group);
                 }
                 ev
             }

@@ -51,6 +51,11 @@ pub(crate) struct Session {
     pub challenged: Option<(String, [u8; 32])>,
     /// The connection's channel binding, when it is TLS: a proof of a name must sign it too.
     pub binding: Option<[u8; 32]>,
+    /// Groups the client joined without VS: with their keys from the daemons, this daemon
+    /// reseals what is delivered in a later view than its key's (Optimized EVS, crate::reseal).
+    pub evs: std::collections::BTreeSet<String>,
+    /// The view of each such group the client was last given.
+    pub evs_views: std::collections::BTreeMap<String, conclave_wire::client::GroupViewId>,
 }
 
 impl Session {
@@ -68,6 +73,8 @@ impl Session {
             keyed: Default::default(),
             challenged: None,
             binding: None,
+            evs: Default::default(),
+            evs_views: Default::default(),
         }
     }
 

@@ -88,6 +88,11 @@ pub struct SecureConfig {
     /// past either, such a message is refused.
     pub max_early: usize,
     pub max_early_bytes: usize,
+    /// With keys from the daemons: join the group without virtual synchrony (no flush before
+    /// a view change), and let the daemons reseal what is delivered in a later view than its
+    /// key's (Optimized EVS, paper 002 §V-B3). Ignored when the members agree the keys, which
+    /// takes VS.
+    pub evs: bool,
 }
 
 impl Default for SecureConfig {
@@ -100,6 +105,7 @@ impl Default for SecureConfig {
             max_queued_bytes: 16 << 20,
             max_early: 4096,
             max_early_bytes: 16 << 20,
+            evs: false,
         }
     }
 }
@@ -223,6 +229,54 @@ impl ViewKey {
         key.open(&self.group, &view, sender, service, counter, sealed)
             .map_err(|_| SecureError::OpenFailed)
     }
+
+    /// A view's key the daemons handed (`ClientEvent::ViewKey`), with the default AEAD.
+    pub fn from_daemons(group: &str, view: GroupViewId, key: GroupKey) -> ViewKey {
+        ViewKey {
+            group: group.to_owned(),
+            view,
+            alg: SecureConfig::default().aead,
+            key,
+        }
+    }
+
+    /// Seals `plaintext` as member `sender`'s message number `counter` of the view, as the
+    /// member's secure layer does (a counter must never be used twice).
+    pub fn seal(&self, sender: &str, service: ServiceType, counter: u64, plain: &[u8]) -> Vec<u8> {
+        SenderKey::derive(self.alg, &self.key, &self.group, &self.view, sender).seal(
+            &self.group,
+            &self.view,
+            sender,
+            service,
+            counter,
+            plain,
+        )
+    }
+
+    /// Opens a message a daemon resealed in this view (Optimized EVS); with the daemon it names.
+    pub fn open_resealed(
+        &self,
+        sender: &str,
+        service: ServiceType,
+        payload: &[u8],
+    ) -> Result<(String, Vec<u8>), SecureError> {
+        let SecureMessage::Resealed {
+            view,
+            counter,
+            daemon,
+            sealed,
+        } = SecureMessage::decode(payload).map_err(SecureError::Malformed)?
+        else {
+            return Err(SecureError::OpenFailed);
+        };
+        if view != self.view {
+            return Err(SecureError::OpenFailed);
+        }
+        SenderKey::derive_resealer(self.alg, &self.key, &self.group, &view, &daemon)
+            .open(&self.group, &view, sender, service, counter, sealed)
+            .map(|plain| (daemon, plain))
+            .map_err(|_| SecureError::OpenFailed)
+    }
 }
 
 /// A message of this member on its way through the daemon.
@@ -254,6 +308,8 @@ struct Keyed {
     sent: u64,
     /// Each sender's key and the counters opened.
     senders: HashMap<String, (SenderKey, ReplayWindow)>,
+    /// The keys of the daemons that resealed messages of the view, and their counters opened.
+    resealers: HashMap<String, (SenderKey, ReplayWindow)>,
 }
 
 /// One member of one secure group (see the module doc).
@@ -360,11 +416,17 @@ impl SecureGroup {
             events: VecDeque::new(),
             consumed: VecDeque::new(),
         };
+        let vs = !g.optimized_evs();
         g.commands.push_back(ClientCommand::Join {
             group: group.to_owned(),
-            vs: true,
+            vs,
         });
         g
+    }
+
+    /// Keys from the daemons in a group without VS, which the daemons reseal across views.
+    pub fn optimized_evs(&self) -> bool {
+        self.cfg.evs && self.cfg.keys == KeySource::Daemons
     }
 
     pub fn group(&self) -> &str {
@@ -637,30 +699,47 @@ impl SecureGroup {
                 view,
                 counter,
                 sealed,
+            }
+            | SecureMessage::Resealed {
+                view,
+                counter,
+                sealed,
+                ..
             } => {
                 // Also what the daemon held past the end of the view it was sealed in: its sender
-                // learns that from the daemon and sends it again under this view's key.
+                // learns that from the daemon and sends it again under this view's key (or,
+                // with Optimized EVS, the daemons reseal it).
                 if current != Some(view) || at != view {
                     return self.refused(sender, SecureError::OtherView { got: view, current });
+                }
+                let resealed = match &msg {
+                    SecureMessage::Resealed { daemon, .. } => Some(daemon.clone()),
+                    _ => None,
+                };
+                if resealed.is_some() && !self.optimized_evs() {
+                    return self.refused(sender, SecureError::OpenFailed);
                 }
                 // The sealed part is the message's tail.
                 let at = payload.len() - sealed.len();
                 if self.keyed.is_none() {
                     return self.hold_early(sender, service, payload);
                 }
-                self.open(sender, service, view, counter, payload, at);
+                self.open(sender, service, view, counter, resealed, payload, at);
             }
         }
     }
 
     /// Opens the sealed part of `payload` (from `at`), in place when this layer holds the only
     /// copy of the bytes (as a client session's delivery does): no second buffer per message.
+    /// A resealed message is opened under this member's daemon's key for the view.
+    #[allow(clippy::too_many_arguments)]
     fn open(
         &mut self,
         sender: String,
         service: ServiceType,
         view: GroupViewId,
         counter: u64,
+        resealed: Option<String>,
         payload: Bytes,
         at: usize,
     ) {
@@ -668,17 +747,24 @@ impl SecureGroup {
             return;
         };
         let (alg, group) = (self.cfg.aead, &self.group);
-        // A sender's key is derived on its first message, once it is known to be a member.
-        if !k.senders.contains_key(&sender) {
-            if !k.info.members.contains(&sender) {
-                return self.refused(sender, SecureError::NotAMember);
-            }
-            let key = SenderKey::derive(alg, &k.key, group, &view, &sender);
-            k.senders
-                .insert(sender.clone(), (key, ReplayWindow::default()));
+        // A sender's membership is checked on its first message; a resealed one's every time.
+        let known = resealed.is_none() && k.senders.contains_key(&sender);
+        if !known && !k.info.members.contains(&sender) {
+            return self.refused(sender, SecureError::NotAMember);
         }
-        let Some((key, window)) = k.senders.get_mut(&sender) else {
-            return;
+        let (key, window) = if let Some(daemon) = resealed {
+            // Each resealing daemon's key is derived on its first message (a daemon of the
+            // ring: any may reseal, and all hold the view's key already).
+            k.resealers.entry(daemon).or_insert_with_key(|daemon| {
+                let key = SenderKey::derive_resealer(alg, &k.key, group, &view, daemon);
+                (key, ReplayWindow::default())
+            })
+        } else {
+            // A sender's key is derived on its first message, once it is known to be a member.
+            k.senders.entry(sender.clone()).or_insert_with(|| {
+                let key = SenderKey::derive(alg, &k.key, group, &view, &sender);
+                (key, ReplayWindow::default())
+            })
         };
         if !window.fresh(counter) {
             return self.refused(sender, SecureError::Replay { counter });
@@ -735,9 +821,10 @@ impl SecureGroup {
                 view: sealed_in,
                 service,
                 payload,
-            }) if sealed_in != view => {
+            }) if sealed_in != view && !self.optimized_evs() => {
                 // Held by the daemon past a view change (a VS message goes out once its sender
-                // has the new view): sealed under a key no member uses there.
+                // has the new view): sealed under a key no member uses there. (With Optimized
+                // EVS the daemons reseal it instead.)
                 self.resend.push_back((service, payload));
             }
             Some(Inflight::Protocol(of))
@@ -962,6 +1049,7 @@ impl SecureGroup {
             mine,
             sent: 0,
             senders: HashMap::new(),
+            resealers: HashMap::new(),
         });
         self.ever_keyed = true;
         let view = info.view;
@@ -977,11 +1065,17 @@ impl SecureGroup {
                     view,
                     counter,
                     sealed,
-                }) => Some((view, counter, payload.len() - sealed.len())),
+                }) => Some((view, counter, None, payload.len() - sealed.len())),
+                Ok(SecureMessage::Resealed {
+                    view,
+                    counter,
+                    daemon,
+                    sealed,
+                }) => Some((view, counter, Some(daemon), payload.len() - sealed.len())),
                 _ => None,
             };
-            if let Some((view, counter, at)) = found {
-                self.open(sender, service, view, counter, payload, at);
+            if let Some((view, counter, resealed, at)) = found {
+                self.open(sender, service, view, counter, resealed, payload, at);
             }
         }
         self.early_bytes = 0;

@@ -9,6 +9,8 @@ pub mod files;
 mod group;
 mod seal;
 
+pub use seal::{reseal, sealed_view, ResealError, Resealing};
+
 pub use group::{
     Consumed, KeySource, SecureConfig, SecureEvent, SecureGroup, SecureViewInfo, ViewKey,
     MAX_CONSUMED,

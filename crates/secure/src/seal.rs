@@ -6,6 +6,13 @@
 //! and the count starts again). The associated data binds the group, the view, the sender, the
 //! service type and the counter, so that a message cannot be moved to another group, view,
 //! sender or service, or replayed under another number.
+//!
+//! A daemon that sends or delivers a message of an EVS group keyed by the daemons in a later view
+//! than the one whose key sealed it (Optimized EVS, paper 002 §V-B3) opens it and seals it again
+//! ([`reseal`]) under a key of its own for that view: HKDF of the view's group key with a label
+//! naming the group, the view and the daemon, which the resealed message names. The nonce is the
+//! daemon's count of messages it resealed (never reused in its run); the associated data still
+//! binds the original sender and service, so the members open it as the sender's message.
 
 use conclave_crypto::aead::{Aead, AeadAlg, AeadError, NONCE_BYTES, TAG_BYTES};
 use conclave_crypto::{kdf, GroupKey};
@@ -13,12 +20,43 @@ use conclave_wire::client::GroupViewId;
 use conclave_wire::gcs::ServiceType;
 use conclave_wire::secure::SecureMessage;
 
-/// A sender's key for one view.
+/// A sender's key for one view (or a daemon's, for what it reseals in the view).
 pub(crate) struct SenderKey {
     aead: Aead,
+    /// A daemon's key for resealing, with the daemon's name: its messages carry the resealed
+    /// header.
+    resealer: Option<String>,
 }
 
 impl SenderKey {
+    /// The key daemon `daemon` reseals messages of `view` of `group` under.
+    pub fn derive_resealer(
+        alg: AeadAlg,
+        group_key: &GroupKey,
+        group: &str,
+        view: &GroupViewId,
+        daemon: &str,
+    ) -> SenderKey {
+        let info = kdf::info(&[
+            b"conclave resealed key v1",
+            group.as_bytes(),
+            &view.to_bytes(),
+            daemon.as_bytes(),
+        ]);
+        let key = kdf::derive::<32>(b"conclave", group_key.expose(), &info);
+        SenderKey {
+            aead: Aead::new(alg, &key),
+            resealer: Some(daemon.to_owned()),
+        }
+    }
+
+    fn header(&self, view: &GroupViewId, counter: u64) -> Vec<u8> {
+        match &self.resealer {
+            None => SecureMessage::data_header(view, counter),
+            Some(daemon) => SecureMessage::resealed_header(view, counter, daemon),
+        }
+    }
+
     pub fn derive(
         alg: AeadAlg,
         group_key: &GroupKey,
@@ -37,6 +75,7 @@ impl SenderKey {
         let key = kdf::derive::<32>(b"conclave", group_key.expose(), &info);
         SenderKey {
             aead: Aead::new(alg, &key),
+            resealer: None,
         }
     }
 
@@ -50,7 +89,7 @@ impl SenderKey {
         counter: u64,
         plaintext: &[u8],
     ) -> Vec<u8> {
-        let header = SecureMessage::data_header(view, counter);
+        let header = self.header(view, counter);
         let at = header.len();
         let mut out = Vec::with_capacity(at + plaintext.len() + TAG_BYTES);
         out.extend_from_slice(&header);
@@ -72,7 +111,7 @@ impl SenderKey {
         counter: u64,
         buf: &mut [u8],
     ) -> Result<usize, AeadError> {
-        let header = SecureMessage::data_header(view, counter);
+        let header = self.header(view, counter);
         with_aad(&header, group, sender, service, |aad| {
             self.aead.open_in_place(nonce(counter), aad, buf)
         })
@@ -87,11 +126,82 @@ impl SenderKey {
         counter: u64,
         sealed: &[u8],
     ) -> Result<Vec<u8>, AeadError> {
-        let header = SecureMessage::data_header(view, counter);
+        let header = self.header(view, counter);
         with_aad(&header, group, sender, service, |aad| {
             self.aead.open(nonce(counter), aad, sealed)
         })
     }
+}
+
+/// What a daemon needs to reseal a message of one view of a group for its clients.
+pub struct Resealing<'a> {
+    pub alg: AeadAlg,
+    pub group: &'a str,
+    pub sender: &'a str,
+    pub service: ServiceType,
+    /// The resealing daemon's name.
+    pub daemon: &'a str,
+    /// The view the message is delivered in, and its key.
+    pub view: GroupViewId,
+    pub key: &'a GroupKey,
+    /// The daemon's count of messages it resealed in `view` of the group (never reused).
+    pub counter: u64,
+}
+
+/// Why a message could not be resealed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResealError {
+    /// Not data sealed under another view's key: nothing to do.
+    NotStale,
+    /// The key of the view it was sealed under is not known.
+    NoKey(GroupViewId),
+    /// It does not open under that key: forged or altered.
+    Forged,
+}
+
+/// The view whose key sealed `payload`, if it is data (or resealed data) of a secure group.
+pub fn sealed_view(payload: &[u8]) -> Option<GroupViewId> {
+    match SecureMessage::decode(payload) {
+        Ok(SecureMessage::Data { view, .. } | SecureMessage::Resealed { view, .. }) => Some(view),
+        _ => None,
+    }
+}
+
+/// Reseals `payload`, data (or resealed data) sealed under another view's key
+/// (`old_key(view)`), for `r.view` (see the module doc).
+pub fn reseal(
+    r: &Resealing<'_>,
+    payload: &[u8],
+    old_key: impl FnOnce(GroupViewId) -> Option<GroupKey>,
+) -> Result<Vec<u8>, ResealError> {
+    let (view, counter, by, sealed) = match SecureMessage::decode(payload) {
+        Ok(SecureMessage::Data {
+            view,
+            counter,
+            sealed,
+        }) => (view, counter, None, sealed),
+        Ok(SecureMessage::Resealed {
+            view,
+            counter,
+            daemon,
+            sealed,
+        }) => (view, counter, Some(daemon), sealed),
+        _ => return Err(ResealError::NotStale),
+    };
+    if view == r.view {
+        return Err(ResealError::NotStale);
+    }
+    let old = old_key(view).ok_or(ResealError::NoKey(view))?;
+    let key = match &by {
+        None => SenderKey::derive(r.alg, &old, r.group, &view, r.sender),
+        Some(daemon) => SenderKey::derive_resealer(r.alg, &old, r.group, &view, daemon),
+    };
+    let opened = key
+        .open(r.group, &view, r.sender, r.service, counter, sealed)
+        .map_err(|_| ResealError::Forged)?;
+    let plain = zeroize::Zeroizing::new(opened);
+    let mine = SenderKey::derive_resealer(r.alg, r.key, r.group, &r.view, r.daemon);
+    Ok(mine.seal(r.group, &r.view, r.sender, r.service, r.counter, &plain))
 }
 
 fn nonce(counter: u64) -> [u8; NONCE_BYTES] {

@@ -231,3 +231,107 @@ fn a_newcomer_that_meets_a_key_agreement_leaves_and_an_old_member_reports_it() {
     );
     assert_eq!(old.poll_command(), None, "an old member stays");
 }
+
+fn evs_member(me: &str) -> SecureGroup {
+    let mut rng = ChaCha20Rng::seed_from_u64(me.len() as u64);
+    let identity = Identity::generate(SigScheme::Ed25519, &mut rng).unwrap();
+    let cfg = SecureConfig {
+        keys: KeySource::Daemons,
+        evs: true,
+        ..SecureConfig::default()
+    };
+    let mut g = SecureGroup::join(
+        "g",
+        me,
+        identity,
+        Arc::new(RwLock::new(Directory::new())),
+        cfg,
+        Box::new(rng),
+    );
+    assert!(g.optimized_evs());
+    assert_eq!(
+        g.poll_command(),
+        Some(ClientCommand::Join {
+            group: "g".into(),
+            vs: false
+        })
+    );
+    g
+}
+
+/// Optimized EVS at a member: it joins without VS; what it sealed in a view and its daemon sent
+/// in the next is not sent again (the daemons reseal it); and a message its own daemon resealed
+/// opens, where a member of a VS group refuses one.
+#[test]
+fn an_evs_member_leaves_resealing_to_the_daemons_and_opens_what_they_reseal() {
+    let (a, b) = ("a#d1", "b#d2");
+    let mut ma = evs_member(a);
+    ma.handle_event(view(1, &[a, b]));
+    ma.handle_event(key(1, 1));
+    ma.send(ServiceType::Agreed, Bytes::from_static(b"late"))
+        .unwrap();
+    let sealed = multicast(&mut ma);
+    ma.handle_event(view(2, &[a, b]));
+    ma.handle_event(ClientEvent::Sent {
+        group: "g".into(),
+        service: ServiceType::Agreed,
+        payload: Bytes::new(),
+        view: view_id(2),
+    });
+    ma.handle_event(key(2, 2));
+    while let Some(c) = ma.poll_command() {
+        assert!(
+            !matches!(c, ClientCommand::Multicast { .. }),
+            "sent again: {c:?}"
+        );
+    }
+
+    // b's daemon reseals it for delivery in view 2.
+    let resealing = conclave_secure::Resealing {
+        alg: SecureConfig::default().aead,
+        group: "g",
+        sender: a,
+        service: ServiceType::Agreed,
+        daemon: "d2",
+        view: view_id(2),
+        key: &GroupKey::from_bytes([2; 32]),
+        counter: 1,
+    };
+    let resealed: Bytes = conclave_secure::reseal(&resealing, &sealed, |v| {
+        (v == view_id(1)).then(|| GroupKey::from_bytes([1; 32]))
+    })
+    .unwrap()
+    .into();
+    assert!(matches!(
+        SecureMessage::decode(&resealed),
+        Ok(SecureMessage::Resealed { .. })
+    ));
+    let mut mb = evs_member(b);
+    mb.handle_event(view(2, &[a, b]));
+    mb.handle_event(key(2, 2));
+    mb.handle_event(message(a, 2, resealed.clone()));
+    let got = events(&mut mb);
+    assert!(
+        got.iter()
+            .any(|e| matches!(e, SecureEvent::Message { sender, payload, .. }
+            if sender == a && payload.as_ref() == b"late")),
+        "{got:?}"
+    );
+    // The same again is a replay.
+    mb.handle_event(message(a, 2, resealed.clone()));
+    assert!(events(&mut mb).iter().any(|e| matches!(
+        e,
+        SecureEvent::Refused {
+            error: SecureError::Replay { .. },
+            ..
+        }
+    )),);
+    // A VS member of a group keyed by the daemons takes no resealed message.
+    let mut vs = member("c#d2");
+    vs.handle_event(view(2, &[a, "c#d2"]));
+    vs.handle_event(key(2, 2));
+    vs.handle_event(message(a, 2, resealed));
+    assert!(events(&mut vs)
+        .iter()
+        .all(|e| !matches!(e, SecureEvent::Message { .. })));
+}

@@ -5,7 +5,14 @@
 //! key agreement:  version u8 = 1 | tag u8 = 1 | to: u8 0 (every member) or 1 then a name
 //!                 | envelope
 //! data:           version u8 = 1 | tag u8 = 2 | view id (24 bytes) | counter u64 | sealed
+//! resealed:       version u8 = 1 | tag u8 = 3 | view id (24 bytes) | counter u64
+//!                 | daemon (name) | sealed
 //! ```
+//!
+//! The view id of a data message names the key that sealed it (paper 002's Key_id, in the
+//! clear). A resealed message is one a daemon opened because it was sealed under an older view's
+//! key than the view it goes out or is delivered in, and sealed again under that view's key
+//! (Optimized EVS, docs/integrated.md): its counter is that daemon's, and the daemon is named.
 //!
 //! A unicast of the key agreement travels to the whole group (the daemons have no private
 //! groups) and names its one recipient; the others drop it unread. `sealed` is the AEAD
@@ -28,6 +35,16 @@ pub const MAX_PLAINTEXT_BYTES: usize = MAX_PAYLOAD_BYTES - DATA_OVERHEAD;
 
 const TAG_KEY_AGREEMENT: u8 = 1;
 const TAG_DATA: u8 = 2;
+const TAG_RESEALED: u8 = 3;
+
+fn header(tag: u8, view: &GroupViewId, counter: u64) -> Vec<u8> {
+    let mut w = Writer::with_capacity(DATA_OVERHEAD);
+    w.u8(VERSION);
+    w.u8(tag);
+    write_view(&mut w, view);
+    w.u64(counter);
+    w.into_vec()
+}
 
 /// A secure group's message, borrowing from the payload it was decoded from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +58,15 @@ pub enum SecureMessage<'a> {
         view: GroupViewId,
         /// The sender's count of messages sealed in this view, from 0: the AEAD nonce.
         counter: u64,
+        sealed: &'a [u8],
+    },
+    /// Data a daemon sealed again under `view`'s key.
+    Resealed {
+        view: GroupViewId,
+        /// The daemon's count of messages it resealed: the nonce.
+        counter: u64,
+        /// The daemon that resealed it (its key for the view is derived with its name).
+        daemon: String,
         sealed: &'a [u8],
     },
 }
@@ -72,18 +98,33 @@ impl<'a> SecureMessage<'a> {
                 w.raw(sealed);
                 w.into_vec()
             }
+            SecureMessage::Resealed {
+                view,
+                counter,
+                daemon,
+                sealed,
+            } => {
+                let mut w = Writer::with_capacity(sealed.len() + DATA_OVERHEAD + 20);
+                w.raw(&Self::resealed_header(view, *counter, daemon));
+                w.raw(sealed);
+                w.into_vec()
+            }
         }
+    }
+
+    /// The bytes before the ciphertext of a resealed message (bound into its associated data).
+    pub fn resealed_header(view: &GroupViewId, counter: u64, daemon: &str) -> Vec<u8> {
+        let mut h = header(TAG_RESEALED, view, counter);
+        let mut w = Writer::with_capacity(daemon.len() + 2);
+        w.name(daemon, MAX_NAME_BYTES);
+        h.extend_from_slice(&w.into_vec());
+        h
     }
 
     /// The bytes before the ciphertext of a data message, which its sender also binds into the
     /// AEAD's associated data.
     pub fn data_header(view: &GroupViewId, counter: u64) -> Vec<u8> {
-        let mut w = Writer::with_capacity(DATA_OVERHEAD);
-        w.u8(VERSION);
-        w.u8(TAG_DATA);
-        write_view(&mut w, view);
-        w.u64(counter);
-        w.into_vec()
+        header(TAG_DATA, view, counter)
     }
 
     pub fn decode(buf: &'a [u8]) -> Result<SecureMessage<'a>, DecodeError> {
@@ -110,9 +151,13 @@ impl<'a> SecureMessage<'a> {
                 }
                 Ok(SecureMessage::KeyAgreement { to, envelope })
             }
-            TAG_DATA => {
+            tag @ (TAG_DATA | TAG_RESEALED) => {
                 let view = read_view(&mut r)?;
                 let counter = r.u64("counter")?;
+                let daemon = match tag {
+                    TAG_RESEALED => Some(r.name("resealing daemon", MAX_NAME_BYTES)?),
+                    _ => None,
+                };
                 let sealed = r.take(r.remaining(), "sealed payload")?;
                 if sealed.len() < TAG_BYTES {
                     return Err(DecodeError::Truncated {
@@ -120,10 +165,18 @@ impl<'a> SecureMessage<'a> {
                         need: TAG_BYTES - sealed.len(),
                     });
                 }
-                Ok(SecureMessage::Data {
-                    view,
-                    counter,
-                    sealed,
+                Ok(match daemon {
+                    None => SecureMessage::Data {
+                        view,
+                        counter,
+                        sealed,
+                    },
+                    Some(daemon) => SecureMessage::Resealed {
+                        view,
+                        counter,
+                        daemon,
+                        sealed,
+                    },
                 })
             }
             tag => Err(DecodeError::BadTag {
@@ -154,6 +207,11 @@ mod tests {
             let m = SecureMessage::Data { view: view(seq, rep, inc, index), counter, sealed: &sealed };
             let bytes = m.encode();
             prop_assert_eq!(bytes.len(), sealed.len() + DATA_OVERHEAD - TAG_BYTES);
+            prop_assert_eq!(SecureMessage::decode(&bytes).unwrap(), m);
+            let daemon = format!("d{}", rep % 100);
+            let m = SecureMessage::Resealed { view: view(seq, rep, inc, index), counter, daemon: daemon.clone(), sealed: &sealed };
+            let bytes = m.encode();
+            prop_assert_eq!(bytes.len(), sealed.len() + DATA_OVERHEAD - TAG_BYTES + 1 + daemon.len());
             prop_assert_eq!(SecureMessage::decode(&bytes).unwrap(), m);
         }
 

@@ -160,6 +160,9 @@ pub struct MembershipSimConfig {
     /// Where the secure groups' keys come from: the seed draws the daemons (Integrated VS) one
     /// time in three, or this.
     pub keys: Option<conclave_secure::KeySource>,
+    /// With keys from the daemons: the groups are EVS groups whose late messages the daemons
+    /// reseal (Optimized EVS); the seed draws it one time in two, or this.
+    pub evs: Option<bool>,
 }
 
 impl MembershipSimConfig {
@@ -179,6 +182,7 @@ impl MembershipSimConfig {
             secure: false,
             protocol: None,
             keys: None,
+            evs: None,
         }
     }
 
@@ -320,7 +324,11 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         } else {
             conclave_secure::KeySource::Agreement
         });
-        w.security = Some(secure::Security::new(&w.clients, protocol, keys, cfg.seed));
+        let evs = keys == conclave_secure::KeySource::Daemons
+            && cfg.evs.unwrap_or(prng.next_u32() % 2 == 0);
+        w.security = Some(secure::Security::new(
+            &w.clients, protocol, keys, evs, cfg.seed,
+        ));
     }
     w.by_name = w
         .clients

@@ -1,7 +1,8 @@
 //! Secure runs (`conclave sim --secure`): every client's groups are secure groups (the secure
 //! layer of the client library, `conclave-secure`, over the client's session core), with
 //! identities and a trust directory naming every client; in a third of the seeds the groups take
-//! their keys from the daemons (Integrated VS) instead of agreeing them. The history gains each client's secure
+//! their keys from the daemons (Integrated VS) instead of agreeing them, and in half of those
+//! the groups are EVS groups the daemons reseal late messages of (Optimized EVS). The history gains each client's secure
 //! views (keys by fingerprint), the messages its secure layer took and delivered (named by a
 //! digest, never the plaintext), what its key agreement took in and the layer's refusals, for
 //! the checker's K properties.
@@ -19,6 +20,8 @@ use std::sync::{Arc, RwLock};
 pub(super) struct Security {
     pub(super) protocol: ProtocolId,
     keys: KeySource,
+    /// EVS groups resealed by the daemons (Optimized EVS), with keys from the daemons.
+    evs: bool,
     identities: BTreeMap<String, Identity>,
     directory: SharedDirectory,
     seed: u64,
@@ -31,6 +34,7 @@ impl Security {
         clients: &[SimClient],
         protocol: ProtocolId,
         keys: KeySource,
+        evs: bool,
         seed: u64,
     ) -> Security {
         let mut rng = ChaCha20Rng::seed_from_u64(seed ^ 0x6b657973);
@@ -44,6 +48,7 @@ impl Security {
         Security {
             protocol,
             keys,
+            evs,
             identities,
             directory: Arc::new(RwLock::new(directory)),
             seed,
@@ -92,6 +97,7 @@ impl World {
         let cfg = SecureConfig {
             keys: sec.keys,
             protocol: sec.protocol,
+            evs: sec.evs,
             ..SecureConfig::default()
         };
         let g = SecureGroup::join(
