@@ -39,11 +39,11 @@ pub struct IntegratedArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000")]
     groups: Vec<usize>,
     /// Numbers of groups for the layered architecture (every group's members run TGDH: its cost
-    /// grows with the groups, so fewer by default).
-    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    /// grows with the groups, so fewer by default); `--layered-groups` alone skips it.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,10,100")]
     layered_groups: Vec<usize>,
-    /// Group sizes for the join and leave of one group (Fig 5); empty to skip.
-    #[arg(long, value_delimiter = ',', default_value = "2,10,25,50")]
+    /// Group sizes for the join and leave of one group (Fig 5); `--members` alone skips it.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "2,10,25,50")]
     members: Vec<usize>,
     /// The daemons' token loss and commit timeouts (milliseconds; deployed: 200). All the
     /// daemons here share this machine's processors, and a configuration change makes each

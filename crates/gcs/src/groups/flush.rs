@@ -85,6 +85,12 @@ impl Daemon {
                         f.awaiting.insert(c);
                     }
                 }
+                if let Some(f) = self.groups[group].flush.as_ref() {
+                    if !f.awaiting.is_empty() {
+                        let at = std::cmp::Reverse((f.deadline, group.to_owned()));
+                        self.flush_deadlines.get_mut().push(at);
+                    }
+                }
             }
             let g = self.groups.get_mut(group).expect("present");
             let index = g.view.map_or(0, |v| v.index);
