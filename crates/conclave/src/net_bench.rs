@@ -116,7 +116,8 @@ pub(crate) async fn statuses(net: &Network) -> String {
         st.push(format!(
             "{} {} {:?} {:?} ready {} clients {} progress (seen, received, delivered, queued) \
              {:?}, {} slow clients closed, {} refusals, {} configurations, {} retransmissions \
-             asked, {} datagrams refused, {} not sent for want of a link epoch",
+             asked, {} datagrams refused, {} not sent for want of a link epoch, {} messages \
+             accepted from clients, {} delivered to clients",
             s.daemon,
             s.phase,
             s.ring,
@@ -130,6 +131,8 @@ pub(crate) async fn statuses(net: &Network) -> String {
             d.metrics.retransmit_requests.load(Relaxed),
             d.metrics.bad_datagrams.load(Relaxed),
             d.metrics.link_waiting.load(Relaxed),
+            d.metrics.messages_accepted.load(Relaxed),
+            d.metrics.messages_delivered.load(Relaxed),
         ));
     }
     st.join("; ")

@@ -504,13 +504,15 @@ impl Ordering {
                 max: self.cfg.max_queued,
             });
         }
-        let n = body_bytes(&body);
-        if !self.queue.is_empty() && self.queue_bytes + n > self.cfg.max_queued_bytes {
+        // Taken while the bytes queued are under the budget, exactly as `can_submit` says: the
+        // daemon acknowledges a client's message once it was told there is room, so a refusal
+        // here would lose an acknowledged message (as 8 KiB messages once were, at the edge).
+        if self.queue_bytes >= self.cfg.max_queued_bytes {
             return Err(OrderingError::QueueBytesFull {
                 max_bytes: self.cfg.max_queued_bytes,
             });
         }
-        self.queue_bytes += n;
+        self.queue_bytes += body_bytes(&body);
         self.queue.push_back(body);
         self.release_held();
         Ok(())

@@ -319,12 +319,12 @@ impl Membership {
                 })
             }
             _ => {
-                let n = body_bytes(&body);
+                // As `can_submit` says (see `Ordering::submit`).
                 let max_bytes = self.cfg.ordering.max_queued_bytes;
-                if !self.waiting.is_empty() && self.waiting_bytes + n > max_bytes {
+                if self.waiting_bytes >= max_bytes {
                     return Err(OrderingError::QueueBytesFull { max_bytes });
                 }
-                self.waiting_bytes += n;
+                self.waiting_bytes += body_bytes(&body);
                 self.waiting.push_back(body);
                 Ok(())
             }
