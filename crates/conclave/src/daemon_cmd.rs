@@ -234,7 +234,7 @@ pub fn run_admin(args: AdminArgs) -> Result<()> {
                     "daemon {n}'s entry names no identity file to sign in with: give --identity"
                 ),
             };
-            let line = match conclave_daemon::endpoints::ask(addr, &identity, &req).await {
+            let line = match conclave_daemon::endpoints::ask(addr, n, &identity, &req).await {
                 Ok(reply) => {
                     failed |= !reply.ok;
                     serde_json::json!({ "daemon": n, "reply": reply })

@@ -470,7 +470,15 @@ async fn run_load<M: Members>(
     stop.store(true, Relaxed);
     let mut keep = Vec::new();
     for t in send_tasks {
-        keep.push(t.await?);
+        // A sender waits for its window only while the daemon still acknowledges: one that never
+        // does is a fault to report, not a hang.
+        match tokio::time::timeout(Duration::from_secs(20), t).await {
+            Ok(s) => keep.push(s?),
+            Err(_) => bail!(
+                "a sender waited 20 s for its daemon to acknowledge ({})",
+                statuses(net).await
+            ),
+        }
     }
     let total = sent.load(Relaxed);
     let (min, mean, delivered_min) = await_deliveries(net, &counters, &views, total).await?;

@@ -74,7 +74,7 @@ impl Net {
     async fn admin(&self, i: usize, req: &AdminRequest) -> Option<AdminReply> {
         let d = &self.cfg.daemon[i];
         let identity = conclave_daemon::read_identity(d.identity.as_ref().unwrap()).unwrap();
-        conclave_daemon::endpoints::ask(d.admin.unwrap(), &identity, req)
+        conclave_daemon::endpoints::ask(d.admin.unwrap(), &d.name, &identity, req)
             .await
             .ok()
     }

@@ -187,9 +187,15 @@ pub(crate) async fn serve_metrics(mut s: tokio::net::TcpStream, gate: Arc<Metric
     })
     .await;
     let text = String::from_utf8_lossy(&head);
+    // Compared as digests, so that the comparison takes as long whatever the token's length.
+    let digest = |t: &[u8]| conclave_crypto::kdf::derive::<32>(b"conclave metrics token", t, b"");
     let allowed = read.is_ok()
         && bearer(&text).is_some_and(|t| {
-            subtle::ConstantTimeEq::ct_eq(t.as_bytes(), gate.token.as_bytes()).into()
+            subtle::ConstantTimeEq::ct_eq(
+                &digest(t.as_bytes())[..],
+                &digest(gate.token.as_bytes())[..],
+            )
+            .into()
         });
     let (status, body) = if allowed {
         ("200 OK", gate.metrics.render())
@@ -225,9 +231,15 @@ pub struct AdminClient {
 const ANSWER: Duration = Duration::from_secs(5);
 
 impl AdminClient {
-    /// Connects to a daemon's admin address and signs in as `identity` (its name is the one
-    /// the configuration lists the key under: the daemon's own, or an `[[admin]]`'s).
-    pub async fn connect(addr: SocketAddr, identity: &IdentityFile) -> anyhow::Result<Self> {
+    /// Connects to daemon `daemon`'s admin address and signs in as `identity` (its name is the
+    /// one the configuration lists the key under: the daemon's own, or an `[[admin]]`'s). A
+    /// challenge in another daemon's name is refused unsigned: whoever answers at the address
+    /// could be relaying that daemon's challenge to sign in there with this proof.
+    pub async fn connect(
+        addr: SocketAddr,
+        daemon: &str,
+        identity: &IdentityFile,
+    ) -> anyhow::Result<Self> {
         let s = tokio::time::timeout(ANSWER, tokio::net::TcpStream::connect(addr))
             .await
             .with_context(|| format!("{addr}: no answer"))?
@@ -239,6 +251,12 @@ impl AdminClient {
             addr,
         };
         let hello: AdminChallenge = c.read().await?;
+        if hello.daemon != daemon {
+            bail!(
+                "{addr} answers as daemon {:?}, not {daemon:?}: no proof is signed for it",
+                hello.daemon
+            );
+        }
         let nonce: [u8; 32] = hex::decode(&hello.challenge)
             .ok()
             .and_then(|b| b.try_into().ok())
@@ -279,13 +297,17 @@ impl AdminClient {
     }
 }
 
-/// Signs in to a daemon's admin address and sends one request.
+/// Signs in to daemon `daemon`'s admin address and sends one request.
 pub async fn ask(
     addr: SocketAddr,
+    daemon: &str,
     identity: &IdentityFile,
     req: &AdminRequest,
 ) -> anyhow::Result<AdminReply> {
-    AdminClient::connect(addr, identity).await?.ask(req).await
+    AdminClient::connect(addr, daemon, identity)
+        .await?
+        .ask(req)
+        .await
 }
 
 #[cfg(test)]

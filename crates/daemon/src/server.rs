@@ -190,6 +190,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         )?)),
     };
     let handshake = Duration::from_millis(cfg.sessions.handshake_ms);
+    let max_connections = cfg.sessions.max_connections;
     let start = Instant::now();
     let inc = opts.incarnation.unwrap_or_else(stamp);
     let node_opts = NodeOptions {
@@ -236,10 +237,17 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
             .with_context(|| format!("binding the TLS address {addr}"))?;
         let sessions = sessions.clone();
         let metrics = metrics.clone();
+        // Handshakes under way at once, at most: each holds a socket until it ends or times out,
+        // and the node counts a connection only once its handshake is done.
+        let handshakes = Arc::new(tokio::sync::Semaphore::new(max_connections));
         tasks.push(tokio::spawn(async move {
             loop {
                 let Ok((s, from)) = l.accept().await else {
                     tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+                    metrics.tls_handshakes_failed.fetch_add(1, Relaxed);
                     continue;
                 };
                 let _ = s.set_nodelay(true);
@@ -249,6 +257,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
                 // else up, and is dropped at the handshake time.
                 tokio::spawn(async move {
                     let tls = tokio::time::timeout(handshake, acceptor.accept(s)).await;
+                    drop(permit);
                     let bound = match tls {
                         Ok(Ok(t)) => crate::tls::binding(&t)
                             .map(|b| (t, b))

@@ -8,7 +8,7 @@
 
 use anyhow::Context;
 use conclave_crypto::identity_file::IdentityFile;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer};
 use rustls::server::AlwaysResolvesServerRawPublicKeys;
 use rustls::sign::CertifiedKey;
 use std::sync::Arc;
@@ -16,14 +16,12 @@ use std::sync::Arc;
 /// The server side of the daemon's TLS port, from its identity.
 pub fn server_config(identity: &IdentityFile) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    // rustls takes the key by value; the copy lives only until it is loaded.
+    // Borrowed from the wiped buffer: no copy of the secret outlives this call.
     let pkcs8 = identity.pkcs8_der();
-    let key = provider
-        .key_provider
-        .load_private_key(PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
-            pkcs8.to_vec(),
-        )))
-        .context("loading the daemon's identity for TLS")?;
+    let key = rustls::crypto::aws_lc_rs::sign::any_eddsa_type(&PrivatePkcs8KeyDer::from(
+        pkcs8.as_slice(),
+    ))
+    .context("loading the daemon's identity for TLS")?;
     let spki = conclave_crypto::identity_file::spki_der(&identity.identity().public())
         .context("a daemon's identity for TLS is an Ed25519 key")?;
     let certified = Arc::new(CertifiedKey::new(vec![CertificateDer::from(spki)], key));

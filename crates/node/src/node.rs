@@ -1439,12 +1439,15 @@ impl Node {
         if !s.evs.contains(group) || !s.keyed.contains_key(group) {
             return None;
         }
-        self.reseal_to(group, sender, service, view, payload)
+        let me = self.name.clone();
+        self.reseal_to(&me, group, sender, service, view, payload)
     }
 
-    /// `payload` resealed under `view`'s key, if it was sealed under another view's.
+    /// `payload` resealed by `resealer` (this daemon's name, or its name for outgoing messages)
+    /// under `view`'s key, if it was sealed under another view's.
     fn reseal_to(
         &mut self,
+        resealer: &str,
         group: &str,
         sender: &str,
         service: conclave_wire::gcs::ServiceType,
@@ -1470,7 +1473,7 @@ impl Node {
             group,
             sender,
             service,
-            daemon: &self.name,
+            daemon: resealer,
             view,
             key: &key,
             counter: self.old_keys.next_counter(),
@@ -1521,7 +1524,8 @@ impl Node {
             return;
         }
         let (group, client) = (group.clone(), client.clone());
-        if let Some(resealed) = self.reseal_to(&group, &client, *service, view, payload) {
+        let out = format!("{}+out", self.name);
+        if let Some(resealed) = self.reseal_to(&out, &group, &client, *service, view, payload) {
             *payload = resealed.into();
         }
     }

@@ -5,9 +5,15 @@
 //!
 //! The daemon keeps the keys it handed for such groups, per group, for resealing; old ones
 //! expire by key-out (more than `keys_per_group` keys of a group: the oldest goes) and time-out
-//! (a key unused for `key_timeout_ms`, neither handed nor resealed from). A message whose key has
-//! expired, or that this daemon never held (sealed in a view of a ring it was not in, for a
-//! group it had no member of), is delivered as it came: its members cannot open it and say so.
+//! (a key unused for `key_timeout_ms`, neither handed nor resealed from). The key of any view of
+//! the current ring can be derived again from the daemons' key while it lasts, so expiry bites
+//! on the keys of earlier rings. A message whose key has expired, or that this daemon never held
+//! (sealed in a view of a ring it was not in, for a group it had no member of), is delivered as
+//! it came: its members cannot open it and say so.
+//!
+//! A daemon reseals under two names: its own for what it delivers, and its name with `+out`
+//! for its members' messages as they go. The nonce is one count for both, but a member keeps a
+//! replay window per name, and each name's messages reach it in the order they were numbered.
 //!
 //! Departures from the paper: the Key_id is the view id every sealed message carries in the
 //! clear (public anyway, and naming the key exactly); the daemon reseals under a key of its own
@@ -102,11 +108,12 @@ impl OldKeys {
 
     /// The key of `view` of `group`, if still kept (its use renews it).
     pub fn get(&mut self, now: Time, group: &str, view: GroupViewId) -> Option<GroupKey> {
+        let timeout = self.timeout();
         let k = self
             .groups
             .get_mut(group)?
             .iter_mut()
-            .find(|k| k.view == view)?;
+            .find(|k| k.view == view && now < k.used + timeout)?;
         k.used = now;
         Some(k.key.clone())
     }

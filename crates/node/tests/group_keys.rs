@@ -312,7 +312,7 @@ fn a_message_sealed_under_an_old_view_reaches_evs_members_resealed() {
         let (by, plain) = current
             .open_resealed(sender, ServiceType::Agreed, payload)
             .unwrap();
-        assert_eq!((by.as_str(), plain.as_slice()), ("d1", &b"late"[..]));
+        assert_eq!((by.as_str(), plain.as_slice()), ("d1+out", &b"late"[..]));
         // Bound to its sender: under another name it does not open.
         assert!(current
             .open_resealed("bob#d2", ServiceType::Agreed, payload)

@@ -170,6 +170,10 @@ pub struct Consumed {
 /// Records of [`Consumed`] kept for a caller that does not take them: the oldest go first.
 pub const MAX_CONSUMED: usize = 1024;
 
+/// Resealing daemons whose keys one member keeps for a view (a ring has at most 32 daemons,
+/// each resealing under two names).
+const MAX_RESEALERS: usize = 2 * conclave_wire::gcs::MAX_RING_MEMBERS;
+
 /// The key of one secure view, outside its group ([`SecureGroup::view_key`]).
 pub struct ViewKey {
     group: String,
@@ -463,10 +467,15 @@ impl SecureGroup {
         if self.left {
             return Err(SecureError::NotJoined);
         }
-        if payload.len() > MAX_PLAINTEXT_BYTES {
+        // A daemon that reseals a message names itself in it: room is left for the name.
+        let max = match self.optimized_evs() {
+            true => MAX_PLAINTEXT_BYTES - 1 - conclave_wire::secure::MAX_NAME_BYTES,
+            false => MAX_PLAINTEXT_BYTES,
+        };
+        if payload.len() > max {
             return Err(SecureError::TooLarge {
                 len: payload.len(),
-                max: MAX_PLAINTEXT_BYTES,
+                max,
             });
         }
         if self.may_send() && self.queued.is_empty() && self.resend.is_empty() {
@@ -716,7 +725,9 @@ impl SecureGroup {
                     SecureMessage::Resealed { daemon, .. } => Some(daemon.clone()),
                     _ => None,
                 };
-                if resealed.is_some() && !self.optimized_evs() {
+                // Any member keyed by the daemons takes them: an EVS member's daemon reseals what
+                // it sends to the whole group, VS members included.
+                if resealed.is_some() && self.cfg.keys != KeySource::Daemons {
                     return self.refused(sender, SecureError::OpenFailed);
                 }
                 // The sealed part is the message's tail.
@@ -753,12 +764,24 @@ impl SecureGroup {
             return self.refused(sender, SecureError::NotAMember);
         }
         let (key, window) = if let Some(daemon) = resealed {
-            // Each resealing daemon's key is derived on its first message (a daemon of the
-            // ring: any may reseal, and all hold the view's key already).
-            k.resealers.entry(daemon).or_insert_with_key(|daemon| {
-                let key = SenderKey::derive_resealer(alg, &k.key, group, &view, daemon);
-                (key, ReplayWindow::default())
-            })
+            // A resealing daemon's key is kept once a message opens under it: a forged name
+            // costs a derivation, never a place (and the daemons of a ring are few).
+            if !k.resealers.contains_key(&daemon) {
+                if k.resealers.len() >= MAX_RESEALERS {
+                    return self.refused(sender, SecureError::OpenFailed);
+                }
+                let key = SenderKey::derive_resealer(alg, &k.key, group, &view, &daemon);
+                let mut probe = payload.to_vec();
+                if key
+                    .open_in_place(group, &view, &sender, service, counter, &mut probe[at..])
+                    .is_err()
+                {
+                    return self.refused(sender, SecureError::OpenFailed);
+                }
+                k.resealers
+                    .insert(daemon.clone(), (key, ReplayWindow::default()));
+            }
+            k.resealers.get_mut(&daemon).expect("kept above")
         } else {
             // A sender's key is derived on its first message, once it is known to be a member.
             k.senders.entry(sender.clone()).or_insert_with(|| {

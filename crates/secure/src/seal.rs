@@ -18,7 +18,8 @@ use conclave_crypto::aead::{Aead, AeadAlg, AeadError, NONCE_BYTES, TAG_BYTES};
 use conclave_crypto::{kdf, GroupKey};
 use conclave_wire::client::GroupViewId;
 use conclave_wire::gcs::ServiceType;
-use conclave_wire::secure::SecureMessage;
+use conclave_wire::gcs::MAX_PAYLOAD_BYTES;
+use conclave_wire::secure::{SecureMessage, DATA_OVERHEAD};
 
 /// A sender's key for one view (or a daemon's, for what it reseals in the view).
 pub(crate) struct SenderKey {
@@ -157,6 +158,8 @@ pub enum ResealError {
     NoKey(GroupViewId),
     /// It does not open under that key: forged or altered.
     Forged,
+    /// Resealed it would be longer than a message may be (it names its daemon).
+    TooLarge,
 }
 
 /// The view whose key sealed `payload`, if it is data (or resealed data) of a secure group.
@@ -200,6 +203,9 @@ pub fn reseal(
         .open(r.group, &view, r.sender, r.service, counter, sealed)
         .map_err(|_| ResealError::Forged)?;
     let plain = zeroize::Zeroizing::new(opened);
+    if plain.len() + DATA_OVERHEAD + 1 + r.daemon.len() > MAX_PAYLOAD_BYTES {
+        return Err(ResealError::TooLarge);
+    }
     let mine = SenderKey::derive_resealer(r.alg, r.key, r.group, &r.view, r.daemon);
     Ok(mine.seal(r.group, &r.view, r.sender, r.service, r.counter, &plain))
 }

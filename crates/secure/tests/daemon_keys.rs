@@ -260,8 +260,8 @@ fn evs_member(me: &str) -> SecureGroup {
 }
 
 /// Optimized EVS at a member: it joins without VS; what it sealed in a view and its daemon sent
-/// in the next is not sent again (the daemons reseal it); and a message its own daemon resealed
-/// opens, where a member of a VS group refuses one.
+/// in the next is not sent again (the daemons reseal it); a message a daemon resealed opens, at
+/// a VS member of the group too; one whose daemon's name was altered does not.
 #[test]
 fn an_evs_member_leaves_resealing_to_the_daemons_and_opens_what_they_reseal() {
     let (a, b) = ("a#d1", "b#d2");
@@ -326,12 +326,25 @@ fn an_evs_member_leaves_resealing_to_the_daemons_and_opens_what_they_reseal() {
             ..
         }
     )),);
-    // A VS member of a group keyed by the daemons takes no resealed message.
+    // A VS member of the same group keyed by the daemons takes it too (an EVS member's daemon
+    // reseals for the whole group).
     let mut vs = member("c#d2");
     vs.handle_event(view(2, &[a, "c#d2"]));
     vs.handle_event(key(2, 2));
-    vs.handle_event(message(a, 2, resealed));
+    vs.handle_event(message(a, 2, resealed.clone()));
     assert!(events(&mut vs)
         .iter()
-        .all(|e| !matches!(e, SecureEvent::Message { .. })));
+        .any(|e| matches!(e, SecureEvent::Message { .. })));
+    // A resealed message under a name it was not resealed under opens under no key, and the
+    // name is not kept.
+    let mut forged = resealed.to_vec();
+    let at = 2 + 24 + 8 + 1;
+    forged[at] = b'x';
+    let mut mc = evs_member("e#d3");
+    mc.handle_event(view(2, &[a, "e#d3"]));
+    mc.handle_event(key(2, 2));
+    mc.handle_event(message(a, 2, forged.into()));
+    assert!(events(&mut mc)
+        .iter()
+        .any(|e| matches!(e, SecureEvent::Refused { error: SecureError::OpenFailed, .. })));
 }
