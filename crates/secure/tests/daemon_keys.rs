@@ -27,10 +27,22 @@ fn view_id(index: u64) -> GroupViewId {
 }
 
 fn member(me: &str) -> SecureGroup {
+    member_with(me, false)
+}
+
+fn evs_member(me: &str) -> SecureGroup {
+    let g = member_with(me, true);
+    assert!(g.optimized_evs());
+    g
+}
+
+/// A member keyed by the daemons, in a VS group or (`evs`) an EVS group.
+fn member_with(me: &str, evs: bool) -> SecureGroup {
     let mut rng = ChaCha20Rng::seed_from_u64(me.len() as u64);
     let identity = Identity::generate(SigScheme::Ed25519, &mut rng).unwrap();
     let cfg = SecureConfig {
         keys: KeySource::Daemons,
+        evs,
         ..SecureConfig::default()
     };
     let mut g = SecureGroup::join(
@@ -46,7 +58,7 @@ fn member(me: &str) -> SecureGroup {
         g.poll_command(),
         Some(ClientCommand::Join {
             group: "g".into(),
-            vs: true
+            vs: !evs
         })
     );
     g
@@ -232,33 +244,6 @@ fn a_newcomer_that_meets_a_key_agreement_leaves_and_an_old_member_reports_it() {
     assert_eq!(old.poll_command(), None, "an old member stays");
 }
 
-fn evs_member(me: &str) -> SecureGroup {
-    let mut rng = ChaCha20Rng::seed_from_u64(me.len() as u64);
-    let identity = Identity::generate(SigScheme::Ed25519, &mut rng).unwrap();
-    let cfg = SecureConfig {
-        keys: KeySource::Daemons,
-        evs: true,
-        ..SecureConfig::default()
-    };
-    let mut g = SecureGroup::join(
-        "g",
-        me,
-        identity,
-        Arc::new(RwLock::new(Directory::new())),
-        cfg,
-        Box::new(rng),
-    );
-    assert!(g.optimized_evs());
-    assert_eq!(
-        g.poll_command(),
-        Some(ClientCommand::Join {
-            group: "g".into(),
-            vs: false
-        })
-    );
-    g
-}
-
 /// Optimized EVS at a member: it joins without VS; what it sealed in a view and its daemon sent
 /// in the next is not sent again (the daemons reseal it); a message a daemon resealed opens, at
 /// a VS member of the group too; one whose daemon's name was altered does not.
@@ -344,7 +329,11 @@ fn an_evs_member_leaves_resealing_to_the_daemons_and_opens_what_they_reseal() {
     mc.handle_event(view(2, &[a, "e#d3"]));
     mc.handle_event(key(2, 2));
     mc.handle_event(message(a, 2, forged.into()));
-    assert!(events(&mut mc)
-        .iter()
-        .any(|e| matches!(e, SecureEvent::Refused { error: SecureError::OpenFailed, .. })));
+    assert!(events(&mut mc).iter().any(|e| matches!(
+        e,
+        SecureEvent::Refused {
+            error: SecureError::OpenFailed,
+            ..
+        }
+    )));
 }
