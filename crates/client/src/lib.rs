@@ -18,7 +18,8 @@
 //!
 //! **Events must be taken.** A task reads the connection all the time, so acknowledgements
 //! always arrive and a sender never waits for ever. The events the application has not taken
-//! with `receive` are held, up to [`EVENT_QUEUE`]; past that the session ends with
+//! with `receive` are held, up to [`EVENT_QUEUE`] events and [`EVENT_QUEUE_BYTES`] bytes of
+//! messages; past either the session ends with
 //! [`ClientError::Overflow`] (the daemon would close a client that does not read anyway), and
 //! every call waiting or made later fails with it. An application that sends and receives from
 //! one place should [`Client::split`] the client and receive in a task of its own.
@@ -60,6 +61,9 @@ pub const DEFAULT_WINDOW: usize = 256;
 /// Events received and not yet taken by `receive`, at most; past it the session ends with
 /// [`ClientError::Overflow`].
 pub const EVENT_QUEUE: usize = 65_536;
+/// Bytes of messages held for the application, not yet taken, past which the session ends with
+/// [`ClientError::Overflow`]: the count alone would let 64 KiB messages hold gigabytes.
+pub const EVENT_QUEUE_BYTES: usize = 256 << 20;
 /// Events the reading task decodes before handing them over together.
 pub const EVENT_BATCH: usize = 256;
 
@@ -119,6 +123,8 @@ pub struct Options {
     /// Events held for the application, not yet taken with `receive`, before the session ends
     /// with [`ClientError::Overflow`].
     pub event_queue: usize,
+    /// Bytes of messages held that way, at most ([`EVENT_QUEUE_BYTES`]).
+    pub event_queue_bytes: usize,
     /// The client's identity, to prove its name when the daemons know a key for it (their
     /// configuration's `[[client]]`); without it such a name is refused.
     pub identity: Option<conclave_crypto::Identity>,
@@ -131,6 +137,7 @@ impl Default for Options {
         Options {
             window: DEFAULT_WINDOW,
             event_queue: EVENT_QUEUE,
+            event_queue_bytes: EVENT_QUEUE_BYTES,
             identity: None,
             daemon_key: None,
         }
@@ -194,6 +201,8 @@ pub struct Receiver {
     rx: mpsc::UnboundedReceiver<Vec<Item>>,
     /// Events handed over by the reading task and not yet taken.
     waiting: Arc<AtomicUsize>,
+    /// The bytes of the messages among them.
+    waiting_bytes: Arc<AtomicUsize>,
     /// The rest of the last batch handed over.
     ready: std::collections::VecDeque<Item>,
     reader: tokio::task::JoinHandle<()>,
@@ -330,13 +339,14 @@ impl Client {
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let waiting = Arc::new(AtomicUsize::new(0));
-        let queue = opts.event_queue.max(1);
+        let waiting_bytes = Arc::new(AtomicUsize::new(0));
+        let queue = (opts.event_queue.max(1), opts.event_queue_bytes.max(1));
         let reader = tokio::spawn(read_replies(
             r,
             dec,
             tx,
             shared.clone(),
-            waiting.clone(),
+            (waiting.clone(), waiting_bytes.clone()),
             queue,
         ));
         Ok(Client {
@@ -348,6 +358,7 @@ impl Client {
             receiver: Receiver {
                 rx,
                 waiting,
+                waiting_bytes,
                 ready: Default::default(),
                 reader,
             },
@@ -552,14 +563,19 @@ impl Receiver {
             }
         }
         let item = self.ready.pop_front()?;
-        self.waiting.fetch_sub(1, Relaxed);
+        self.taken(&item);
         Some(item)
+    }
+
+    fn taken(&self, item: &Item) {
+        self.waiting.fetch_sub(1, Relaxed);
+        self.waiting_bytes.fetch_sub(item_bytes(item), Relaxed);
     }
 
     pub async fn receive(&mut self) -> Result<ClientEvent, ClientError> {
         loop {
             if let Some(item) = self.ready.pop_front() {
-                self.waiting.fetch_sub(1, Relaxed);
+                self.taken(&item);
                 return item;
             }
             match self.rx.recv().await {
@@ -567,6 +583,14 @@ impl Receiver {
                 None => return Err(ClientError::Disconnected),
             }
         }
+    }
+}
+
+/// The payload bytes an event holds (what the byte budget of held events counts).
+fn item_bytes(item: &Item) -> usize {
+    match item {
+        Ok(ClientEvent::Message { payload, .. }) => payload.len(),
+        _ => 0,
     }
 }
 
@@ -584,14 +608,16 @@ async fn read_replies(
     mut dec: ReplyDecoder,
     tx: mpsc::UnboundedSender<Vec<Item>>,
     shared: Arc<Shared>,
-    waiting: Arc<AtomicUsize>,
-    queue: usize,
+    (waiting, waiting_bytes): (Arc<AtomicUsize>, Arc<AtomicUsize>),
+    (queue, queue_bytes): (usize, usize),
 ) {
     let mut batch = Vec::new();
     let hand_over = |batch: Vec<Item>| -> Result<(), ClientError> {
         let n = batch.len();
+        let bytes: usize = batch.iter().map(item_bytes).sum();
         let now = waiting.fetch_add(n, Relaxed) + n;
-        if now > queue + EVENT_BATCH {
+        let now_bytes = waiting_bytes.fetch_add(bytes, Relaxed) + bytes;
+        if now > queue + EVENT_BATCH || now_bytes > queue_bytes.saturating_add(bytes) {
             return Err(ClientError::Overflow { waiting: now });
         }
         tx.send(batch).map_err(|_| ClientError::Disconnected)
@@ -643,8 +669,8 @@ async fn read_replies(
     };
     shared.end(end.clone());
     batch.push(Err(end));
-    let n = batch.len();
-    waiting.fetch_add(n, Relaxed);
+    waiting.fetch_add(batch.len(), Relaxed);
+    waiting_bytes.fetch_add(batch.iter().map(item_bytes).sum(), Relaxed);
     let _ = tx.send(batch);
 }
 

@@ -243,3 +243,59 @@ async fn a_listed_name_is_taken_only_with_its_key() {
         2
     );
 }
+
+/// A sender of large messages whose receiving half takes its events slowly: the session ends
+/// once the messages held for it pass the library's byte budget (or the daemon closes it as a
+/// slow client, whichever comes first) and both halves are told; neither waits for ever, and
+/// the library holds megabytes, not the gigabytes its count of events would allow.
+#[tokio::test]
+async fn a_slow_reader_of_large_messages_ends_both_halves() {
+    let (d, addr, _) = one_daemon(|_| {}).await;
+    let opts = ClientOptions {
+        event_queue_bytes: 8 << 20,
+        ..ClientOptions::default()
+    };
+    let mut c = Client::connect_with(&addr, "slow", opts).await.unwrap();
+    c.join("g").await.unwrap();
+    joined(&mut c, "g").await;
+    let (mut tx, mut rx) = c.split();
+    let sending = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let slow = sending.clone();
+    let reader = tokio::spawn(async move {
+        loop {
+            match rx.receive().await {
+                // Slow while the sender sends; then it takes what is held, and the reason.
+                Ok(_) if slow.load(std::sync::atomic::Ordering::Relaxed) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                Ok(_) => {}
+                Err(e) => return e,
+            }
+        }
+    });
+    let payload = vec![7u8; 64 * 1024];
+    let end = ends(async {
+        for _ in 0..100_000u32 {
+            if let Err(e) = tx.queue(ServiceType::Agreed, &["g"], &payload).await {
+                return e;
+            }
+        }
+        panic!("100,000 large messages went out to a reader that sleeps");
+    })
+    .await;
+    sending.store(false, std::sync::atomic::Ordering::Relaxed);
+    let ended = |e: &ClientError| {
+        matches!(
+            e,
+            ClientError::Closed(_) | ClientError::Disconnected | ClientError::Overflow { .. }
+        )
+    };
+    assert!(ended(&end), "{end}");
+    // 8 MiB of 64 KiB messages: the budget, not the count of 65,536 events, ended it.
+    if let ClientError::Overflow { waiting } = end {
+        assert!(waiting < 1_000, "{waiting} events held");
+    }
+    let last = ends(reader).await.unwrap();
+    assert!(ended(&last), "{last}");
+    d.shutdown().await.unwrap();
+}
