@@ -114,7 +114,7 @@ pub(crate) async fn statuses(net: &Network) -> String {
             .status
             .unwrap_or_default();
         st.push(format!(
-            "{} {} {:?} {:?} ready {} clients {} progress (seen, received, delivered, queued) \
+            "{} {} {:?} {:?} ready {} clients {} connections {} progress (seen, received, delivered, queued) \
              {:?}, {} slow clients closed, {} refusals, {} configurations, {} retransmissions \
              asked, {} datagrams refused, {} not sent for want of a link epoch, {} messages \
              accepted from clients, {} delivered to clients",
@@ -124,6 +124,7 @@ pub(crate) async fn statuses(net: &Network) -> String {
             s.members,
             s.ready,
             s.clients,
+            s.connections,
             s.progress,
             d.metrics.closed_slow_clients.load(Relaxed),
             d.metrics.refusals.load(Relaxed),
