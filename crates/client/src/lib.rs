@@ -206,11 +206,17 @@ pub struct Receiver {
     /// The rest of the last batch handed over.
     ready: std::collections::VecDeque<Item>,
     reader: tokio::task::JoinHandle<()>,
+    shared: Arc<Shared>,
 }
 
 impl Drop for Receiver {
     fn drop(&mut self) {
         self.reader.abort();
+        // Nothing reads the daemon's acknowledgements any more: a sender waiting for room in
+        // the window would wait for ever. The session ends, and the sending half is told.
+        self.shared.end(ClientError::Invalid(
+            "the client's receiving half was dropped: nothing reads its events".into(),
+        ));
     }
 }
 
@@ -353,7 +359,7 @@ impl Client {
             sender: Sender {
                 name: full,
                 w,
-                shared,
+                shared: shared.clone(),
             },
             receiver: Receiver {
                 rx,
@@ -361,6 +367,7 @@ impl Client {
                 waiting_bytes,
                 ready: Default::default(),
                 reader,
+                shared,
             },
         })
     }

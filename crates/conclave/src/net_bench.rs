@@ -413,6 +413,9 @@ async fn run_load<M: Members>(
         }
     }
     let sent = Arc::new(AtomicU64::new(0));
+    // Messages the daemons refused (past a daemon's budget for a client's held messages): the
+    // sender's call took them, but they are not delivered.
+    let refused = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let start = Instant::now();
     let mut counters: Vec<Counter> = Vec::new();
@@ -426,10 +429,13 @@ async fn run_load<M: Members>(
         let got = Arc::new(AtomicU64::new(0));
         let last = Arc::new(Mutex64::default());
         counters.push((got.clone(), last.clone()));
-        let views = views.clone();
+        let (views, refused) = (views.clone(), refused.clone());
         tokio::spawn(async move {
             while let Some(seen) = M::next(&mut r).await {
                 match seen {
+                    Seen::Refused => {
+                        refused.fetch_add(1, Relaxed);
+                    }
                     Seen::Message => {
                         got.fetch_add(1, Relaxed);
                         last.set(start.elapsed().as_nanos() as u64);
@@ -481,7 +487,10 @@ async fn run_load<M: Members>(
             ),
         }
     }
-    let total = sent.load(Relaxed);
+    // Refusals come back after the sends: those of the last messages sent are awaited a moment.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let refused = refused.load(Relaxed);
+    let total = sent.load(Relaxed) - refused;
     let (min, mean, delivered_min) = await_deliveries(net, &counters, &views, total).await?;
     for s in keep.into_iter().chain(quiet) {
         M::close(s).await;
@@ -491,7 +500,8 @@ async fn run_load<M: Members>(
     Ok(json!({
         "daemons": net.daemons.len(), "members": receivers,
         "senders": senders, "size": size, "service": service_name(service),
-        "messages": total, "delivered_min": delivered_min, "view_changes": views.load(Relaxed),
+        "messages": total, "refused": refused, "delivered_min": delivered_min,
+        "view_changes": views.load(Relaxed),
         "msgs_per_s_min": min.round(), "msgs_per_s_mean": mean.round(),
         "mbytes_per_s_min": (min * size as f64 / 1e6 * 10.0).round() / 10.0,
     }))
@@ -779,10 +789,15 @@ impl Members for Plain {
         let _ = tx.disconnect().await;
     }
     async fn next(rx: &mut Receiver) -> Option<Seen> {
-        Some(match rx.receive().await.ok()? {
-            ClientEvent::Message { .. } => Seen::Message,
-            ClientEvent::View { .. } => Seen::View,
-            _ => Seen::Other,
+        // A refusal (of a message, under load) is an event like another; only the end of the
+        // session ends the count. Stopping at a refusal dropped the receiving half, and its
+        // member's sender then waited for acknowledgements nobody read.
+        Some(match rx.receive().await {
+            Ok(ClientEvent::Message { .. }) => Seen::Message,
+            Ok(ClientEvent::View { .. }) => Seen::View,
+            Err(conclave_client::ClientError::Refused { .. }) => Seen::Refused,
+            Ok(_) => Seen::Other,
+            Err(_) => return None,
         })
     }
     async fn send(tx: &mut Sender, service: ServiceType, payload: &[u8]) -> Result<()> {

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 pub(crate) enum Seen {
     Message,
     View,
+    /// The daemon refused one of this member's messages (it is not delivered).
+    Refused,
     Other,
 }
 

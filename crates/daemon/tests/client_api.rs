@@ -299,3 +299,36 @@ async fn a_slow_reader_of_large_messages_ends_both_halves() {
     assert!(ended(&last), "{last}");
     d.shutdown().await.unwrap();
 }
+
+/// A sender whose receiving half was dropped (nothing reads the daemon's acknowledgements any
+/// more) is told as soon as it would wait for room in the window, instead of waiting for ever.
+#[tokio::test]
+async fn a_sender_whose_receiver_was_dropped_is_told() {
+    let (d, addr, _) = one_daemon(|_| {}).await;
+    let opts = ClientOptions {
+        window: 4,
+        ..ClientOptions::default()
+    };
+    let mut c = Client::connect_with(&addr, "alone", opts).await.unwrap();
+    c.join("g").await.unwrap();
+    joined(&mut c, "g").await;
+    let (mut tx, rx) = c.split();
+    drop(rx);
+    let end = ends(async {
+        for k in 0..1_000u32 {
+            if let Err(e) = tx
+                .multicast(ServiceType::Agreed, &["g"], &k.to_be_bytes())
+                .await
+            {
+                return e;
+            }
+        }
+        panic!("1,000 messages acknowledged with nothing reading the acknowledgements");
+    })
+    .await;
+    assert!(
+        matches!(&end, ClientError::Invalid(why) if why.contains("receiving half")),
+        "{end}"
+    );
+    d.shutdown().await.unwrap();
+}
