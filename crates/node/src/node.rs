@@ -1530,7 +1530,7 @@ impl Node {
         }
     }
 
-    fn client_event(&mut self, id: SessionId, ev: ClientEvent) {
+    fn client_event(&mut self, id: SessionId, mut ev: ClientEvent) {
         let Some((client, inc)) = self.sessions.get(&id).and_then(|s| s.client.as_ref()) else {
             return;
         };
@@ -1541,26 +1541,18 @@ impl Node {
         }
         let ev = match ev {
             ClientEvent::Message {
-                group,
-                sender,
+                ref group,
+                ref sender,
                 service,
-                payload,
+                ref mut payload,
                 view,
-                transitional,
+                ..
             } => {
                 self.metrics.messages_delivered.fetch_add(1, Relaxed);
-                let payload = match self.resealed(id, &group, &sender, service, view, &payload) {
-                    Some(resealed) => resealed.into(),
-                    None => payload,
-                };
-                ClientEvent::Message {
-                    group,
-                    sender,
-                    service,
-                    payload,
-                    view,
-                    transitional,
+                if let Some(resealed) = self.resealed(id, group, sender, service, view, payload) {
+                    *payload = resealed.into();
                 }
+                ev
             }
             ClientEvent::Joined { ref group, vs } => {
                 if let Some(s) = self.sessions.get_mut(&id) {

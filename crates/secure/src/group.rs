@@ -771,7 +771,8 @@ impl SecureGroup {
                     return self.refused(sender, SecureError::OpenFailed);
                 }
                 let key = SenderKey::derive_resealer(alg, &k.key, group, &view, &daemon);
-                let mut probe = payload.to_vec();
+                // Opened only to vouch for the name: the plaintext copy is wiped when dropped.
+                let mut probe = zeroize::Zeroizing::new(payload.to_vec());
                 if key
                     .open_in_place(group, &view, &sender, service, counter, &mut probe[at..])
                     .is_err()
