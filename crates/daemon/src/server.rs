@@ -64,6 +64,8 @@ pub(crate) enum ToCore {
         tx: mpsc::UnboundedSender<SessionOutput>,
         /// The connection's channel binding, when it is TLS.
         binding: Option<[u8; 32]>,
+        /// The connection speaks Spread's protocol.
+        spread: bool,
     },
     /// What one read of a connection brought; the permit bounds the reads in flight.
     Bytes {
@@ -88,7 +90,8 @@ pub struct Running {
     tx: mpsc::Sender<ToCore>,
     core: JoinHandle<anyhow::Result<()>>,
     tasks: Vec<JoinHandle<()>>,
-    unix: Option<PathBuf>,
+    /// The Unix sockets to remove when the daemon stops.
+    unix: Vec<PathBuf>,
 }
 
 impl Running {
@@ -125,7 +128,7 @@ impl Running {
         for t in &self.tasks {
             t.abort();
         }
-        if let Some(p) = &self.unix {
+        for p in &self.unix {
             let _ = std::fs::remove_file(p);
         }
         r
@@ -215,21 +218,10 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         next_id: Arc::new(std::sync::atomic::AtomicU64::new(1)),
     };
     if let Some(addr) = entry.client {
-        let l = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding the client address {addr}"))?;
-        let sessions = sessions.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                match l.accept().await {
-                    Ok((s, _)) => {
-                        let _ = s.set_nodelay(true);
-                        sessions.serve(s, None);
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                }
-            }
-        }));
+        tasks.push(listen_tcp(addr, sessions.clone(), false, "client").await?);
+    }
+    if let Some(addr) = entry.spread {
+        tasks.push(listen_tcp(addr, sessions.clone(), true, "Spread").await?);
     }
     if let (Some(addr), Some(acceptor)) = (entry.tls, tls_acceptor) {
         let l = TcpListener::bind(addr)
@@ -266,7 +258,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
                         Err(_) => Err("no handshake in time".to_owned()),
                     };
                     match bound {
-                        Ok((t, b)) => sessions.serve(t, Some(b)),
+                        Ok((t, b)) => sessions.serve(t, Some(b), false),
                         Err(e) => {
                             metrics.tls_handshakes_failed.fetch_add(1, Relaxed);
                             tracing::debug!(from = %from, error = e, "TLS handshake failed");
@@ -277,22 +269,10 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         }));
     }
     #[cfg(unix)]
-    if let Some(path) = &entry.unix {
-        // A socket file left by an earlier run that is no longer served.
-        if std::os::unix::net::UnixStream::connect(path).is_err() {
-            let _ = std::fs::remove_file(path);
+    for (path, spread) in [(&entry.unix, false), (&entry.spread_unix, true)] {
+        if let Some(path) = path {
+            tasks.push(listen_unix(path, sessions.clone(), spread)?);
         }
-        let l = tokio::net::UnixListener::bind(path)
-            .with_context(|| format!("binding the Unix socket {}", path.display()))?;
-        let sessions = sessions.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                match l.accept().await {
-                    Ok((s, _)) => sessions.serve(s, None),
-                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                }
-            }
-        }));
     }
     if let Some(addr) = entry.admin {
         let gate = Arc::new(AdminGate {
@@ -356,8 +336,57 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         tx,
         core,
         tasks,
-        unix: entry.unix,
+        unix: [entry.unix, entry.spread_unix]
+            .into_iter()
+            .flatten()
+            .collect(),
     })
+}
+
+/// Accepts client connections on `addr` (Spread's protocol if `spread`).
+async fn listen_tcp(
+    addr: SocketAddr,
+    sessions: Sessions,
+    spread: bool,
+    what: &str,
+) -> anyhow::Result<JoinHandle<()>> {
+    let l = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the {what} address {addr}"))?;
+    Ok(tokio::spawn(async move {
+        loop {
+            match l.accept().await {
+                Ok((s, _)) => {
+                    let _ = s.set_nodelay(true);
+                    sessions.serve(s, None, spread);
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }))
+}
+
+/// Accepts client connections on the Unix socket `path` (Spread's protocol if `spread`).
+#[cfg(unix)]
+fn listen_unix(
+    path: &std::path::Path,
+    sessions: Sessions,
+    spread: bool,
+) -> anyhow::Result<JoinHandle<()>> {
+    // A socket file left by an earlier run that is no longer served.
+    if std::os::unix::net::UnixStream::connect(path).is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    let l = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding the Unix socket {}", path.display()))?;
+    Ok(tokio::spawn(async move {
+        loop {
+            match l.accept().await {
+                Ok((s, _)) => sessions.serve(s, None, spread),
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }))
 }
 
 /// The socket to the other daemons, with buffers large enough for a token visit's burst (the
@@ -386,13 +415,13 @@ struct Sessions {
 
 impl Sessions {
     /// Runs a new connection's session (the node closes it at once past its connection limit).
-    fn serve<S>(&self, s: S, binding: Option<[u8; 32]>)
+    fn serve<S>(&self, s: S, binding: Option<[u8; 32]>, spread: bool)
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
     {
         let id = self.next_id.fetch_add(1, Relaxed);
         let (core, written) = (self.core.clone(), self.written.clone());
-        tokio::spawn(session::run(s, id, binding, core, written));
+        tokio::spawn(session::run(s, id, binding, spread, core, written));
     }
 }
 
@@ -492,7 +521,22 @@ impl Pump {
     fn input(&mut self, now: Time, m: ToCore) -> usize {
         let mut size = 0;
         match m {
-            ToCore::Open { id, tx, binding } => {
+            ToCore::Open {
+                id,
+                tx,
+                spread: true,
+                ..
+            } => {
+                // The node may refuse it with bytes of its own (Spread's REJECT_QUOTA).
+                self.writers.insert(id, tx);
+                if let Err(e) = self.node.open_spread_session(now, id) {
+                    self.writers.remove(&id);
+                    tracing::debug!(session = id, error = %e, "connection refused");
+                }
+            }
+            ToCore::Open {
+                id, tx, binding, ..
+            } => {
                 match self.node.open_bound_session(now, id, binding) {
                     Ok(()) => {
                         self.writers.insert(id, tx);

@@ -37,13 +37,20 @@ pub(crate) async fn run<S>(
     stream: S,
     id: SessionId,
     binding: Option<[u8; 32]>,
+    spread: bool,
     core: mpsc::Sender<ToCore>,
     written: mpsc::UnboundedSender<Written>,
 ) where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (tx, rx) = mpsc::unbounded_channel();
-    if core.send(ToCore::Open { id, tx, binding }).await.is_err() {
+    let open = ToCore::Open {
+        id,
+        tx,
+        binding,
+        spread,
+    };
+    if core.send(open).await.is_err() {
         return;
     }
     let (r, w) = tokio::io::split(stream);

@@ -188,8 +188,17 @@ pub struct Finished {
 pub(crate) fn body_bytes(b: &Body) -> usize {
     64 + match b {
         Body::Client {
-            payload, groups, ..
-        } => payload.len() + groups.iter().map(|(g, _)| g.len() + 8).sum::<usize>(),
+            payload,
+            groups,
+            spread,
+            ..
+        } => {
+            payload.len()
+                + groups.iter().map(|(g, _)| g.len() + 8).sum::<usize>()
+                + spread.as_ref().map_or(0, |m| {
+                    m.names.iter().map(|n| n.len() + 1).sum::<usize>() + 8
+                })
+        }
         Body::GroupState { members } => members
             .iter()
             .map(|m| m.client.len() + m.group.len() + 32)

@@ -18,6 +18,7 @@ fn msg(service: ServiceType, tag: u8) -> Body {
         groups: vec![("g".into(), 0)],
         service,
         payload: vec![tag].into(),
+        spread: None,
     }
 }
 
@@ -179,6 +180,7 @@ fn a_queue_full_of_bytes_is_a_typed_error_and_one_message_always_fits() {
         groups: vec![("g".into(), 0)],
         service: ServiceType::Fifo,
         payload: vec![k; 100_000].into(),
+        spread: None,
     };
     let cfg = OrderingConfig {
         max_queued_bytes: 200_000,

@@ -62,6 +62,9 @@ pub struct DaemonEntry {
     /// TCP with TLS, for clients: the daemon proves its identity (docs/daemon.md).
     pub tls: Option<SocketAddr>,
     pub unix: Option<PathBuf>,
+    /// Spread 4.x clients' TCP port and Unix socket (docs/spread.md); neither unless configured.
+    pub spread: Option<SocketAddr>,
+    pub spread_unix: Option<PathBuf>,
     pub admin: Option<SocketAddr>,
     pub metrics: Option<SocketAddr>,
     /// The file holding the bearer token a scraper of `metrics` must send
@@ -222,6 +225,8 @@ impl Config {
                     client: Some(at(100 + i)),
                     tls: None,
                     unix: None,
+                    spread: None,
+                    spread_unix: None,
                     admin: Some(at(200 + i)),
                     metrics: None,
                     metrics_token: None,
@@ -417,7 +422,10 @@ impl Config {
                     d.name
                 ));
             }
-            for a in [d.client, d.tls, d.admin, d.metrics].into_iter().flatten() {
+            for a in [d.client, d.tls, d.spread, d.admin, d.metrics]
+                .into_iter()
+                .flatten()
+            {
                 if !tcp.insert(a) {
                     return bad(format!("address {a} is used twice"));
                 }

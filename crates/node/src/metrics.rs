@@ -82,6 +82,8 @@ metrics! {
     admin_refusals: "counter", "Admin connections refused: no proof, a name no key is known for, or a signature that does not verify.";
     metrics_refusals: "counter", "Metrics requests refused: no bearer token, or the wrong one.";
     access_refusals: "counter", "Client joins, key requests and messages the access policy refused (among the refusals).";
+    spread_refused: "counter", "Spread sessions refused or closed for what they sent: a handshake refused (version, name, authentication, quota) or a malformed or hostile request.";
+    spread_rejects: "counter", "Requests of Spread clients answered with a REJECT_MESS (the access policy or a limit refused them).";
     connections: "gauge", "Client connections open.";
     clients: "gauge", "Clients connected under a name.";
     unread_bytes: "gauge", "Bytes queued for clients and not yet written to them.";

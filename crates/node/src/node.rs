@@ -49,6 +49,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "spread_session.rs"]
+pub(crate) mod spread_session;
+
 /// Most bytes queued for one client before it is disconnected for not reading.
 pub const MAX_UNREAD_BYTES: usize = 64 << 20;
 /// A session's framed replies are handed out when the node's outputs are drained, or once they
@@ -450,6 +453,11 @@ impl Node {
                 break;
             }
             self.deadlines.remove(&(t, id));
+            if self.sessions.get(&id).is_some_and(|s| s.spread.is_some()) {
+                // As Spread does: the connection closes, with nothing sent.
+                self.close(id, None);
+                continue;
+            }
             let connected = self.sessions.get(&id).is_some_and(|s| s.client.is_some());
             let reason = if connected {
                 "a request did not arrive in time"
@@ -509,6 +517,9 @@ impl Node {
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };
+        if s.spread.is_some() {
+            return self.spread_bytes(id, bytes);
+        }
         let mut input = std::mem::take(&mut s.input);
         let had = input.len();
         self.incomplete_bytes -= had;
@@ -910,7 +921,8 @@ impl Node {
     /// Ends a session: its client leaves every group, and the connection closes once what is
     /// queued for it is written.
     fn close(&mut self, id: SessionId, reason: Option<&str>) {
-        if let Some(reason) = reason {
+        let spread = self.sessions.get(&id).is_some_and(|s| s.spread.is_some());
+        if let (Some(reason), false) = (reason, spread) {
             self.reply(
                 id,
                 Reply::Event(ClientEvent::Closed {
@@ -1256,7 +1268,17 @@ impl Node {
 
     fn client_events(&mut self) {
         while let Some(ev) = self.daemon.poll_event() {
+            let spread = |s: &HashMap<SessionId, Session>, id| {
+                s.get(&id).is_some_and(|s| s.spread.is_some())
+            };
             match ev {
+                LocalEvent::Message(d) if spread(&self.sessions, d.client()) => {
+                    self.spread_deliver(&d)
+                }
+                LocalEvent::SpreadView { client, view, sets } => {
+                    self.record_event(client, &view);
+                    self.spread_event(client, view, &sets);
+                }
                 // The bulk: framed from the ring's message, with nothing copied but the frame.
                 LocalEvent::Message(d)
                     if self.recorder.is_none() && d.client() != DAEMONS_MEMBER =>
@@ -1530,14 +1552,29 @@ impl Node {
         }
     }
 
-    fn client_event(&mut self, id: SessionId, mut ev: ClientEvent) {
+    /// Records an event of a client's, if the node records.
+    fn record_event(&mut self, id: SessionId, ev: &ClientEvent) {
         let Some((client, inc)) = self.sessions.get(&id).and_then(|s| s.client.as_ref()) else {
             return;
         };
         if let Some(r) = self.recorder.as_mut() {
-            if let Some(e) = r.client_event(client, &ev) {
+            if let Some(e) = r.client_event(client, ev) {
                 r.push(self.now, client, *inc, e);
             }
+        }
+    }
+
+    fn client_event(&mut self, id: SessionId, mut ev: ClientEvent) {
+        let Some(s) = self.sessions.get(&id) else {
+            return;
+        };
+        if s.client.is_none() {
+            return;
+        }
+        let spread = s.spread.is_some();
+        self.record_event(id, &ev);
+        if spread {
+            return self.spread_event(id, ev, &[]);
         }
         let ev = match ev {
             ClientEvent::Message {

@@ -56,6 +56,8 @@ pub(crate) struct Session {
     pub evs: std::collections::BTreeSet<String>,
     /// The view of each such group the client was last given.
     pub evs_views: std::collections::BTreeMap<String, conclave_wire::client::GroupViewId>,
+    /// A Spread client's session (docs/spread.md): its state beyond a Conclave client's.
+    pub spread: Option<Box<crate::node::spread_session::SpreadSession>>,
 }
 
 impl Session {
@@ -75,6 +77,7 @@ impl Session {
             binding: None,
             evs: Default::default(),
             evs_views: Default::default(),
+            spread: None,
         }
     }
 

@@ -258,6 +258,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
                 groups: vec![("g".into(), 0)],
                 service,
                 payload: msg.clone().into_bytes().into(),
+                spread: None,
             };
             if net.peers[node].submit(body).is_ok() {
                 tally.submitted.insert(msg.clone(), t);

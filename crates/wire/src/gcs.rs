@@ -14,9 +14,9 @@ pub const MAX_RING_MEMBERS: usize = 256;
 /// Most sequence numbers a token asks to have retransmitted.
 pub const MAX_RTR: usize = 1024;
 /// Largest client payload in one data message.
-pub const MAX_PAYLOAD_BYTES: usize = 128 * 1024;
+pub const MAX_PAYLOAD_BYTES: usize = 144_000;
 /// Most groups one message is addressed to.
-pub const MAX_GROUPS_PER_MESSAGE: usize = 64;
+pub const MAX_GROUPS_PER_MESSAGE: usize = 100;
 /// Longest group or client name, in bytes.
 pub const MAX_NAME_BYTES: usize = 64;
 /// Most (client, group) memberships one daemon reports after a configuration change.
@@ -95,6 +95,8 @@ pub enum Body {
         groups: Vec<(String, u64)>,
         service: ServiceType,
         payload: Bytes,
+        /// What a Spread client's message carries beyond a Conclave client's.
+        spread: Option<Box<SpreadMeta>>,
     },
     /// A client joins a group (`vs`: it wants flushes before view changes).
     GroupJoin {
@@ -126,6 +128,21 @@ pub enum Body {
     /// came with it holds.
     RecoveryDone,
 }
+
+/// What a message of a Spread client carries beyond a Conclave client's (docs/spread.md): what
+/// a Spread receiver is shown of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpreadMeta {
+    /// The hint word as the sender wrote it (its `mess_type` and byte order), forwarded verbatim.
+    pub hint: [u8; 4],
+    /// The sender does not receive it.
+    pub self_discard: bool,
+    /// The destinations as the sender listed them, private groups and repeats included.
+    pub names: Vec<String>,
+}
+
+/// Longest destination name of a Spread client's message.
+pub const MAX_SPREAD_NAME_BYTES: usize = 31;
 
 /// One client's membership of one group, as its daemon reports it after a configuration change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -239,8 +256,9 @@ impl Body {
                 groups,
                 service,
                 payload,
+                spread,
             } => {
-                w.u8(1);
+                w.u8(if spread.is_some() { 8 } else { 1 });
                 w.name(client, MAX_NAME_BYTES);
                 w.count(groups.len(), MAX_GROUPS_PER_MESSAGE);
                 for (g, view) in groups {
@@ -249,6 +267,14 @@ impl Body {
                 }
                 w.u8(*service as u8);
                 w.bytes(payload, MAX_PAYLOAD_BYTES);
+                if let Some(m) = spread {
+                    w.raw(&m.hint);
+                    w.u8(m.self_discard as u8);
+                    w.count(m.names.len(), MAX_GROUPS_PER_MESSAGE);
+                    for n in &m.names {
+                        w.name(n, MAX_SPREAD_NAME_BYTES);
+                    }
+                }
             }
             Body::GroupJoin { client, group, vs } => {
                 w.u8(2);
@@ -293,7 +319,7 @@ impl Body {
 
     fn read(r: &mut Reader<'_>) -> Result<Body, DecodeError> {
         Ok(match r.u8("body")? {
-            1 => {
+            tag @ (1 | 8) => {
                 let client = r.name("client", MAX_NAME_BYTES)?;
                 let n = r.count("groups", MAX_GROUPS_PER_MESSAGE)?;
                 if n == 0 {
@@ -310,11 +336,28 @@ impl Body {
                 }
                 let service = ServiceType::from_u8(r.u8("service type")?)?;
                 let payload = Bytes::copy_from_slice(r.bytes("payload", MAX_PAYLOAD_BYTES)?);
+                let spread = if tag == 8 {
+                    let hint: [u8; 4] = r.take(4, "hint")?.try_into().expect("4 bytes");
+                    let self_discard = read_bool(r, "self discard")?;
+                    let n = r.count("spread names", MAX_GROUPS_PER_MESSAGE)?;
+                    let mut names = Vec::with_capacity(n.min(r.remaining() / 2));
+                    for _ in 0..n {
+                        names.push(r.name("spread name", MAX_SPREAD_NAME_BYTES)?);
+                    }
+                    Some(Box::new(SpreadMeta {
+                        hint,
+                        self_discard,
+                        names,
+                    }))
+                } else {
+                    None
+                };
                 Body::Client {
                     client,
                     groups,
                     service,
                     payload,
+                    spread,
                 }
             }
             2 => Body::GroupJoin {
@@ -581,13 +624,25 @@ mod tests {
                 name(),
                 prop::collection::btree_map(name(), any::<u64>(), 1..4),
                 service(),
-                prop::collection::vec(any::<u8>(), 0..64)
+                prop::collection::vec(any::<u8>(), 0..64),
+                prop::option::of((
+                    any::<[u8; 4]>(),
+                    any::<bool>(),
+                    prop::collection::vec(name(), 0..4)
+                )),
             )
-                .prop_map(|(client, groups, service, payload)| Body::Client {
+                .prop_map(|(client, groups, service, payload, spread)| Body::Client {
                     client,
                     groups: groups.into_iter().collect(),
                     service,
                     payload: payload.into(),
+                    spread: spread.map(|(hint, self_discard, names)| {
+                        Box::new(SpreadMeta {
+                            hint,
+                            self_discard,
+                            names,
+                        })
+                    }),
                 }),
             (name(), name(), any::<bool>()).prop_map(|(client, group, vs)| Body::GroupJoin {
                 client,
@@ -764,6 +819,7 @@ mod tests {
             groups: vec![("g".into(), 1), ("g".into(), 2)],
             service: ServiceType::Agreed,
             payload: Default::default(),
+            spread: None,
         };
         assert!(Packet::decode(&data(to_g_twice).encode()).is_err());
     }

@@ -11,5 +11,6 @@ pub mod gka;
 pub mod link;
 pub mod lkh;
 pub mod secure;
+pub mod spread;
 
 pub use codec::{DecodeError, Reader, Writer};

@@ -29,13 +29,13 @@ impl Daemon {
                 // leave for the client's earlier ones to be applied; a flush acknowledgement
                 // behind them does not wait (that group's flush may be what they wait for), and
                 // they then go in the next view.
-                let ack = matches!(head, ClientCommand::FlushAck { .. });
-                let bytes = command_bytes(&head);
-                let ack_behind = match &head {
+                let ack = matches!(head.0, ClientCommand::FlushAck { .. });
+                let bytes = command_bytes(&head.0);
+                let ack_behind = match &head.0 {
                     ClientCommand::Multicast { groups, .. } if groups.len() == 1 => None,
                     _ => q
                         .iter()
-                        .position(|c| matches!(c, ClientCommand::FlushAck { .. })),
+                        .position(|c| matches!(c.0, ClientCommand::FlushAck { .. })),
                 };
                 let head = match self.try_accept(&name, head) {
                     Ok(()) => {
@@ -52,7 +52,7 @@ impl Daemon {
                 let Some(ack) = ack_behind.and_then(|i| q.remove(i + 1)) else {
                     break;
                 };
-                let ack_bytes = command_bytes(&ack);
+                let ack_bytes = command_bytes(&ack.0);
                 match self.try_accept(&name, ack) {
                     Ok(()) => {
                         self.accepted(&name, &group, true, ack_bytes);
@@ -70,11 +70,7 @@ impl Daemon {
         any
     }
 
-    pub(super) fn held_mut(
-        &mut self,
-        client: &str,
-        group: &str,
-    ) -> Option<&mut VecDeque<ClientCommand>> {
+    pub(super) fn held_mut(&mut self, client: &str, group: &str) -> Option<&mut VecDeque<Held>> {
         self.clients.get_mut(client)?.held.get_mut(group)
     }
 
@@ -91,25 +87,22 @@ impl Daemon {
     }
 
     /// Accepts one command if it can go now; gives it back if not.
-    pub(super) fn try_accept(
-        &mut self,
-        client: &str,
-        cmd: ClientCommand,
-    ) -> Result<(), ClientCommand> {
+    pub(super) fn try_accept(&mut self, client: &str, held: Held) -> Result<(), Held> {
+        let (cmd, spread) = held;
         if matches!(
             cmd,
             ClientCommand::Join { .. } | ClientCommand::Leave { .. }
         ) {
             let Some(c) = self.clients.get_mut(client) else {
-                return Err(cmd);
+                return Err((cmd, spread));
             };
             if c.changes >= self.cfg.max_changes_per_client {
-                return Err(cmd);
+                return Err((cmd, spread));
             }
         }
         // Everything but an acknowledgement goes on the ring.
         if !matches!(cmd, ClientCommand::FlushAck { .. }) && !self.ring.can_submit() {
-            return Err(cmd);
+            return Err((cmd, spread));
         }
         match cmd {
             ClientCommand::Join { group, vs } => {
@@ -157,11 +150,14 @@ impl Daemon {
                 for group in &groups {
                     let view = self.groups.get(group).and_then(|g| g.view.map(|v| (g, v)));
                     let Some((g, view)) = view else {
-                        return Err(ClientCommand::Multicast {
-                            service,
-                            groups,
-                            payload,
-                        });
+                        return Err((
+                            ClientCommand::Multicast {
+                                service,
+                                groups,
+                                payload,
+                            },
+                            spread,
+                        ));
                     };
                     let in_view = self
                         .clients
@@ -172,11 +168,14 @@ impl Daemon {
                         .as_ref()
                         .is_some_and(|f| f.marker_sent || f.acked.contains(client));
                     if !in_view || held_back {
-                        return Err(ClientCommand::Multicast {
-                            service,
-                            groups,
-                            payload,
-                        });
+                        return Err((
+                            ClientCommand::Multicast {
+                                service,
+                                groups,
+                                payload,
+                            },
+                            spread,
+                        ));
                     }
                     views.push(view);
                 }
@@ -197,6 +196,7 @@ impl Daemon {
                     groups: sent.into_iter().map(|(g, v)| (g, v.index)).collect(),
                     service,
                     payload,
+                    spread,
                 });
                 Ok(())
             }

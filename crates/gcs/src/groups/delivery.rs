@@ -165,6 +165,14 @@ impl Daemon {
 pub enum LocalEvent {
     Event(ClientId, ClientEvent),
     Message(Delivery),
+    /// A view of a group for a Spread client ([`Daemon::connect_spread`]), with the sets of its
+    /// members that came into it together (each set in name order; for a join, leave or
+    /// departure, the one set of the members concerned), as Spread shows them.
+    SpreadView {
+        client: ClientId,
+        view: ClientEvent,
+        sets: Vec<Vec<String>>,
+    },
 }
 
 impl LocalEvent {
@@ -172,6 +180,7 @@ impl LocalEvent {
     pub fn into_event(self) -> (ClientId, ClientEvent) {
         match self {
             LocalEvent::Event(c, ev) => (c, ev),
+            LocalEvent::SpreadView { client, view, .. } => (client, view),
             LocalEvent::Message(d) => {
                 let m = d.message();
                 let ev = ClientEvent::Message {
@@ -204,6 +213,12 @@ static NO_PAYLOAD: Bytes = Bytes::new();
 impl Delivery {
     pub fn client(&self) -> ClientId {
         self.client
+    }
+
+    /// The ring's message: one for all its deliveries (at this daemon, to every client and
+    /// group), always a [`Body::Client`].
+    pub fn body(&self) -> &Arc<Body> {
+        &self.body
     }
 
     fn payload(&self) -> &Bytes {

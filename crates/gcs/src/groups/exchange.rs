@@ -85,7 +85,8 @@ impl Daemon {
         }
         let (_, _, came_with) = self.config.clone().expect("a configuration");
         type Prev = Option<(RingId, u64)>;
-        let mut next: BTreeMap<String, Vec<(Member, Prev)>> = BTreeMap::new();
+        // Each member with its previous view if its daemon came with this one, and as reported.
+        let mut next: BTreeMap<String, Vec<(Member, Prev, Prev)>> = BTreeMap::new();
         for (daemon, entries) in states {
             for e in entries {
                 if check_name(&e.client).is_err()
@@ -95,13 +96,13 @@ impl Daemon {
                     continue;
                 }
                 let ms = next.entry(e.group).or_default();
-                if ms.len() < MAX_VIEW_MEMBERS && !ms.iter().any(|(m, _)| m.name == e.client) {
+                if ms.len() < MAX_VIEW_MEMBERS && !ms.iter().any(|(m, ..)| m.name == e.client) {
                     let m = Member {
                         name: e.client,
                         daemon,
                         vs: e.vs,
                     };
-                    ms.push((m, e.view.filter(|_| came_with.contains(&daemon))));
+                    ms.push((m, e.view.filter(|_| came_with.contains(&daemon)), e.view));
                 }
             }
         }
@@ -111,28 +112,44 @@ impl Daemon {
             entries.sort_by(|a, b| a.0.name.cmp(&b.0.name));
             let g = self.groups.entry(group.clone()).or_default();
             g.count = 0;
-            g.members = entries.iter().map(|(m, _)| m.clone()).collect();
+            g.members = entries.iter().map(|(m, ..)| m.clone()).collect();
             if g.members.is_empty() {
                 self.groups.remove(&group);
                 continue;
             }
             let view = self.next_view(&group);
-            let members: Vec<String> = entries.iter().map(|(m, _)| m.name.clone()).collect();
+            let members: Vec<String> = entries.iter().map(|(m, ..)| m.name.clone()).collect();
             let prev_of = |c: &str| {
                 entries
                     .iter()
-                    .find(|(m, _)| m.name == c)
-                    .and_then(|(_, p)| *p)
+                    .find(|(m, ..)| m.name == c)
+                    .and_then(|(_, p, _)| *p)
             };
             let trans = |c: &str, had: bool| match prev_of(c) {
                 Some(p) if had => entries
                     .iter()
-                    .filter(|(_, q)| *q == Some(p))
-                    .map(|(m, _)| m.name.clone())
+                    .filter(|(_, q, _)| *q == Some(p))
+                    .map(|(m, ..)| m.name.clone())
                     .collect(),
                 _ => vec![c.to_owned()],
             };
-            self.emit_view_with(&group, view, &members, Reason::Network, &[], trans);
+            // Members that reported one previous view came from it together (a configuration
+            // change ends every view, so members of daemons that parted have different ones);
+            // one with none came alone.
+            let mut sets: Vec<Vec<String>> = Vec::new();
+            let mut by_prev: BTreeMap<(RingId, u64), usize> = BTreeMap::new();
+            for (m, _, raw) in &entries {
+                match raw.and_then(|p| by_prev.get(&p).copied()) {
+                    Some(i) => sets[i].push(m.name.clone()),
+                    None => {
+                        if let Some(p) = raw {
+                            by_prev.insert(*p, sets.len());
+                        }
+                        sets.push(vec![m.name.clone()]);
+                    }
+                }
+            }
+            self.emit_view_with(&group, view, &members, Reason::Network, &[], &sets, trans);
         }
         // The changes delivered meanwhile, in their order.
         for (group, change) in backlog {

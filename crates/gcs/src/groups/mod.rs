@@ -45,7 +45,8 @@ use conclave_wire::client::Bytes;
 pub use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, Reason};
 use conclave_wire::client::{MessageRef, Refusal, MAX_VIEW_MEMBERS};
 use conclave_wire::gcs::{
-    Body, DaemonId, Packet, RingId, ServiceType, StateEntry, MAX_NAME_BYTES, MAX_STATE_ENTRIES,
+    Body, DaemonId, Packet, RingId, ServiceType, SpreadMeta, StateEntry, MAX_NAME_BYTES,
+    MAX_STATE_ENTRIES,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -245,7 +246,7 @@ struct Client {
     /// Commands not yet accepted, in order, one queue per group: a view change of one group
     /// holds back nothing of another (and a flush acknowledgement never waits behind a message
     /// to a group that is changing view).
-    held: BTreeMap<String, VecDeque<ClientCommand>>,
+    held: BTreeMap<String, VecDeque<Held>>,
     held_count: usize,
     /// Bytes of them ([`command_bytes`]).
     held_bytes: usize,
@@ -254,7 +255,13 @@ struct Client {
     held_acks: usize,
     /// Joins and leaves sent on the ring and not yet applied (or dropped) by the groups.
     changes: usize,
+    /// A Spread client: its views come with their sets of members ([`LocalEvent::SpreadView`]).
+    spread: bool,
 }
+
+/// A client's command waiting to be accepted, with what a Spread client's message carries beyond
+/// it.
+type Held = (ClientCommand, Option<Box<SpreadMeta>>);
 
 /// One daemon: the ring ([`Membership`]) and the client groups on it.
 pub struct Daemon {
@@ -364,6 +371,11 @@ impl Daemon {
         self.groups.len()
     }
 
+    /// Whether a client of this name is connected here.
+    pub fn has_client(&self, name: &str) -> bool {
+        self.clients.contains_key(name)
+    }
+
     /// Clients connected.
     pub fn client_count(&self) -> usize {
         self.clients.len()
@@ -407,9 +419,20 @@ impl Daemon {
                 held_bytes: 0,
                 held_acks: 0,
                 changes: 0,
+                spread: false,
             },
         );
         self.names.insert(id, Arc::from(client));
+        Ok(())
+    }
+
+    /// [`Daemon::connect`] for a client of Spread's protocol: its views come with the sets of
+    /// members that came into them together ([`LocalEvent::SpreadView`]).
+    pub fn connect_spread(&mut self, id: ClientId, client: &str) -> Result<(), DaemonError> {
+        self.connect(id, client)?;
+        if let Some(c) = self.clients.get_mut(client) {
+            c.spread = true;
+        }
         Ok(())
     }
 
@@ -448,6 +471,18 @@ impl Daemon {
         now: Time,
         id: ClientId,
         cmd: ClientCommand,
+    ) -> Result<(), DaemonError> {
+        self.handle_client_with(now, id, cmd, None)
+    }
+
+    /// [`Daemon::handle_client`], for a Spread client's message with what it carries beyond a
+    /// Conclave client's (`spread`, ignored on other commands).
+    pub fn handle_client_with(
+        &mut self,
+        now: Time,
+        id: ClientId,
+        cmd: ClientCommand,
+        spread: Option<Box<SpreadMeta>>,
     ) -> Result<(), DaemonError> {
         cmd.validate()
             .map_err(|(code, reason)| DaemonError::Malformed { code, reason })?;
@@ -509,30 +544,30 @@ impl Daemon {
         // common case, and the queue's bookkeeping was a fair part of a message's cost).
         let cmd = if c.held_count == 0 && self.ready() {
             self.now = now;
-            match self.try_accept(client, cmd) {
+            match self.try_accept(client, (cmd, spread)) {
                 Ok(()) => {
                     self.after(now);
                     return Ok(());
                 }
-                Err(cmd) => cmd,
+                Err(held) => held,
             }
         } else {
-            cmd
+            (cmd, spread)
         };
         let Some(c) = self.clients.get_mut(client) else {
             return Err(DaemonError::UnknownClient(id));
         };
-        let group = match &cmd {
+        let group = match &cmd.0 {
             ClientCommand::Join { group, .. }
             | ClientCommand::Leave { group }
             | ClientCommand::FlushAck { group, .. } => group.clone(),
             // A message to several groups waits in the queue of the first.
             ClientCommand::Multicast { groups, .. } => groups[0].clone(),
         };
-        if matches!(cmd, ClientCommand::FlushAck { .. }) {
+        if matches!(cmd.0, ClientCommand::FlushAck { .. }) {
             c.held_acks += 1;
         }
-        c.held_bytes += command_bytes(&cmd);
+        c.held_bytes += command_bytes(&cmd.0);
         c.held.entry(group).or_default().push_back(cmd);
         c.held_count += 1;
         self.after(now);

@@ -34,7 +34,21 @@ impl Daemon {
             .filter(|m| before.contains(m))
             .cloned()
             .collect();
-        self.emit_view_with(group, view, members, reason, joiners, |c, came| {
+        // Who the change concerns: who came, or who went.
+        let concerned: Vec<String> = match reason {
+            Reason::Join => members
+                .iter()
+                .filter(|m| !before.contains(m))
+                .cloned()
+                .collect(),
+            _ => before
+                .iter()
+                .filter(|b| !members.contains(b))
+                .cloned()
+                .collect(),
+        };
+        let sets = [concerned];
+        self.emit_view_with(group, view, members, reason, joiners, &sets, |c, came| {
             if came && before.iter().any(|b| b == c) {
                 stayed.clone()
             } else {
@@ -44,7 +58,8 @@ impl Daemon {
     }
 
     /// As [`Daemon::emit_view`], with each client's transitional set from `trans(client, had a
-    /// view)`.
+    /// view)`, and `sets` the members' sets for Spread clients.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn emit_view_with(
         &mut self,
         group: &str,
@@ -52,6 +67,7 @@ impl Daemon {
         members: &[String],
         reason: Reason,
         joiners: &[String],
+        sets: &[Vec<String>],
         trans: impl Fn(&str, bool) -> Vec<String>,
     ) {
         let local: Vec<String> = self
@@ -69,19 +85,27 @@ impl Daemon {
         for c in local {
             // A client that installed no view of the group since it joined comes alone.
             let transitional = trans(&c, self.clients[&c].views.contains_key(group));
-            if let Some(cl) = self.clients.get_mut(&c) {
-                cl.views.insert(group.to_owned(), view);
+            let Some(cl) = self.clients.get_mut(&c) else {
+                continue;
+            };
+            cl.views.insert(group.to_owned(), view);
+            let ev = ClientEvent::View {
+                group: group.to_owned(),
+                view,
+                members: members.to_vec(),
+                transitional,
+                reason,
+            };
+            if cl.spread {
+                let client = cl.id;
+                self.events.push_back(LocalEvent::SpreadView {
+                    client,
+                    view: ev,
+                    sets: sets.to_vec(),
+                });
+            } else {
+                self.emit(&c, ev);
             }
-            self.emit(
-                &c,
-                ClientEvent::View {
-                    group: group.to_owned(),
-                    view,
-                    members: members.to_vec(),
-                    transitional,
-                    reason,
-                },
-            );
         }
     }
 }

@@ -2,6 +2,8 @@
 //! they framed for their clients is kept.
 #![allow(dead_code)]
 
+pub mod spread_client;
+
 use conclave_node::config::Identities;
 use conclave_node::{Config, Node, NodeOptions, SessionId, SessionOutput, Time};
 use conclave_wire::client::{next_frame, Reply};
@@ -17,6 +19,11 @@ pub struct Net {
     pub captured: Vec<(usize, usize, Vec<u8>)>,
     /// Every reply a node framed for a client: node, session, reply.
     pub replies: Vec<(usize, SessionId, Reply)>,
+    /// Sessions that speak Spread's protocol: their bytes go to `raw`, not `replies`.
+    pub spread: std::collections::HashSet<(usize, SessionId)>,
+    pub raw: std::collections::HashMap<(usize, SessionId), Vec<u8>>,
+    /// Sessions the nodes closed.
+    pub closed: Vec<(usize, SessionId)>,
 }
 
 pub fn network(n: usize, seed: u64) -> (Config, Identities) {
@@ -46,6 +53,9 @@ impl Net {
             now: 0,
             captured: Vec::new(),
             replies: Vec::new(),
+            spread: Default::default(),
+            raw: Default::default(),
+            closed: Vec::new(),
         }
     }
 
@@ -69,7 +79,16 @@ impl Net {
                 for i in 0..self.nodes.len() {
                     while let Some((id, out)) = self.nodes[i].poll_session() {
                         moved = true;
+                        if out == SessionOutput::Close {
+                            self.closed.push((i, id));
+                        }
                         if let SessionOutput::Bytes(b, count) = out {
+                            if self.spread.contains(&(i, id)) {
+                                self.raw.entry((i, id)).or_default().extend_from_slice(&b);
+                                let len = b.len();
+                                self.nodes[i].handle_session_written(id, len, count, [b]);
+                                continue;
+                            }
                             let mut at = 0;
                             while let Some((body, used)) = next_frame(&b[at..]).unwrap() {
                                 self.replies.push((i, id, Reply::decode(body).unwrap()));
