@@ -11,7 +11,7 @@ pub mod time;
 
 pub use groups::{
     ClientCommand, ClientEvent, ClientId, Daemon, DaemonConfig, DaemonError, Delivery, GroupViewId,
-    LocalEvent, Reason,
+    LocalEvent, Reason, OPEN_VIEW,
 };
 pub use membership::{Configuration, Membership, MembershipConfig, Phase, RingEvent};
 pub use ordering::{

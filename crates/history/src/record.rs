@@ -82,6 +82,15 @@ pub enum Event {
         view: ViewId,
         payload: String,
     },
+    /// The process sent `msg` to `group` without being a member (a Spread client: Spread's
+    /// groups are open): it is delivered in whichever view the group has where it is ordered,
+    /// so no view of the sender's is named.
+    OpenSend {
+        group: String,
+        msg: String,
+        service: Service,
+        payload: String,
+    },
     Deliver {
         group: String,
         msg: String,
@@ -213,6 +222,7 @@ impl Record {
             | Event::TransSignal { group }
             | Event::FlushAck { group }
             | Event::Send { group, .. }
+            | Event::OpenSend { group, .. }
             | Event::Deliver { group, .. }
             | Event::SecureView { group, .. }
             | Event::SecureRefused { group, .. }

@@ -137,6 +137,20 @@ impl Recorder {
     pub fn client_event(&self, client: &str, ev: &ClientEvent) -> Option<Event> {
         match ev {
             ClientEvent::Closed { .. } => Some(Event::Crash),
+            ClientEvent::Sent {
+                group,
+                service,
+                payload,
+                view,
+            } if view.index == conclave_gcs::OPEN_VIEW => Some(Event::OpenSend {
+                msg: message_name(client, group, payload),
+                group: group.clone(),
+                service: Service::from(*service),
+                payload: hex::encode(payload),
+            }),
+            // Messages to a private group are a Spread client's to one client, outside any
+            // group: the history leaves them out.
+            ClientEvent::Message { view, .. } if view.index == conclave_gcs::OPEN_VIEW => None,
             ev => {
                 let naming = Naming {
                     view: &|v| self.group_view(v),

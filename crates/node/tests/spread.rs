@@ -467,3 +467,85 @@ fn spread_clients_see_partitions_and_merges_with_their_sets() {
         assert_eq!(&local, own, "client {i}");
     }
 }
+
+#[test]
+fn spread_groups_are_open_and_private_groups_reach_one_client() {
+    let (cfg, ids) = network(2, 55);
+    let mut net = Net::new(&cfg, &ids);
+    net.run(600);
+    let mut alice = connect(&mut net, 0, 1, "alice");
+    let mut carol = connect(&mut net, 1, 3, "carol");
+    native(&mut net, 1, 2, "bob", "g");
+    net.run(100);
+    carol.req(&mut net, sc::JOIN, &["g"], 0, b"");
+    net.run(100);
+    carol.take(&net);
+    let from = net.replies.len();
+
+    // Alice is in no group: she sends to g all the same, and to Carol's private group.
+    alice.req(&mut net, sc::AGREED, &["g"], 3, b"to g");
+    alice.req(&mut net, sc::RELIABLE, &["#carol#d2"], 4, b"to carol");
+    // And to both at once: Carol gets one copy.
+    alice.req(&mut net, sc::SAFE, &["g", "#carol#d2"], 5, b"to both");
+    // Carol to Bob's private group: a Conclave client gets it under that name.
+    carol.req(&mut net, sc::FIFO, &["#bob#d2"], 6, b"to bob");
+    net.run(100);
+    let got: Vec<(Vec<String>, i16, Vec<u8>)> = carol
+        .take(&net)
+        .into_iter()
+        .map(|m| match m {
+            Message::Data {
+                groups,
+                mess_type,
+                data,
+                sender,
+                ..
+            } => {
+                assert_eq!(sender, "#alice#d1");
+                (groups, mess_type, data)
+            }
+            m => panic!("{m:?}"),
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (strings(&["g"]), 3, b"to g".to_vec()),
+            (strings(&["#carol#d2"]), 4, b"to carol".to_vec()),
+            (strings(&["g", "#carol#d2"]), 5, b"to both".to_vec()),
+        ]
+    );
+    assert_eq!(alice.take(&net), []);
+    let got: Vec<(String, String, Vec<u8>)> = native_events(&net, 1, 2, from)
+        .into_iter()
+        .filter_map(|e| match e {
+            ClientEvent::Message {
+                group,
+                sender,
+                payload,
+                ..
+            } => Some((group, sender, payload.to_vec())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("g".into(), "alice#d1".into(), b"to g".to_vec()),
+            ("g".into(), "alice#d1".into(), b"to both".to_vec()),
+            ("#bob#d2".into(), "carol#d2".into(), b"to bob".to_vec()),
+        ]
+    );
+    // A private group nobody holds, a group nobody is in, and the daemons' own member (as a
+    // private group): delivered to nobody.
+    alice.req(
+        &mut net,
+        sc::AGREED,
+        &["#nobody#d2", "empty", "##d2"],
+        0,
+        b"lost",
+    );
+    net.run(100);
+    assert_eq!(carol.take(&net), []);
+    assert!(!net.closed.contains(&(0, 1)));
+}

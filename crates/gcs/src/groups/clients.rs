@@ -145,9 +145,33 @@ impl Daemon {
                 groups,
                 payload,
             } => {
-                // Sent in the client's current view of every group, or not yet.
+                // Sent in the client's current view of every group, or not yet. A Spread client
+                // sends to a group it is not in (or a private group) in no view of its own.
                 let mut views = Vec::with_capacity(groups.len());
+                let open = |g: &str| {
+                    self.clients.get(client).is_some_and(|c| {
+                        c.spread && (g.starts_with('#') || !c.groups.contains_key(g))
+                    })
+                };
+                let ring = self.config.as_ref().map(|c| c.0);
                 for group in &groups {
+                    if open(group) {
+                        let Some(ring) = ring else {
+                            return Err((
+                                ClientCommand::Multicast {
+                                    service,
+                                    groups,
+                                    payload,
+                                },
+                                spread,
+                            ));
+                        };
+                        views.push(GroupViewId {
+                            ring,
+                            index: OPEN_VIEW,
+                        });
+                        continue;
+                    }
                     let view = self.groups.get(group).and_then(|g| g.view.map(|v| (g, v)));
                     let Some((g, view)) = view else {
                         return Err((
@@ -181,6 +205,19 @@ impl Daemon {
                 }
                 let sent: Vec<(String, GroupViewId)> = groups.into_iter().zip(views).collect();
                 for (group, view) in &sent {
+                    if view.index == OPEN_VIEW {
+                        if !group.starts_with('#') {
+                            if let Some(c) = self.clients.get(client) {
+                                self.events.push_back(LocalEvent::OpenSent {
+                                    client: c.id,
+                                    group: group.clone(),
+                                    service,
+                                    payload: payload.clone(),
+                                });
+                            }
+                        }
+                        continue;
+                    }
                     self.emit(
                         client,
                         ClientEvent::Sent {

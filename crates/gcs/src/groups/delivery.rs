@@ -22,7 +22,17 @@ impl Daemon {
         }
         // Client messages, the bulk, are read where they lie: the ring layer still holds them.
         if let Body::Client { client, groups, .. } = &*body {
+            let mut spoken_for = None;
             for (index, (group, sent_in)) in groups.iter().enumerate() {
+                if *sent_in == OPEN_VIEW {
+                    // From outside the group: its sender's daemon must speak for it, and it is
+                    // delivered in the view the group has here, now.
+                    if !*spoken_for.get_or_insert_with(|| self.speaks_for(sender, client)) {
+                        return;
+                    }
+                    self.deliver_open(&body, index, ring, transitional);
+                    continue;
+                }
                 let Some(view) = self.groups.get(group).and_then(|g| g.view) else {
                     continue;
                 };
@@ -128,6 +138,39 @@ impl Daemon {
         }
     }
 
+    /// A message from outside its `index`th group (or to a private group, `#name`: the client
+    /// `name`, if it is here), delivered in the group's current view on `ring`.
+    fn deliver_open(&mut self, body: &Arc<Body>, index: usize, ring: RingId, transitional: bool) {
+        let Body::Client { groups, .. } = &**body else {
+            return;
+        };
+        let Some((group, _)) = groups.get(index) else {
+            return;
+        };
+        if let Some(name) = group.strip_prefix('#') {
+            // `#name#daemon` names a client; nothing else does (the daemons' own member of
+            // their group, `#d1`, is nobody's to write to).
+            let client = name.split_once('#').is_some_and(|(n, _)| !n.is_empty());
+            if let Some(c) = self.clients.get(name).filter(|_| client) {
+                self.events.push_back(LocalEvent::Message(Delivery {
+                    client: c.id,
+                    body: body.clone(),
+                    index,
+                    view: GroupViewId {
+                        ring,
+                        index: OPEN_VIEW,
+                    },
+                    transitional,
+                }));
+            }
+            return;
+        }
+        match self.groups.get(group).and_then(|g| g.view) {
+            Some(view) if view.ring == ring => self.deliver(body, index, view, transitional),
+            _ => {}
+        }
+    }
+
     /// A client message (`body`), for its `index`th group in that group's current view, to the
     /// local members holding that view.
     pub(super) fn deliver(
@@ -173,6 +216,14 @@ pub enum LocalEvent {
         view: ClientEvent,
         sets: Vec<Vec<String>>,
     },
+    /// A Spread client's message to a group it is not in was accepted (there is no view to
+    /// name: it is delivered in the view the group has where the ring orders it).
+    OpenSent {
+        client: ClientId,
+        group: String,
+        service: ServiceType,
+        payload: Bytes,
+    },
 }
 
 impl LocalEvent {
@@ -181,6 +232,28 @@ impl LocalEvent {
         match self {
             LocalEvent::Event(c, ev) => (c, ev),
             LocalEvent::SpreadView { client, view, .. } => (client, view),
+            LocalEvent::OpenSent {
+                client,
+                group,
+                service,
+                payload,
+            } => (
+                client,
+                ClientEvent::Sent {
+                    group,
+                    service,
+                    payload,
+                    // No view: the ring's and the open number, as the message carries it.
+                    view: GroupViewId {
+                        ring: RingId {
+                            seq: 0,
+                            rep: 0,
+                            inc: 0,
+                        },
+                        index: OPEN_VIEW,
+                    },
+                },
+            ),
             LocalEvent::Message(d) => {
                 let m = d.message();
                 let ev = ClientEvent::Message {

@@ -259,6 +259,11 @@ struct Client {
     spread: bool,
 }
 
+/// The view number a message carries for a group its sender is not in, or a private group
+/// (Spread's open groups, [`Daemon::connect_spread`]): it is delivered in the view the group has
+/// where the ring orders it.
+pub const OPEN_VIEW: u64 = u64::MAX;
+
 /// A client's command waiting to be accepted, with what a Spread client's message carries beyond
 /// it.
 type Held = (ClientCommand, Option<Box<SpreadMeta>>);
@@ -528,6 +533,8 @@ impl Daemon {
                     return Err(not_member(group));
                 }
             }
+            // A Spread client may send to groups it is not in, and to private groups.
+            ClientCommand::Multicast { .. } if c.spread => {}
             ClientCommand::Multicast { groups, .. } => {
                 if let Some(g) = groups.iter().find(|g| !c.intent.contains_key(*g)) {
                     return Err(not_member(g));

@@ -43,7 +43,7 @@ pub(super) fn integrity(f: &Facts, rep: &mut Report<'_>) {
         }
     }
     for s in &f.sends {
-        if own.contains(&(&s.proc, s.msg.as_str())) || f.crashed.contains_key(&s.proc) {
+        if s.open || own.contains(&(&s.proc, s.msg.as_str())) || f.crashed.contains_key(&s.proc) {
             continue;
         }
         let later_view = f.timeline[&s.proc][s.pos..].iter().find_map(|st| match st {

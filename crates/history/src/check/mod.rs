@@ -114,6 +114,9 @@ struct Send {
     rec: usize,
     t: u64,
     pos: usize,
+    /// Sent by a process outside the group ([`Event::OpenSend`]): no view of the sender's, so
+    /// none of the checks that compare views or order a sender's messages within one.
+    open: bool,
 }
 
 struct Report<'a> {
@@ -332,6 +335,27 @@ fn gather(records: &[Record], rep: &mut Report<'_>) -> Facts {
                     rec: i,
                     t: r.t,
                     pos,
+                    open: false,
+                });
+                f.timeline.entry(proc).or_default().push(Step::Send);
+            }
+            Event::OpenSend {
+                group,
+                msg,
+                service,
+                payload,
+            } => {
+                f.sends.push(Send {
+                    proc: proc.clone(),
+                    group: group.clone(),
+                    msg: msg.clone(),
+                    service: *service,
+                    view: ViewId(u64::MAX, "open".into()),
+                    payload: payload.clone(),
+                    rec: i,
+                    t: r.t,
+                    pos,
+                    open: true,
                 });
                 f.timeline.entry(proc).or_default().push(Step::Send);
             }

@@ -11,7 +11,7 @@ pub(super) fn order(f: &Facts, rep: &mut Report<'_>) {
     // O1: the place of each FIFO-or-stronger message in its sender's sends of that view.
     let mut send_index: HashMap<&str, usize> = HashMap::new();
     let mut sender_count: HashMap<(&Proc, &str, &ViewId), usize> = HashMap::new();
-    for s in &f.sends {
+    for s in f.sends.iter().filter(|s| !s.open) {
         if s.service.at_least_fifo() {
             let c = sender_count
                 .entry((&s.proc, s.group.as_str(), &s.view))
@@ -29,7 +29,7 @@ pub(super) fn order(f: &Facts, rep: &mut Report<'_>) {
         for st in steps {
             let Step::Deliver(di) = st else { continue };
             let d = &f.deliveries[*di];
-            let Some(s) = sends.get(d.msg.as_str()) else {
+            let Some(s) = sends.get(d.msg.as_str()).filter(|s| !s.open) else {
                 continue;
             };
             let key = (s.proc.0.as_str(), d.group.as_str(), &s.view);
@@ -89,7 +89,7 @@ fn causal_clocks(f: &Facts) -> HashMap<&str, BTreeMap<&str, u32>> {
     // Process events in time order (a send precedes its deliveries); ties by record index.
     let mut events: Vec<(u64, usize, bool, usize)> = Vec::new();
     for (i, s) in f.sends.iter().enumerate() {
-        if s.service.at_least_causal() {
+        if s.service.at_least_causal() && !s.open {
             events.push((s.t, s.rec, true, i));
         }
     }
