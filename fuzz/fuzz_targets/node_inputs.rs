@@ -1,6 +1,6 @@
-//! A daemon node under hostile input: any bytes from client connections and any datagrams from a
-//! configured peer, at any times, are handled without panic, and every reply the node frames
-//! decodes. Links are off, so that the datagrams reach the core (`link_datagram` fuzzes the
+//! A daemon node under hostile input: any bytes from client connections (native and Spread) and
+//! any datagrams from a configured peer, at any times, are handled without panic, and every reply
+//! the node frames for a native client decodes. Links are off, so that the datagrams reach the core (`link_datagram` fuzzes the
 //! links).
 #![no_main]
 use conclave_node::{Config, Node, NodeOptions, SessionOutput};
@@ -16,6 +16,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut now = conclave_node::Time::ZERO;
+    let mut spread = std::collections::HashSet::new();
     // Each step: an op byte, a two-byte length, that many bytes.
     let mut rest = data;
     while rest.len() >= 3 {
@@ -26,8 +27,15 @@ fuzz_target!(|data: &[u8]| {
         rest = &rest[bytes.len()..];
         let session = u64::from(op >> 4);
         match op & 0x7 {
+            0 if op & 0x8 != 0 => {
+                if node.open_spread_session(now, session).is_ok() {
+                    spread.insert(session);
+                }
+            }
             0 => {
-                let _ = node.open_session(now, session);
+                if node.open_session(now, session).is_ok() {
+                    spread.remove(&session);
+                }
             }
             1 | 2 => node.handle_session_bytes(now, session, bytes),
             3 => node.close_session(now, session),
@@ -41,6 +49,10 @@ fuzz_target!(|data: &[u8]| {
         }
         while let Some((id, out)) = node.poll_session() {
             if let SessionOutput::Bytes(b, replies) = out {
+                if spread.contains(&id) {
+                    node.handle_session_written(id, b.len(), replies, [b]);
+                    continue;
+                }
                 let mut at = 0;
                 let mut count = 0;
                 while let Ok(Some((body, used))) = next_frame(&b[at..]) {

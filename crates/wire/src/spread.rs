@@ -583,6 +583,226 @@ pub fn write_self_leave(out: &mut Vec<u8>, group: &str) {
     .encode_into(out);
 }
 
+/// The client's side (for `conclave user --spread` and the simulator's Spread clients): what a
+/// Spread library sends, and the daemon's messages as it reads them. Input from a daemon is
+/// checked as any wire input is: a malformed message is an error, never a panic.
+pub mod client {
+    use super::*;
+    use crate::DecodeError;
+
+    /// The connect message of a 4.4.0 library (membership messages on or off) and its choice of
+    /// `NULL` authentication, which may follow at once.
+    pub fn hello(name: &str, membership: bool) -> Vec<u8> {
+        let mut b = Connect {
+            version: DAEMON_VERSION,
+            membership,
+            priority: 0,
+            name: name.to_owned(),
+        }
+        .encode();
+        b.extend_from_slice(&null_auth_reply());
+        b
+    }
+
+    /// The daemon's side of the handshake at the start of `stream`: the private group and the
+    /// bytes it took; `Ok(None)` while incomplete; `Err` with the reject code.
+    pub fn accepted(stream: &[u8]) -> Result<Option<(String, usize)>, i8> {
+        let Some(&len) = stream.first() else {
+            return Ok(None);
+        };
+        if (len as i8) < 0 {
+            return Err(len as i8);
+        }
+        let at = 1 + len as usize;
+        let Some(&accept) = stream.get(at) else {
+            return Ok(None);
+        };
+        if accept != ACCEPT_SESSION {
+            return Err(accept as i8);
+        }
+        let Some(&p) = stream.get(at + 4) else {
+            return Ok(None);
+        };
+        let end = at + 5 + p as usize;
+        let Some(name) = stream.get(at + 5..end) else {
+            return Ok(None);
+        };
+        let name = std::str::from_utf8(name).map_err(|_| Reject::IllegalName as i8)?;
+        Ok(Some((name.to_owned(), end)))
+    }
+
+    /// A request, little-endian: `kind` its type bits, `own` the client's private group.
+    pub fn request(kind: u32, own: &str, groups: &[&str], mess_type: u16, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_BYTES + 32 * groups.len() + data.len());
+        let hint = ((mess_type as u32) << 8) | ENDIAN_MARK;
+        write_data(&mut out, kind, own, groups, hint.to_le_bytes(), data);
+        out
+    }
+
+    /// A message from the daemon.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum Message {
+        Data {
+            kind: u32,
+            sender: String,
+            groups: Vec<String>,
+            mess_type: u16,
+            /// The sender's machine had the other byte order.
+            endian_mismatch: bool,
+            data: Vec<u8>,
+        },
+        Membership {
+            kind: u32,
+            group: String,
+            members: Vec<String>,
+            id: GroupId,
+            vs_sets: Vec<Vec<String>>,
+            /// The index in `vs_sets` of the set holding the receiver.
+            local: usize,
+        },
+        Transitional {
+            group: String,
+            id: GroupId,
+        },
+        SelfLeave {
+            group: String,
+        },
+        Reject {
+            old_kind: u32,
+            groups: Vec<String>,
+            data: Vec<u8>,
+        },
+    }
+
+    fn name_of(f: &[u8]) -> Result<String, DecodeError> {
+        let end = f.iter().position(|&b| b == 0).ok_or(DecodeError::TooLong {
+            what: "group name",
+            len: f.len(),
+            max: MAX_GROUP_NAME,
+        })?;
+        String::from_utf8(f[..end].to_vec())
+            .map_err(|_| DecodeError::BadUtf8 { what: "group name" })
+    }
+
+    /// The next message in `stream`, and the bytes it took; `Ok(None)` while incomplete.
+    pub fn next_message(stream: &[u8]) -> Result<Option<(Message, usize)>, DecodeError> {
+        let Some(head) = stream.first_chunk::<HEADER_BYTES>() else {
+            return Ok(None);
+        };
+        let h = Header::decode(head);
+        let bad = |what| DecodeError::TooLong {
+            what,
+            len: 0,
+            max: 0,
+        };
+        if h.num_groups < 0 || h.num_groups as usize > crate::client::MAX_VIEW_MEMBERS {
+            return Err(bad("group count"));
+        }
+        if h.data_len < 0 || h.data_len as usize > 4 << 20 {
+            return Err(bad("data length"));
+        }
+        let little = u32::from_le_bytes(*head.first_chunk::<4>().expect("4 bytes")) & ENDIAN_MARK
+            == ENDIAN_MARK;
+        let int = |b: &[u8]| {
+            let w: [u8; 4] = b.try_into().expect("4 bytes");
+            if little {
+                u32::from_le_bytes(w)
+            } else {
+                u32::from_be_bytes(w)
+            }
+        };
+        let extra = if h.kind & REJECT_MESS != 0 { 4 } else { 0 };
+        let names_at = HEADER_BYTES + extra;
+        let body_at = names_at + GROUP_NAME_BYTES * h.num_groups as usize;
+        let end = body_at + h.data_len as usize;
+        if stream.len() < end {
+            return Ok(None);
+        }
+        let groups = stream[names_at..body_at]
+            .chunks(GROUP_NAME_BYTES)
+            .map(name_of)
+            .collect::<Result<Vec<_>, _>>()?;
+        let body = &stream[body_at..end];
+        let header_name = name_of(&h.private_group)?;
+        let m = if h.kind & REJECT_MESS != 0 {
+            Message::Reject {
+                old_kind: int(&stream[HEADER_BYTES..names_at]) & !ENDIAN_MARK,
+                groups,
+                data: body.to_vec(),
+            }
+        } else if h.kind & REGULAR_MESS != 0 {
+            let hint = u32::from_le_bytes(h.hint);
+            let mismatch = hint & ENDIAN_MARK != ENDIAN_MARK;
+            let hint = if mismatch { hint.swap_bytes() } else { hint };
+            Message::Data {
+                kind: h.kind,
+                sender: header_name,
+                groups,
+                mess_type: ((hint & !ENDIAN_MARK) >> 8) as u16,
+                endian_mismatch: mismatch,
+                data: body.to_vec(),
+            }
+        } else if h.kind & REG_MEMB_MESS != 0 {
+            let word = |o: usize| body.get(o..o + 4).map(int).ok_or(bad("membership body"));
+            let id = GroupId {
+                proc_id: word(0)?,
+                time: word(4)?,
+                index: word(8)?,
+            };
+            let sets = word(12)? as usize;
+            let offset = word(16)? as usize;
+            let mut vs_sets = Vec::new();
+            let mut local = None;
+            let mut o = 20;
+            for _ in 0..sets.min(body.len() / 4) {
+                let n = word(o)? as usize;
+                if o - 20 == offset {
+                    local = Some(vs_sets.len());
+                }
+                let names = body
+                    .get(o + 4..o + 4 + GROUP_NAME_BYTES * n.min(body.len()))
+                    .ok_or(bad("vs set"))?;
+                vs_sets.push(
+                    names
+                        .chunks(GROUP_NAME_BYTES)
+                        .map(name_of)
+                        .collect::<Result<Vec<_>, _>>()?,
+                );
+                o += 4 + GROUP_NAME_BYTES * n;
+            }
+            if vs_sets.len() != sets || o != body.len() {
+                return Err(bad("vs sets"));
+            }
+            Message::Membership {
+                kind: h.kind,
+                group: header_name,
+                members: groups,
+                id,
+                vs_sets,
+                local: local.ok_or(bad("local vs set offset"))?,
+            }
+        } else if h.kind & TRANSITION_MESS != 0 {
+            let word = |o: usize| body.get(o..o + 4).map(int).ok_or(bad("transitional body"));
+            Message::Transitional {
+                group: header_name,
+                id: GroupId {
+                    proc_id: word(0)?,
+                    time: word(4)?,
+                    index: word(8)?,
+                },
+            }
+        } else if h.kind == CAUSED_BY_LEAVE {
+            Message::SelfLeave { group: header_name }
+        } else {
+            return Err(DecodeError::BadTag {
+                what: "Spread message type",
+                tag: 0,
+            });
+        };
+        Ok(Some((m, end)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -802,5 +1022,93 @@ mod tests {
         let body = &out[HEADER_BYTES + 64..];
         assert_eq!(body.len(), 92);
         assert_eq!(&body[16..20], &[36, 0, 0, 0]);
+    }
+
+    #[test]
+    fn the_client_reads_what_the_daemon_writes() {
+        use client::{next_message, Message};
+        let id = GroupId {
+            proc_id: 1,
+            time: 2,
+            index: 3,
+        };
+        let mut s = Vec::new();
+        write_data(
+            &mut s,
+            SAFE_MESS,
+            "#a#d",
+            &["g", "#b#d"],
+            [0, 0x12, 0x34, 0],
+            b"x",
+        );
+        write_membership(
+            &mut s,
+            CAUSED_BY_NETWORK,
+            "g",
+            &["#a#d", "#b#e"],
+            id,
+            &[vec!["#a#d"], vec!["#b#e"]],
+            1,
+        );
+        write_transitional(&mut s, "g", id);
+        write_self_leave(&mut s, "g");
+        write_reject(&mut s, AGREED_MESS, "#a#d", &["g"], PLAIN_HINT, b"y");
+        let want = [
+            Message::Data {
+                kind: SAFE_MESS,
+                sender: "#a#d".into(),
+                groups: vec!["g".into(), "#b#d".into()],
+                mess_type: 0x1234,
+                endian_mismatch: true,
+                data: b"x".to_vec(),
+            },
+            Message::Membership {
+                kind: REG_MEMB_MESS | CAUSED_BY_NETWORK,
+                group: "g".into(),
+                members: vec!["#a#d".into(), "#b#e".into()],
+                id,
+                vs_sets: vec![vec!["#a#d".into()], vec!["#b#e".into()]],
+                local: 1,
+            },
+            Message::Transitional {
+                group: "g".into(),
+                id,
+            },
+            Message::SelfLeave { group: "g".into() },
+            Message::Reject {
+                old_kind: AGREED_MESS,
+                groups: vec!["g".into(), "#a#d".into()],
+                data: b"y".to_vec(),
+            },
+        ];
+        let mut at = 0;
+        for w in want {
+            for n in at..s.len().min(at + HEADER_BYTES + 8) {
+                if let Ok(Some((_, used))) = next_message(&s[at..n]) {
+                    assert!(at + used <= n, "a message within what arrived");
+                }
+            }
+            let (m, used) = next_message(&s[at..]).unwrap().unwrap();
+            assert_eq!(m, w);
+            at += used;
+        }
+        assert_eq!(at, s.len());
+        let mut hello = client::hello("me", true);
+        assert_eq!(Connect::parse(&hello).unwrap().unwrap().1, 7);
+        assert_eq!(hello.split_off(7), null_auth_reply());
+        let mut acc = AUTH_LIST.to_vec();
+        acc.extend_from_slice(&accept_reply(
+            &Connect::parse(b"\x04\x04\x00\x01\x02me")
+                .unwrap()
+                .unwrap()
+                .0,
+            "#me#d",
+        ));
+        assert_eq!(
+            client::accepted(&acc),
+            Ok(Some(("#me#d".into(), acc.len())))
+        );
+        assert_eq!(client::accepted(&acc[..acc.len() - 1]), Ok(None));
+        assert_eq!(client::accepted(&[0xf7]), Err(-9));
     }
 }
