@@ -55,6 +55,10 @@ pub struct SimArgs {
     /// EVS) if true, VS groups if false, instead of the seed's draw (one in two).
     #[arg(long, requires = "secure")]
     pub evs: Option<bool>,
+    /// Every second client of each daemon speaks Spread's client protocol if true, none if
+    /// false, instead of the seed's draw (one in two; never in secure runs).
+    #[arg(long, conflicts_with = "secure")]
+    pub spread: Option<bool>,
 }
 
 fn parse_seeds(s: &str) -> Result<std::ops::Range<u64>> {
@@ -115,6 +119,7 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
                 .transpose()?;
             m.keys = args.keys;
             m.evs = args.evs;
+            m.spread = args.spread;
             (conclave_sim::run_membership(&m), m.max_views_after_stable())
         } else {
             (run(&cfg), Config::default().max_views_after_stable)
@@ -125,7 +130,7 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
                 max_views_after_stable: bound,
             },
         );
-        let ok = v.is_empty() && r.completed;
+        let ok = v.is_empty() && r.completed && r.stats.spread_unreadable == 0;
         sim_us += r.sim_us;
         runs += 1;
         writeln!(

@@ -130,6 +130,10 @@ pub struct Stats {
     pub topology_settle_us: Vec<u64>,
     /// Full runs with a script: how many of its steps happened.
     pub script_steps: usize,
+    /// Full runs with Spread clients: messages they read, and clients whose daemon sent them
+    /// bytes they could not read as Spread's protocol (a failure of the run).
+    pub spread_messages: u64,
+    pub spread_unreadable: u64,
 }
 
 fn pct(v: &mut [u64], p: f64) -> u64 {

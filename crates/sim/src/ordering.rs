@@ -303,6 +303,8 @@ pub fn run(cfg: &SimConfig) -> SimResult {
         converge_us: 0,
         topology_settle_us: Vec::new(),
         script_steps: 0,
+        spread_messages: 0,
+        spread_unreadable: 0,
     };
     if let Some(fault) = cfg.planted {
         tally.history = plant(&mut tally.history, fault);

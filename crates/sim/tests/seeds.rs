@@ -106,7 +106,25 @@ fn full_run_passes(
     );
     assert!(r.completed, "full seed {seed} did not converge");
     assert!(r.delivered > 0, "full seed {seed} delivered nothing");
+    assert_eq!(
+        r.stats.spread_unreadable, 0,
+        "full seed {seed}: a Spread client could not read its daemon"
+    );
     r
+}
+
+/// Every second client speaks Spread's protocol (the swarm draws it for half the seeds): open
+/// groups, private groups, SELF_DISCARD and KILL_MESS among the faults, and every message the
+/// daemons send those clients reads as Spread's.
+#[test]
+fn full_seeds_with_spread_clients() {
+    let mut read = 0;
+    for seed in 3000..3060 {
+        read += full_run_passes(seed, |m| m.spread = Some(true))
+            .stats
+            .spread_messages;
+    }
+    assert!(read > 0);
 }
 
 #[test]

@@ -20,11 +20,82 @@ pub(super) struct SimClient {
     pub(super) secure: BTreeMap<String, conclave_secure::SecureGroup>,
     /// Their commands waiting for room in the window, in order.
     pub(super) pending: std::collections::VecDeque<ClientCommand>,
+    /// A client of Spread's protocol (docs/spread.md) instead of Conclave's.
+    pub(super) spread: Option<SpreadSim>,
+}
+
+/// What a simulated Spread client keeps: the daemon's bytes not yet read, its private group once
+/// accepted, the groups it asked to join. It reads every message as libspread would; a message
+/// it cannot read stops its reading (and the history then lacks what the checker wants).
+#[derive(Default)]
+pub(super) struct SpreadSim {
+    pub(super) input: Vec<u8>,
+    pub(super) private_group: Option<String>,
+    pub(super) groups: BTreeSet<String>,
+    pub(super) broken: bool,
+    /// Messages read, by kind (data, membership, transitional, self-leave, reject).
+    pub(super) read: [u64; 5],
+}
+
+impl SpreadSim {
+    fn feed(&mut self, bytes: &[u8]) {
+        use conclave_wire::spread::client::{accepted, next_message, Message};
+        if self.broken {
+            return;
+        }
+        self.input.extend_from_slice(bytes);
+        let mut at = 0;
+        if self.private_group.is_none() {
+            match accepted(&self.input) {
+                Ok(Some((pg, used))) => {
+                    self.private_group = Some(pg);
+                    at = used;
+                }
+                Ok(None) => return,
+                Err(_) => {
+                    self.broken = true;
+                    return;
+                }
+            }
+        }
+        loop {
+            match next_message(&self.input[at..]) {
+                Ok(Some((m, used))) => {
+                    at += used;
+                    let kind = match m {
+                        Message::Data { .. } => 0,
+                        Message::Membership { .. } => 1,
+                        Message::Transitional { .. } => 2,
+                        Message::SelfLeave { group } => {
+                            self.groups.remove(&group);
+                            3
+                        }
+                        Message::Reject { .. } => 4,
+                    };
+                    self.read[kind] += 1;
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    self.broken = true;
+                    break;
+                }
+            }
+        }
+        self.input.drain(..at);
+    }
 }
 
 impl SimClient {
     pub(super) fn connected(&self) -> bool {
         self.session.is_some()
+    }
+
+    /// The groups it is in (or asked to be).
+    pub(super) fn joined(&self) -> Vec<String> {
+        match &self.spread {
+            Some(s) => s.groups.iter().cloned().collect(),
+            None => self.core.groups().map(str::to_owned).collect(),
+        }
     }
 }
 
@@ -43,11 +114,28 @@ pub(super) struct World {
     pub(super) by_name: BTreeMap<String, usize>,
     pub(super) history: Vec<Record>,
     pub(super) dinc: Vec<u32>,
+    /// Messages Spread clients read, and sessions of theirs that ended unreadable, so far.
+    pub(super) spread_read: u64,
+    pub(super) spread_broken: u64,
     pub(super) delivered: u64,
     pub(super) views: u64,
     pub(super) now: u64,
     /// Identities and the directory, in secure runs.
     pub(super) security: Option<super::secure::Security>,
+}
+
+/// What a simulated Spread client asks of its daemon.
+pub(super) enum SpreadRequest {
+    Join(String),
+    Leave(String),
+    Kill,
+    Send {
+        service: conclave_wire::gcs::ServiceType,
+        /// Groups (joined or not) and private groups.
+        groups: Vec<String>,
+        payload: Vec<u8>,
+        self_discard: bool,
+    },
 }
 
 /// Places in a simulated client's window (the library's default).
@@ -113,6 +201,12 @@ impl World {
                     continue;
                 };
                 match out {
+                    SessionOutput::Bytes(bytes, n) if self.clients[ci].spread.is_some() => {
+                        if let Some(s) = self.clients[ci].spread.as_mut() {
+                            s.feed(&bytes);
+                        }
+                        self.nodes[i].handle_session_written(sid, bytes.len(), n, [bytes]);
+                    }
                     SessionOutput::Bytes(bytes, n) => {
                         self.clients[ci].core.buffer().extend_from_slice(&bytes);
                         self.nodes[i].handle_session_written(sid, bytes.len(), n, [bytes]);
@@ -163,12 +257,31 @@ impl World {
         (!out.is_empty()).then_some(out)
     }
 
-    /// Client `ci` sends a command, if its session core lets it go.
+    /// Client `ci` sends a command, if its session core lets it go (a Spread client sends it as
+    /// Spread's request).
     pub(super) fn command(&mut self, ci: usize, cmd: ClientCommand) {
         let c = &mut self.clients[ci];
         let Some(sid) = c.session else {
             return;
         };
+        if c.spread.is_some() {
+            let req = match cmd {
+                ClientCommand::Join { group, .. } => SpreadRequest::Join(group),
+                ClientCommand::Leave { group } => SpreadRequest::Leave(group),
+                ClientCommand::Multicast {
+                    service,
+                    groups,
+                    payload,
+                } => SpreadRequest::Send {
+                    service,
+                    groups,
+                    payload: payload.to_vec(),
+                    self_discard: false,
+                },
+                ClientCommand::FlushAck { .. } => return,
+            };
+            return self.spread_request(ci, req);
+        }
         let Ok(bytes) = c.core.command(cmd) else {
             return;
         };
@@ -181,6 +294,18 @@ impl World {
         let sid = self.next_session;
         self.next_session += 1;
         let now = Time::from_micros(self.now);
+        if self.clients[ci].spread.is_some() {
+            if self.nodes[d].open_spread_session(now, sid).is_err() {
+                return;
+            }
+            self.sessions.insert(sid, ci);
+            self.client_gone(ci);
+            let c = &mut self.clients[ci];
+            c.session = Some(sid);
+            let hello = conclave_wire::spread::client::hello(&c.private, true);
+            self.nodes[d].handle_session_bytes(now, sid, &hello);
+            return;
+        }
         if self.nodes[d].open_session(now, sid).is_err() {
             return;
         }
@@ -201,6 +326,48 @@ impl World {
         c.core = SessionCore::new(WINDOW);
         c.secure.clear();
         c.pending.clear();
+        if let Some(s) = c.spread.as_mut() {
+            self.spread_read += s.read.iter().sum::<u64>();
+            self.spread_broken += u64::from(s.broken);
+            *s = SpreadSim::default();
+        }
+    }
+
+    /// Spread client `ci` sends a request (once its daemon has accepted it).
+    pub(super) fn spread_request(&mut self, ci: usize, req: SpreadRequest) {
+        use conclave_wire::spread::{self as sp, client::request};
+        let c = &mut self.clients[ci];
+        let (Some(sid), Some(s)) = (c.session, c.spread.as_mut()) else {
+            return;
+        };
+        let Some(pg) = s.private_group.clone() else {
+            return;
+        };
+        let bytes = match req {
+            SpreadRequest::Join(g) => {
+                s.groups.insert(g.clone());
+                request(sp::JOIN_MESS, &pg, &[&g], 0, &[])
+            }
+            SpreadRequest::Leave(g) => {
+                s.groups.remove(&g);
+                request(sp::LEAVE_MESS, &pg, &[&g], 0, &[])
+            }
+            SpreadRequest::Kill => request(sp::KILL_MESS, &pg, &[&pg], 0, &[]),
+            SpreadRequest::Send {
+                service,
+                groups,
+                payload,
+                self_discard,
+            } => {
+                let bit = 1u32 << (service as u32);
+                let kind = bit | if self_discard { sp::SELF_DISCARD } else { 0 };
+                let names: Vec<&str> = groups.iter().map(String::as_str).collect();
+                request(kind, &pg, &names, 1, &payload)
+            }
+        };
+        let now = Time::from_micros(self.now);
+        let d = c.daemon;
+        self.nodes[d].handle_session_bytes(now, sid, &bytes);
     }
 
     /// The client's daemon crashed: the client's incarnation ends with it.

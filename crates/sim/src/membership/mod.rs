@@ -32,7 +32,7 @@ mod scripts;
 mod secure;
 mod workload;
 
-use cluster::{SimClient, World, WINDOW};
+use cluster::{SimClient, SpreadSim, World, WINDOW};
 use network::Wire;
 use scripts::{crash, restart, scripted};
 
@@ -163,6 +163,10 @@ pub struct MembershipSimConfig {
     /// With keys from the daemons: the groups are EVS groups whose late messages the daemons
     /// reseal (Optimized EVS); the seed draws it one time in two, or this.
     pub evs: Option<bool>,
+    /// Every second client of each daemon speaks Spread's protocol (docs/spread.md): the seed
+    /// draws it one time in two, or this (never in secure runs: Spread clients have no secure
+    /// layer).
+    pub spread: Option<bool>,
 }
 
 impl MembershipSimConfig {
@@ -183,6 +187,7 @@ impl MembershipSimConfig {
             protocol: None,
             keys: None,
             evs: None,
+            spread: None,
         }
     }
 
@@ -274,6 +279,11 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         rng2,
     };
     let mut timers: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    // Drawn from a stream of its own, so that the faults stay the seed's.
+    let spread = !cfg.secure
+        && cfg
+            .spread
+            .unwrap_or(ChaCha20Rng::seed_from_u64(cfg.seed ^ 0x7370_7264).next_u32() % 2 == 0);
     let mut w = World {
         multi_group: cfg.multi_group,
         cfg: config,
@@ -294,6 +304,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                         sent: 0,
                         secure: BTreeMap::new(),
                         pending: Default::default(),
+                        spread: (spread && j % 2 == 1).then(SpreadSim::default),
                     }
                 })
             })
@@ -303,6 +314,8 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         by_name: BTreeMap::new(),
         history: Vec::new(),
         dinc: vec![0; n],
+        spread_read: 0,
+        spread_broken: 0,
         delivered: 0,
         views: 0,
         now: 0,
@@ -617,6 +630,19 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             },
             topology_settle_us: settle,
             script_steps: step,
+            spread_messages: w.spread_read
+                + w.clients
+                    .iter()
+                    .filter_map(|c| c.spread.as_ref())
+                    .map(|s| s.read.iter().sum::<u64>())
+                    .sum::<u64>(),
+            spread_unreadable: w
+                .clients
+                .iter()
+                .filter_map(|c| c.spread.as_ref())
+                .filter(|s| s.broken)
+                .count() as u64
+                + w.spread_broken,
             ..Stats::default()
         },
         history: w.history,

@@ -2,6 +2,7 @@
 //! seed draws.
 
 use super::*;
+use cluster::SpreadRequest;
 
 impl World {
     /// One step of client `ci`'s workload.
@@ -32,8 +33,9 @@ impl World {
         let joined: Vec<String> = if self.security.is_some() {
             self.clients[ci].secure.keys().cloned().collect()
         } else {
-            self.clients[ci].core.groups().map(str::to_owned).collect()
+            self.clients[ci].joined()
         };
+        let spread = self.clients[ci].spread.is_some();
         let pick = format!("g{}", rng.next_u32() as usize % groups.max(1));
         if (joined.is_empty() && roll < 100) || (!calm && roll < 6) {
             let vs = rng.next_u32().is_multiple_of(2);
@@ -51,6 +53,11 @@ impl World {
             }
             self.command(ci, ClientCommand::Leave { group: g });
         } else if !calm && roll < 12 && disconnects {
+            // A Spread client says so (KILL_MESS) half the time; its daemon closes it.
+            if spread && rng.next_u32().is_multiple_of(2) {
+                self.spread_request(ci, SpreadRequest::Kill);
+                return;
+            }
             if let Some(sid) = self.clients[ci].session {
                 self.sessions.remove(&sid);
                 self.nodes[d].close_session(now, sid);
@@ -67,6 +74,27 @@ impl World {
                 groups.push(joined[(k + 1) % joined.len()].clone());
             }
             c.sent += 1;
+            if spread {
+                // Spread's groups are open, and private groups name one client: some messages
+                // go to a group the client is not in, some also to another client, and some
+                // are not for the sender itself.
+                if rng.next_u32().is_multiple_of(5) && !joined.contains(&pick) {
+                    groups.push(pick);
+                }
+                if rng.next_u32().is_multiple_of(6) {
+                    let other = &self.clients[rng.next_u32() as usize % self.clients.len()];
+                    let (p, d) = other.name.split_once('#').unwrap_or_default();
+                    groups.push(format!("#{p}#{d}"));
+                }
+                let req = SpreadRequest::Send {
+                    service: s,
+                    groups,
+                    payload: msg.into_bytes(),
+                    self_discard: rng.next_u32().is_multiple_of(4),
+                };
+                return self.spread_request(ci, req);
+            }
+            let c = &mut self.clients[ci];
             // A client whose window is full would wait: this one sends nothing now.
             if c.core.window_free() < groups.len() {
                 return;
