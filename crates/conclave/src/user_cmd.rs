@@ -16,6 +16,9 @@
 //! (`[[client]]` in their configuration). `--daemon tls:host:port --daemon-key KEY` talks TLS to
 //! the daemon's TLS port and goes on only if the daemon proves it holds KEY.
 //!
+//! With `--spread ADDR` the same commands go to a daemon's Spread port in Spread 4.x's client
+//! protocol (see `spread_user`).
+//!
 //! With `--secure --identity FILE --directory FILE [--protocol P]` every group is a secure group
 //! (docs/secure.md): the same commands, a message to one group at a time, flushes acknowledged by
 //! the secure layer. With `--secure --keys daemons` the keys come from the daemons instead
@@ -48,6 +51,10 @@ pub struct UserArgs {
     /// Events received and not yet printed, at most, before the session ends.
     #[arg(long, default_value_t = conclave_client::EVENT_QUEUE)]
     event_queue: usize,
+    /// Speak Spread 4.x's client protocol to this Spread port of a daemon instead (docs/spread.md):
+    /// PORT (the Unix socket /tmp/PORT), PORT@HOST, HOST:PORT or unix:/path.
+    #[arg(long, conflicts_with_all = ["secure", "identity", "daemon_key", "manual_ack"])]
+    spread: Option<String>,
     #[command(flatten)]
     secure: crate::secure_cmd::SecureArgs,
 }
@@ -313,6 +320,9 @@ async fn send_all(
 }
 
 async fn user(args: UserArgs) -> Result<()> {
+    if let Some(spread) = &args.spread {
+        return crate::spread_user::spread_user(spread, &args.name, args.json, args.linger).await;
+    }
     let addr: Address = args.daemon.parse()?;
     if args.secure.secure {
         return crate::secure_cmd::secure_user(

@@ -422,6 +422,12 @@ impl Config {
                     d.name
                 ));
             }
+            if d.unix.is_some() && d.unix == d.spread_unix {
+                return bad(format!(
+                    "daemon {:?}: unix and spread_unix are one socket",
+                    d.name
+                ));
+            }
             for a in [d.client, d.tls, d.spread, d.admin, d.metrics]
                 .into_iter()
                 .flatten()
