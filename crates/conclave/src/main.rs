@@ -14,6 +14,7 @@ mod secure_bench;
 mod secure_cmd;
 mod secure_demo;
 mod sim_cmd;
+mod spread_bench;
 mod spread_user;
 mod user_cmd;
 mod view_timing;

@@ -50,6 +50,10 @@ pub struct ThroughputArgs {
     /// Times the whole set of link modes is run (alternating).
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Each configuration runs twice, with Conclave's clients and then with clients of Spread
+    /// 4.x's protocol on the daemons' Spread ports (docs/spread.md); rows say which (`clients`).
+    #[arg(long, conflicts_with = "secure")]
+    spread: bool,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -285,6 +289,11 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
             for &mode in &links {
                 let mut cfg = Config::local_on_free_ports(args.daemons)?;
                 cfg.links.mode = mode;
+                if args.spread {
+                    for d in &mut cfg.daemon {
+                        d.spread = Some(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?);
+                    }
+                }
                 let net = Network::start_with(cfg).await?;
                 for &senders in &args.senders {
                     for &size in &args.sizes {
@@ -301,8 +310,19 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
                             let mut row =
                                 throughput_once(&net, &load, &format!("t{round}-"), secure).await?;
                             row["links"] = mode.name().into();
+                            row["clients"] = "conclave".into();
                             println!("{row}");
                             rows.push(row);
+                            if args.spread {
+                                let tag = format!("s{round}-");
+                                let mut m = crate::spread_bench::SpreadMembers;
+                                let mut row = run_load(&net, &mut m, &load, &tag).await?;
+                                row["bench"] = json!("throughput");
+                                row["links"] = mode.name().into();
+                                row["clients"] = "spread".into();
+                                println!("{row}");
+                                rows.push(row);
+                            }
                         }
                     }
                 }
@@ -320,6 +340,7 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
                     r["senders"] == senders
                         && r["service"] == service_name(*s)
                         && r["links"] == links[0].name()
+                        && r["clients"] == "conclave"
                 })
                 .map(|r| {
                     (
@@ -387,7 +408,7 @@ pub(crate) async fn throughput_once(
 }
 
 /// The members form the group, then `load.senders` of them send for `load.seconds`.
-async fn run_load<M: Members>(
+pub(crate) async fn run_load<M: Members>(
     net: &Network,
     m: &mut M,
     load: &Load,

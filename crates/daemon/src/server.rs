@@ -71,7 +71,6 @@ pub(crate) enum ToCore {
     Bytes {
         id: SessionId,
         bytes: bytes::Bytes,
-        #[allow(dead_code)]
         permit: OwnedSemaphorePermit,
     },
     Gone {
@@ -328,6 +327,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         written: written_rx,
         recorder,
         start,
+        held_reads: HashMap::new(),
     };
     let core = tokio::spawn(pump.run(rx));
     Ok(Running {
@@ -442,6 +442,9 @@ struct Pump {
     written: mpsc::UnboundedReceiver<Written>,
     recorder: Option<HistoryFile>,
     start: Instant,
+    /// The read permits of connections the node reads no further for now
+    /// ([`Node::session_paused`]): kept, their readers stop, and TCP holds their clients back.
+    held_reads: HashMap<SessionId, Vec<OwnedSemaphorePermit>>,
 }
 
 impl Pump {
@@ -545,9 +548,12 @@ impl Pump {
                     Err(e) => tracing::debug!(session = id, error = %e, "connection refused"),
                 }
             }
-            ToCore::Bytes { id, bytes, .. } => {
+            ToCore::Bytes { id, bytes, permit } => {
                 size = bytes.len();
                 self.node.handle_session_bytes(now, id, &bytes);
+                if self.node.session_paused(id) {
+                    self.held_reads.entry(id).or_default().push(permit);
+                }
             }
             ToCore::Gone { id } => self.node.close_session(now, id),
             ToCore::Admin { req, reply } => {
@@ -585,6 +591,11 @@ impl Pump {
                 // Lost, as the network may lose it: the ring retransmits.
                 Err(_) => {}
             }
+        }
+        if !self.held_reads.is_empty() {
+            // The node read on in the sessions it has room for again: their readers go on.
+            let node = &self.node;
+            self.held_reads.retain(|id, _| node.session_paused(*id));
         }
     }
 }

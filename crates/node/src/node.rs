@@ -185,6 +185,8 @@ pub struct Node {
     delayed: BinaryHeap<Reverse<Delayed>>,
     delayed_seq: u64,
     sessions: HashMap<SessionId, Session>,
+    /// Spread sessions read no further until the core has room for their messages.
+    paused: BTreeSet<SessionId>,
     /// Sessions with replies framed and not yet handed out.
     dirty: Vec<SessionId>,
     /// Handshake and request deadlines, by time.
@@ -297,6 +299,7 @@ impl Node {
             delayed: BinaryHeap::new(),
             delayed_seq: 0,
             sessions: HashMap::new(),
+            paused: BTreeSet::new(),
             dirty: Vec::new(),
             deadlines: BTreeSet::new(),
             incomplete_bytes: 0,
@@ -935,6 +938,7 @@ impl Node {
         let Some(s) = self.sessions.remove(&id) else {
             return;
         };
+        self.paused.remove(&id);
         self.incomplete_bytes -= s.input.len();
         self.metrics
             .incomplete_bytes
@@ -1156,6 +1160,7 @@ impl Node {
             self.metrics.views.fetch_add(1, Relaxed);
             tracing::info!(daemon = %self.name, ring = ?ring, members = ?self.daemon.membership().ring_members(), "new configuration");
         }
+        self.resume_sessions();
         // A slow client closed while its replies are handed over leaves events for the others.
         loop {
             self.client_events();

@@ -37,6 +37,9 @@ pub(crate) struct SpreadSession {
     /// The message delivered last: a message to several of the client's groups is delivered to
     /// it once.
     pub last: Option<Arc<Body>>,
+    /// Its requests are not read further until the core has room for its next message
+    /// ([`Node::session_paused`]).
+    pub paused: bool,
 }
 
 impl SpreadSession {
@@ -47,6 +50,7 @@ impl SpreadSession {
             private_group: String::new(),
             ids: BTreeMap::new(),
             last: None,
+            paused: false,
         }
     }
 }
@@ -125,6 +129,7 @@ impl Node {
             &held
         };
         let mut used = 0;
+        let mut pg: Option<String> = None;
         loop {
             let Some(stage) = self.spread(id).map(|sp| match &sp.stage {
                 Stage::Connect => 0,
@@ -160,37 +165,75 @@ impl Node {
                     self.spread_admit(id, c, q);
                 }
                 _ => {
-                    let pg = self.spread(id).map(|sp| sp.private_group.clone());
-                    let pg = pg.unwrap_or_default();
-                    match sp::next_request(rest, &pg) {
+                    if pg.is_none() {
+                        pg = self.spread(id).map(|sp| sp.private_group.clone());
+                    }
+                    match sp::next_request(rest, pg.as_deref().unwrap_or_default()) {
                         Err(e) => {
                             self.metrics.spread_refused.fetch_add(1, Relaxed);
                             tracing::debug!(session = id, error = %e, "Spread session closed");
                             return self.close(id, None);
                         }
                         Ok(None) => break,
+                        Ok(Some((
+                            sp::Request::Multicast {
+                                ref data,
+                                ref groups,
+                                ..
+                            },
+                            _,
+                        ))) if !self.daemon.has_room(id, data.len() + 32 * groups.len()) => {
+                            // Read no further until the core has room: Spread's daemons stop
+                            // reading a client that sends faster than they order.
+                            if let Some(s) = self.spread_mut(id) {
+                                s.paused = true;
+                            }
+                            self.paused.insert(id);
+                            break;
+                        }
                         Ok(Some((req, n))) => {
                             used += n;
                             if let Some(s) = self.sessions.get_mut(&id) {
                                 s.requests += 1;
                             }
+                            let message = matches!(req, sp::Request::Multicast { .. });
                             self.spread_request(id, req);
                             self.client_events();
+                            if message && self.daemon.held_count(id) > 0 {
+                                // The ring takes no more for now: what follows waits here, in
+                                // the session's input, rather than in the core's queues (whose
+                                // upkeep costs every packet), and its client waits on TCP.
+                                if let Some(s) = self.spread_mut(id) {
+                                    s.paused = true;
+                                }
+                                self.paused.insert(id);
+                                break;
+                            }
                         }
                     }
                 }
             }
         }
-        let rest = data[used..].to_vec();
+        // Parsed from `held` (the earlier input and these bytes): what is left stays in it.
+        let rest = if had {
+            held.drain(..used);
+            held
+        } else {
+            data[used..].to_vec()
+        };
         let now = self.now;
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };
         let open = s.client.is_some();
+        let paused = s.spread.as_ref().is_some_and(|s| s.paused);
         let left = rest.len();
         s.input = rest;
         self.incomplete_bytes += left;
-        if open {
+        if paused {
+            // Waiting on the daemon, not on the client.
+            self.set_deadline(id, None);
+        } else if open {
             if left == 0 {
                 self.set_deadline(id, None);
             } else if !had || used > 0 {
@@ -204,6 +247,33 @@ impl Node {
         if left > 0 && self.incomplete_bytes > self.cfg.sessions.max_incomplete_bytes {
             self.metrics.closed_limits.fetch_add(1, Relaxed);
             self.close(id, None);
+        }
+    }
+
+    /// Whether the driver should read no more of connection `id` for now: a Spread client that
+    /// sends faster than the daemons order its messages is read no further (TCP's flow control
+    /// then holds it back) until the core has room for them again.
+    pub fn session_paused(&self, id: SessionId) -> bool {
+        self.paused.contains(&id)
+    }
+
+    /// Reads on in the paused sessions the core has room for again.
+    pub(super) fn resume_sessions(&mut self) {
+        if self.paused.is_empty() {
+            return;
+        }
+        let ready: Vec<SessionId> = self
+            .paused
+            .iter()
+            .copied()
+            .filter(|id| self.daemon.held_count(*id) == 0 || !self.sessions.contains_key(id))
+            .collect();
+        for id in ready {
+            self.paused.remove(&id);
+            if let Some(s) = self.spread_mut(id) {
+                s.paused = false;
+                self.spread_bytes(id, &[]);
+            }
         }
     }
 

@@ -549,3 +549,54 @@ fn spread_groups_are_open_and_private_groups_reach_one_client() {
     assert_eq!(carol.take(&net), []);
     assert!(!net.closed.contains(&(0, 1)));
 }
+
+#[test]
+fn a_spread_client_sending_faster_than_the_ring_takes_is_read_no_further_until_it_can() {
+    let (mut cfg, ids) = network(2, 56);
+    cfg.core.max_held_per_client = 4;
+    let mut net = Net::new(&cfg, &ids);
+    net.run(600);
+    let mut alice = connect(&mut net, 0, 1, "alice");
+    let mut bob = connect(&mut net, 0, 2, "bob");
+    alice.req(&mut net, sc::JOIN, &["g"], 0, b"");
+    bob.req(&mut net, sc::JOIN, &["g"], 0, b"");
+    net.run(100);
+    alice.take(&net);
+    bob.take(&net);
+    // While the daemons form a new ring, messages wait; past four, Alice is read no further.
+    let sets = vec![vec!["d1".into()], vec!["d2".into()]];
+    for i in 0..2 {
+        let now = net.time();
+        net.nodes[i].handle_admin(now, AdminRequest::Partition { sets: sets.clone() });
+    }
+    for _ in 0..2_000 {
+        if !net.nodes[0].core().ready() {
+            break;
+        }
+        net.run(1);
+    }
+    assert!(!net.nodes[0].core().ready());
+    let mut burst = Vec::new();
+    for k in 0..20u8 {
+        burst.extend(sc::request(false, sc::FIFO, &alice.pg, &["g"], 0, &[k]));
+    }
+    let now = net.time();
+    net.nodes[0].handle_session_bytes(now, 1, &burst);
+    assert!(net.nodes[0].session_paused(1));
+    net.run(3_000);
+    assert!(!net.nodes[0].session_paused(1));
+    let got: Vec<Vec<u8>> = bob
+        .take(&net)
+        .into_iter()
+        .filter_map(|m| match m {
+            Message::Data { data, .. } => Some(data),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, (0..20u8).map(|k| vec![k]).collect::<Vec<_>>());
+    assert!(alice
+        .take(&net)
+        .iter()
+        .all(|m| !matches!(m, Message::Reject { .. })));
+    assert_eq!(net.nodes[0].metrics().spread_rejects.load(Relaxed), 0);
+}

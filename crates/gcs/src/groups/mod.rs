@@ -376,6 +376,27 @@ impl Daemon {
         self.groups.len()
     }
 
+    /// Whether client `id` may have a message of `bytes` more wait for a view change without
+    /// being refused for holding too much ([`DaemonError::TooManyHeld`],
+    /// [`DaemonError::TooManyHeldBytes`]): a Spread client is read no further until it may (its
+    /// protocol has no refusal for load: Spread's daemons stop reading such a client).
+    pub fn has_room(&self, id: ClientId, bytes: usize) -> bool {
+        let Some(c) = self.names.get(&id).and_then(|n| self.clients.get(&**n)) else {
+            return true;
+        };
+        c.held_count < self.cfg.max_held_per_client
+            && (c.held_count == 0
+                || c.held_bytes + 64 + bytes <= self.cfg.max_held_bytes_per_client)
+    }
+
+    /// How many of client `id`'s commands wait for a view change or room on the ring.
+    pub fn held_count(&self, id: ClientId) -> usize {
+        self.names
+            .get(&id)
+            .and_then(|n| self.clients.get(&**n))
+            .map_or(0, |c| c.held_count)
+    }
+
     /// Whether a client of this name is connected here.
     pub fn has_client(&self, name: &str) -> bool {
         self.clients.contains_key(name)
