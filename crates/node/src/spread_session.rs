@@ -17,6 +17,11 @@ use conclave_wire::gcs::{Body, ServiceType, SpreadMeta};
 use conclave_wire::spread::{self as sp, Connect, GroupId, Reject};
 use std::collections::BTreeMap;
 
+/// Messages the daemon may have queued for the ring before it reads its Spread clients no
+/// further: Spread has no window, and without a bound its clients filled the ring's queue to its
+/// limit (ten thousand messages), where each message costs more.
+const SPREAD_QUEUE: usize = 1024;
+
 /// Where a Spread session is.
 pub(crate) enum Stage {
     /// Waiting for the connect message.
@@ -199,7 +204,10 @@ impl Node {
                             let message = matches!(req, sp::Request::Multicast { .. });
                             self.spread_request(id, req);
                             self.client_events();
-                            if message && self.daemon.held_count(id) > 0 {
+                            if message
+                                && (self.daemon.held_count(id) > 0
+                                    || self.daemon.membership().queued() >= SPREAD_QUEUE)
+                            {
                                 // The ring takes no more for now: what follows waits here, in
                                 // the session's input, rather than in the core's queues (whose
                                 // upkeep costs every packet), and its client waits on TCP.
@@ -266,7 +274,11 @@ impl Node {
             .paused
             .iter()
             .copied()
-            .filter(|id| self.daemon.held_count(*id) == 0 || !self.sessions.contains_key(id))
+            .filter(|id| {
+                (self.daemon.held_count(*id) == 0
+                    && self.daemon.membership().queued() < SPREAD_QUEUE / 2)
+                    || !self.sessions.contains_key(id)
+            })
             .collect();
         for id in ready {
             self.paused.remove(&id);

@@ -297,6 +297,14 @@ impl Membership {
         }
     }
 
+    /// Messages this daemon has queued to send and not yet sent.
+    pub fn queued(&self) -> usize {
+        match (&self.state, &self.regular) {
+            (State::Operational, Some(o)) => o.queued(),
+            _ => self.waiting.len(),
+        }
+    }
+
     /// Whether [`Membership::submit`] would take a message now.
     pub fn can_submit(&self) -> bool {
         match (&self.state, &self.regular) {
