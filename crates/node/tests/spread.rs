@@ -600,3 +600,50 @@ fn a_spread_client_sending_faster_than_the_ring_takes_is_read_no_further_until_i
         .all(|m| !matches!(m, Message::Reject { .. })));
     assert_eq!(net.nodes[0].metrics().spread_rejects.load(Relaxed), 0);
 }
+
+#[test]
+fn membership_messages_only_to_who_asked_and_quota_at_the_connection_limit() {
+    let (mut cfg, ids) = network(1, 57);
+    cfg.sessions.max_connections = 3;
+    let mut net = Net::new(&cfg, &ids);
+    net.run(600);
+    let mut alice = connect(&mut net, 0, 1, "alice");
+    // Bob connects without membership messages (the flag byte's bit 0 clear).
+    open(&mut net, 0, 2);
+    let mut hello = sc::connect("bob", false);
+    hello.extend(sc::null_auth());
+    send(&mut net, 0, 2, &hello);
+    let Handshake::Accepted {
+        private_group,
+        used,
+        ..
+    } = sc::handshake(&raw(&net, 0, 2))
+    else {
+        panic!("bob not accepted");
+    };
+    let mut bob = Sp {
+        node: 0,
+        id: 2,
+        pg: private_group,
+        read: used,
+    };
+    alice.req(&mut net, sc::JOIN, &["g"], 0, b"");
+    bob.req(&mut net, sc::JOIN, &["g"], 0, b"");
+    net.run(100);
+    alice.req(&mut net, sc::AGREED, &["g"], 1, b"hi");
+    bob.req(&mut net, sc::LEAVE, &["g"], 0, b"");
+    net.run(100);
+    // Bob gets the data, and neither the views nor his self-leave.
+    let m = bob.take(&net);
+    assert!(
+        matches!(&m[..], [Message::Data { data, .. }] if data == b"hi"),
+        "{m:?}"
+    );
+    assert_eq!(alice.take(&net).len(), 4, "join, join, hi, leave");
+    // A third connection fits; a fourth gets REJECT_QUOTA (-3) and is closed.
+    connect(&mut net, 0, 3, "carol");
+    open(&mut net, 0, 4);
+    net.run(1);
+    assert_eq!(raw(&net, 0, 4), [0xfd]);
+    assert!(net.closed.contains(&(0, 4)));
+}
