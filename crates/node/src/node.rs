@@ -456,7 +456,11 @@ impl Node {
                 break;
             }
             self.deadlines.remove(&(t, id));
-            if self.sessions.get(&id).is_some_and(|s| s.spread.is_some()) {
+            if let Some(sp) = self.sessions.get(&id).and_then(|s| s.spread.as_deref()) {
+                if sp.paused {
+                    // Its input full, and none of it taken for the time a request may take.
+                    self.metrics.closed_limits.fetch_add(1, Relaxed);
+                }
                 // As Spread does: the connection closes, with nothing sent.
                 self.close(id, None);
                 continue;
@@ -645,6 +649,9 @@ impl Node {
     /// every group.
     pub fn close_session(&mut self, now: Time, id: SessionId) {
         self.input(now);
+        // What the core did for the client before (a waiting message of its accepted) is told
+        // and recorded while its session is still there.
+        self.client_events();
         self.close(id, None);
     }
 
@@ -939,7 +946,10 @@ impl Node {
             return;
         };
         self.paused.remove(&id);
-        self.incomplete_bytes -= s.input.len();
+        self.incomplete_bytes -= match s.spread.as_deref() {
+            Some(sp) => sp.counted,
+            None => s.input.len(),
+        };
         self.metrics
             .incomplete_bytes
             .store(self.incomplete_bytes as u64, Relaxed);

@@ -22,6 +22,10 @@ use std::collections::BTreeMap;
 /// limit (ten thousand messages), where each message costs more.
 const SPREAD_QUEUE: usize = 1024;
 
+/// Bytes of a Spread client's input kept while a message of its waits; past them the driver reads
+/// it no further. About what the driver reads ahead, and one largest request.
+pub(crate) const MAX_PAUSED_INPUT: usize = 256 * 1024 + sp::HEADER_BYTES + sp::MAX_MESSAGE_BODY_LEN;
+
 /// Where a Spread session is.
 pub(crate) enum Stage {
     /// Waiting for the connect message.
@@ -45,6 +49,8 @@ pub(crate) struct SpreadSession {
     /// Its requests are not read further until the core has room for its next message
     /// ([`Node::session_paused`]).
     pub paused: bool,
+    /// Bytes of its input counted among the node's incomplete requests (none while paused).
+    pub counted: usize,
 }
 
 impl SpreadSession {
@@ -56,6 +62,7 @@ impl SpreadSession {
             ids: BTreeMap::new(),
             last: None,
             paused: false,
+            counted: 0,
         }
     }
 }
@@ -124,8 +131,24 @@ impl Node {
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };
+        if s.spread.as_deref().is_some_and(|sp| sp.paused) {
+            // Nothing is read past a message that waits (a later one, to another group, would
+            // overtake it); the input waits with it, up to a bound, and then the driver reads
+            // no further.
+            let was_full = s.input.len() >= MAX_PAUSED_INPUT;
+            s.input.extend_from_slice(bytes);
+            if !was_full && s.input.len() >= MAX_PAUSED_INPUT {
+                let at = self.now + Duration::from_millis(self.cfg.sessions.request_ms);
+                self.set_deadline(id, Some(at));
+            }
+            return;
+        }
         let mut held = std::mem::take(&mut s.input);
-        self.incomplete_bytes -= held.len();
+        let counted = s
+            .spread
+            .as_deref_mut()
+            .map_or(0, |sp| std::mem::take(&mut sp.counted));
+        self.incomplete_bytes -= counted;
         let had = !held.is_empty();
         let data: &[u8] = if held.is_empty() {
             bytes
@@ -237,11 +260,20 @@ impl Node {
         let paused = s.spread.as_ref().is_some_and(|s| s.paused);
         let left = rest.len();
         s.input = rest;
-        self.incomplete_bytes += left;
         if paused {
-            // Waiting on the daemon, not on the client.
-            self.set_deadline(id, None);
-        } else if open {
+            // Waiting on the daemon, not on the client: the input is the session's own (bounded
+            // by MAX_PAUSED_INPUT), not part of the budget for requests still arriving. A client
+            // whose input stays full past `request_ms` is closed (see `spread_bytes`).
+            let full = left >= MAX_PAUSED_INPUT;
+            let at = now + Duration::from_millis(self.cfg.sessions.request_ms);
+            self.set_deadline(id, full.then_some(at));
+            return;
+        }
+        if let Some(sp) = s.spread.as_deref_mut() {
+            sp.counted = left;
+        }
+        self.incomplete_bytes += left;
+        if open {
             if left == 0 {
                 self.set_deadline(id, None);
             } else if !had || used > 0 {
@@ -263,6 +295,10 @@ impl Node {
     /// then holds it back) until the core has room for them again.
     pub fn session_paused(&self, id: SessionId) -> bool {
         self.paused.contains(&id)
+            && self
+                .sessions
+                .get(&id)
+                .is_some_and(|s| s.input.len() >= MAX_PAUSED_INPUT)
     }
 
     /// Reads on in the paused sessions the core has room for again.
@@ -270,6 +306,9 @@ impl Node {
         if self.paused.is_empty() {
             return;
         }
+        // What the core did meanwhile (a waiting message accepted) is told and recorded before
+        // a request read now can end the session.
+        self.client_events();
         let ready: Vec<SessionId> = self
             .paused
             .iter()
@@ -375,7 +414,10 @@ impl Node {
         };
         let private = private_name(Some(&client)).to_owned();
         match req {
-            sp::Request::Kill => self.close(id, None),
+            sp::Request::Kill => {
+                self.client_events();
+                self.close(id, None)
+            }
             sp::Request::Join(group) => {
                 if let Err(d) = Access::new(&self.cfg.access).join(&private, &group) {
                     self.metrics.access_refusals.fetch_add(1, Relaxed);
@@ -425,7 +467,17 @@ impl Node {
                     payload: data,
                 };
                 let names: Vec<&str> = groups.iter().map(String::as_str).collect();
-                if let Err(d) = Access::new(&self.cfg.access).command(&private, &cmd) {
+                // Sending to a group from outside it takes what joining it takes: a rule's
+                // `send` list speaks of the group's members.
+                let access = Access::new(&self.cfg.access);
+                let outside = match &cmd {
+                    ClientCommand::Multicast { groups, .. } => groups
+                        .iter()
+                        .filter(|g| !g.starts_with('#') && !self.daemon.is_member(id, g))
+                        .try_for_each(|g| access.join(&private, g)),
+                    _ => Ok(()),
+                };
+                if let Err(d) = outside.and_then(|()| access.command(&private, &cmd)) {
                     self.metrics.access_refusals.fetch_add(1, Relaxed);
                     tracing::debug!(session = id, refusal = %d, "Spread message refused");
                     let ClientCommand::Multicast { payload, .. } = &cmd else {
@@ -562,6 +614,11 @@ impl Node {
                     Reason::Disconnect => sp::CAUSED_BY_DISCONNECT,
                     Reason::Network => sp::CAUSED_BY_NETWORK,
                 };
+                if reason != Reason::Network && sets.iter().all(Vec::is_empty) && !sets.is_empty() {
+                    // A view that changed nobody (a join past the group's size limit is
+                    // ignored): Spread has no such message.
+                    return;
+                }
                 let mut sets: Vec<Vec<String>> = match (reason, sets.is_empty()) {
                     (_, false) => sets.to_vec(),
                     (Reason::Network, true) => vec![transitional],

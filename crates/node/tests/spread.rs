@@ -576,12 +576,18 @@ fn a_spread_client_sending_faster_than_the_ring_takes_is_read_no_further_until_i
         net.run(1);
     }
     assert!(!net.nodes[0].core().ready());
+    // Twenty messages of 30 KB: the first few wait in the core, the rest in the session's
+    // input, and past a bound the driver is told to read no further.
     let mut burst = Vec::new();
     for k in 0..20u8 {
-        burst.extend(sc::request(false, sc::FIFO, &alice.pg, &["g"], 0, &[k]));
+        let mut data = vec![k; 30_000];
+        data[0] = k;
+        burst.extend(sc::request(false, sc::FIFO, &alice.pg, &["g"], 0, &data));
     }
     let now = net.time();
-    net.nodes[0].handle_session_bytes(now, 1, &burst);
+    net.nodes[0].handle_session_bytes(now, 1, &burst[..100_000]);
+    assert!(!net.nodes[0].session_paused(1), "reads go on for a while");
+    net.nodes[0].handle_session_bytes(now, 1, &burst[100_000..]);
     assert!(net.nodes[0].session_paused(1));
     net.run(3_000);
     assert!(!net.nodes[0].session_paused(1));
@@ -593,7 +599,10 @@ fn a_spread_client_sending_faster_than_the_ring_takes_is_read_no_further_until_i
             _ => None,
         })
         .collect();
-    assert_eq!(got, (0..20u8).map(|k| vec![k]).collect::<Vec<_>>());
+    assert_eq!(
+        got.iter().map(|d| (d[0], d.len())).collect::<Vec<_>>(),
+        (0..20u8).map(|k| (k, 30_000)).collect::<Vec<_>>()
+    );
     assert!(alice
         .take(&net)
         .iter()
@@ -646,4 +655,30 @@ fn membership_messages_only_to_who_asked_and_quota_at_the_connection_limit() {
     net.run(1);
     assert_eq!(raw(&net, 0, 4), [0xfd]);
     assert!(net.closed.contains(&(0, 4)));
+}
+
+#[test]
+fn sending_from_outside_a_group_takes_what_joining_it_takes() {
+    let (mut cfg, ids) = network(1, 58);
+    cfg.access = vec![conclave_node::access::AccessRule {
+        groups: "ops*".into(),
+        join: Some(vec!["alice".into()]),
+        send: None,
+    }];
+    let mut net = Net::new(&cfg, &ids);
+    net.run(600);
+    let mut alice = connect(&mut net, 0, 1, "alice");
+    let mut mallory = connect(&mut net, 0, 2, "mallory");
+    alice.req(&mut net, sc::JOIN, &["ops"], 0, b"");
+    net.run(100);
+    alice.take(&net);
+    mallory.req(&mut net, sc::AGREED, &["ops"], 0, b"intrusion");
+    net.run(100);
+    assert_eq!(alice.take(&net), []);
+    let m = mallory.take(&net);
+    assert!(
+        matches!(&m[..], [Message::Reject { old_type, .. }] if *old_type == sc::AGREED),
+        "{m:?}"
+    );
+    assert_eq!(net.nodes[0].metrics().access_refusals.load(Relaxed), 1);
 }

@@ -665,6 +665,15 @@ impl SecureGroup {
         payload: Bytes,
         at: GroupViewId,
     ) {
+        // Only the view's members speak in it: a message from outside the group (a Spread
+        // client may send to any group, docs/spread.md) must not move its key agreement.
+        let outsider = self
+            .view
+            .as_ref()
+            .is_some_and(|v| v.id == at && !v.members.contains(&sender));
+        if outsider {
+            return self.refused(sender, SecureError::NotAMember);
+        }
         let msg = match SecureMessage::decode(&payload) {
             Ok(m) => m,
             Err(e) => return self.refused(sender, SecureError::Malformed(e)),

@@ -156,7 +156,7 @@ fn a_key_of_a_view_gone_is_not_taken_and_each_view_has_its_own() {
     a.handle_event(view(1, &["a", "b"]));
     a.handle_event(key(1, 1));
     let first = a.secure_view().unwrap().fingerprint;
-    a.handle_event(view(2, &["a"]));
+    a.handle_event(view(2, &["a", "b"]));
     assert!(a.secure_view().is_none(), "a new view ends the old key");
     // A key handed for the view before, or one handed twice, changes nothing.
     a.handle_event(key(1, 9));
@@ -336,4 +336,38 @@ fn an_evs_member_leaves_resealing_to_the_daemons_and_opens_what_they_reseal() {
             ..
         }
     )));
+}
+
+/// A Spread client may send to a group it is not in: a key agreement message from outside the
+/// view is refused and moves nobody out of the group.
+#[test]
+fn a_message_from_outside_the_view_moves_nothing() {
+    let agreement = SecureMessage::KeyAgreement {
+        to: None,
+        envelope: b"a key agreement message",
+    }
+    .encode();
+    let mut new = member("n");
+    let mut joined = view(1, &["a", "n"]);
+    if let ClientEvent::View { transitional, .. } = &mut joined {
+        *transitional = vec!["n".into()];
+    }
+    new.handle_event(joined);
+    new.handle_event(key(1, 5));
+    new.handle_event(message("outsider#d9", 1, agreement.into()));
+    let got: Vec<SecureEvent> = events(&mut new)
+        .into_iter()
+        .filter(|e| !matches!(e, SecureEvent::View(_)))
+        .collect();
+    assert!(
+        matches!(
+            &got[..],
+            [SecureEvent::Refused {
+                error: SecureError::NotAMember,
+                ..
+            }]
+        ),
+        "{got:?}"
+    );
+    assert_eq!(new.poll_command(), None, "nobody leaves");
 }

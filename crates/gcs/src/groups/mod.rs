@@ -389,6 +389,14 @@ impl Daemon {
                 || c.held_bytes + 64 + bytes <= self.cfg.max_held_bytes_per_client)
     }
 
+    /// Whether client `id` is in `group`, or has asked to join it.
+    pub fn is_member(&self, id: ClientId, group: &str) -> bool {
+        self.names
+            .get(&id)
+            .and_then(|n| self.clients.get(&**n))
+            .is_some_and(|c| c.intent.contains_key(group) || c.groups.contains_key(group))
+    }
+
     /// How many of client `id`'s commands wait for a view change or room on the ring.
     pub fn held_count(&self, id: ClientId) -> usize {
         self.names

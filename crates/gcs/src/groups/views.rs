@@ -34,19 +34,13 @@ impl Daemon {
             .filter(|m| before.contains(m))
             .cloned()
             .collect();
-        // Who the change concerns: who came, or who went.
-        let concerned: Vec<String> = match reason {
-            Reason::Join => members
-                .iter()
-                .filter(|m| !before.contains(m))
-                .cloned()
-                .collect(),
-            _ => before
-                .iter()
-                .filter(|b| !members.contains(b))
-                .cloned()
-                .collect(),
-        };
+        // Who the change concerns: who came, and who went (a burst of changes is one view).
+        let concerned: Vec<String> = members
+            .iter()
+            .filter(|m| !before.contains(m))
+            .chain(before.iter().filter(|b| !members.contains(b)))
+            .cloned()
+            .collect();
         let sets = [concerned];
         self.emit_view_with(group, view, members, reason, joiners, &sets, |c, came| {
             if came && before.iter().any(|b| b == c) {

@@ -205,7 +205,12 @@ pub fn messages(stream: &[u8], own: &str) -> (Vec<Message>, usize) {
         let body_int = |o: usize| int([body[o], body[o + 1], body[o + 2], body[o + 3]]);
         let m = if service & REJECT != 0 {
             Message::Reject {
-                old_type: int(word(48)) & !MARK,
+                old_type: int([
+                    stream[at + 48],
+                    stream[at + 49],
+                    stream[at + 50],
+                    stream[at + 51],
+                ]) & !MARK,
                 groups,
                 data: body.to_vec(),
             }
