@@ -17,9 +17,10 @@ use conclave_wire::gcs::{Body, ServiceType, SpreadMeta};
 use conclave_wire::spread::{self as sp, Connect, GroupId, Reject};
 use std::collections::BTreeMap;
 
-/// Messages the daemon may have queued for the ring before it reads its Spread clients no
-/// further: Spread has no window, and without a bound its clients filled the ring's queue to its
-/// limit (ten thousand messages), where each message costs more.
+/// Messages the daemon may have queued for the ring before it takes its Spread clients' requests
+/// no further (and on below three quarters of it): Spread has no window, and without a bound its
+/// clients filled the ring's queue to its limit (ten thousand messages), where each message costs
+/// more.
 const SPREAD_QUEUE: usize = 1024;
 
 /// Bytes of a Spread client's input kept while a message of its waits; past them the driver reads
@@ -315,7 +316,7 @@ impl Node {
             .copied()
             .filter(|id| {
                 (self.daemon.held_count(*id) == 0
-                    && self.daemon.membership().queued() < SPREAD_QUEUE / 2)
+                    && self.daemon.membership().queued() < SPREAD_QUEUE * 3 / 4)
                     || !self.sessions.contains_key(id)
             })
             .collect();
