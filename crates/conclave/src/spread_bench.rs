@@ -147,7 +147,7 @@ impl Members for SpreadMembers {
         let hint = (1u32 << 8 | sp::ENDIAN_MARK).to_le_bytes();
         sp::write_data(
             &mut tx.out,
-            1 << service as u32,
+            sp::service_bit(service),
             &tx.private_group,
             &[GROUP],
             hint,

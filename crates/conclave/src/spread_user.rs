@@ -10,7 +10,6 @@
 
 use crate::user_cmd::{parse_line, service_name, Line};
 use anyhow::{bail, Context, Result};
-use conclave_client::ServiceType;
 use conclave_wire::spread::{self as sp, client};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -72,15 +71,7 @@ fn reject_name(code: i8) -> String {
 }
 
 fn service_of(kind: u32) -> &'static str {
-    let s = match kind & sp::REGULAR_MESS {
-        sp::UNRELIABLE_MESS => ServiceType::Unreliable,
-        sp::RELIABLE_MESS => ServiceType::Reliable,
-        sp::FIFO_MESS => ServiceType::Fifo,
-        sp::CAUSAL_MESS => ServiceType::Causal,
-        sp::AGREED_MESS => ServiceType::Agreed,
-        _ => ServiceType::Safe,
-    };
-    service_name(s)
+    service_name(sp::service_type(kind))
 }
 
 fn cause_of(kind: u32) -> &'static str {
@@ -245,7 +236,7 @@ pub async fn spread_user(addr: &str, name: &str, json_lines: bool, linger: u64) 
                     Ok(Line::Join(g, _)) => client::request(sp::JOIN_MESS, &pg, &[&g], 0, &[]),
                     Ok(Line::Leave(g)) => client::request(sp::LEAVE_MESS, &pg, &[&g], 0, &[]),
                     Ok(Line::Send(service, groups, text)) => {
-                        let bit = 1u32 << (service as u32);
+                        let bit = sp::service_bit(service);
                         let names: Vec<&str> = groups.iter().map(String::as_str).collect();
                         client::request(bit, &pg, &names, 0, text.as_bytes())
                     }

@@ -13,7 +13,7 @@
 
 use super::*;
 use conclave_wire::client::Reason;
-use conclave_wire::gcs::{Body, ServiceType, SpreadMeta};
+use conclave_wire::gcs::{Body, SpreadMeta};
 use conclave_wire::spread::{self as sp, Connect, GroupId, Reject};
 use std::collections::BTreeMap;
 
@@ -65,29 +65,6 @@ impl SpreadSession {
             paused: false,
             counted: 0,
         }
-    }
-}
-
-/// The Spread service bit of a service type, and back.
-fn service_bit(s: ServiceType) -> u32 {
-    match s {
-        ServiceType::Unreliable => sp::UNRELIABLE_MESS,
-        ServiceType::Reliable => sp::RELIABLE_MESS,
-        ServiceType::Fifo => sp::FIFO_MESS,
-        ServiceType::Causal => sp::CAUSAL_MESS,
-        ServiceType::Agreed => sp::AGREED_MESS,
-        ServiceType::Safe => sp::SAFE_MESS,
-    }
-}
-
-fn service_of(bit: u32) -> ServiceType {
-    match bit {
-        sp::UNRELIABLE_MESS => ServiceType::Unreliable,
-        sp::RELIABLE_MESS => ServiceType::Reliable,
-        sp::FIFO_MESS => ServiceType::Fifo,
-        sp::CAUSAL_MESS => ServiceType::Causal,
-        sp::AGREED_MESS => ServiceType::Agreed,
-        _ => ServiceType::Safe,
     }
 }
 
@@ -463,7 +440,7 @@ impl Node {
                 }
                 let kind = service | if self_discard { sp::SELF_DISCARD } else { 0 };
                 let cmd = ClientCommand::Multicast {
-                    service: service_of(service),
+                    service: sp::service_type(service),
                     groups: dest,
                     payload: data,
                 };
@@ -567,7 +544,7 @@ impl Node {
             return;
         }
         self.metrics.messages_delivered.fetch_add(1, Relaxed);
-        let kind = service_bit(*service) | if self_discard { sp::SELF_DISCARD } else { 0 };
+        let kind = sp::service_bit(*service) | if self_discard { sp::SELF_DISCARD } else { 0 };
         let sender = format!("#{client}");
         let (names, hint): (Vec<&str>, [u8; 4]) = match spread.as_deref() {
             Some(m) => (m.names.iter().map(String::as_str).collect(), m.hint),

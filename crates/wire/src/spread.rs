@@ -62,6 +62,32 @@ pub const LEAVE_MESS: u32 = 0x0002_0000;
 pub const KILL_MESS: u32 = 0x0004_0000;
 pub const REJECT_MESS: u32 = 0x0040_0000;
 
+/// The service bit of a service type.
+pub fn service_bit(s: crate::gcs::ServiceType) -> u32 {
+    use crate::gcs::ServiceType::*;
+    match s {
+        Unreliable => UNRELIABLE_MESS,
+        Reliable => RELIABLE_MESS,
+        Fifo => FIFO_MESS,
+        Causal => CAUSAL_MESS,
+        Agreed => AGREED_MESS,
+        Safe => SAFE_MESS,
+    }
+}
+
+/// The service type of a type word's service bit (safe if it has none of the others).
+pub fn service_type(kind: u32) -> crate::gcs::ServiceType {
+    use crate::gcs::ServiceType::*;
+    match kind & REGULAR_MESS {
+        UNRELIABLE_MESS => Unreliable,
+        RELIABLE_MESS => Reliable,
+        FIFO_MESS => Fifo,
+        CAUSAL_MESS => Causal,
+        AGREED_MESS => Agreed,
+        _ => Safe,
+    }
+}
+
 /// A refusal of a connection: one signed byte, then the daemon closes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Reject {

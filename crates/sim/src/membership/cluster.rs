@@ -359,7 +359,7 @@ impl World {
                 payload,
                 self_discard,
             } => {
-                let bit = 1u32 << (service as u32);
+                let bit = sp::service_bit(service);
                 let kind = bit | if self_discard { sp::SELF_DISCARD } else { 0 };
                 let names: Vec<&str> = groups.iter().map(String::as_str).collect();
                 request(kind, &pg, &names, 1, &payload)
