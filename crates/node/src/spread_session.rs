@@ -27,6 +27,11 @@ const SPREAD_QUEUE: usize = 1024;
 /// it no further. About what the driver reads ahead, and one largest request.
 pub(crate) const MAX_PAUSED_INPUT: usize = 256 * 1024 + sp::HEADER_BYTES + sp::MAX_MESSAGE_BODY_LEN;
 
+/// A Spread client's messages the core may hold (in one queue, in the client's order) before its
+/// daemon takes its requests no further: the core sends them as the ring makes room, at the
+/// token's visit, instead of waiting for the daemon to read on.
+const SPREAD_HELD: usize = 64;
+
 /// Where a Spread session is.
 pub(crate) enum Stage {
     /// Waiting for the connect message.
@@ -206,7 +211,7 @@ impl Node {
                             self.spread_request(id, req);
                             self.client_events();
                             if message
-                                && (self.daemon.held_count(id) > 0
+                                && (self.daemon.held_count(id) >= SPREAD_HELD
                                     || self.daemon.membership().queued() >= SPREAD_QUEUE)
                             {
                                 // The ring takes no more for now: what follows waits here, in
@@ -292,7 +297,7 @@ impl Node {
             .iter()
             .copied()
             .filter(|id| {
-                (self.daemon.held_count(*id) == 0
+                (self.daemon.held_count(*id) < SPREAD_HELD / 2
                     && self.daemon.membership().queued() < SPREAD_QUEUE * 3 / 4)
                     || !self.sessions.contains_key(id)
             })

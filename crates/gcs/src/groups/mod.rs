@@ -594,6 +594,9 @@ impl Daemon {
             return Err(DaemonError::UnknownClient(id));
         };
         let group = match &cmd.0 {
+            // A Spread client's commands wait in one queue: Spread keeps a sender's order
+            // across groups (and its clients acknowledge no flushes).
+            _ if c.spread => String::new(),
             ClientCommand::Join { group, .. }
             | ClientCommand::Leave { group }
             | ClientCommand::FlushAck { group, .. } => group.clone(),
