@@ -4,7 +4,11 @@
 //! For each protocol, event and size `n` the real protocol code runs over the in-memory
 //! transport; we report the counted rounds, messages, exponentiations, signatures and
 //! verifications along the critical path next to the Table I/II formulas, and the measured
-//! serial computation time along that path. The *floor* is what the counted operations alone cost
+//! serial computation time along that path. That time is a real member's, computing with its own
+//! state: after the event, the critical path found in place is timed again with each member on it
+//! replaying its inputs alone on a copy of its state (`Testbed::replay_alone`);
+//! `compute_shared_us` keeps the time measured in place, where the simulated members' states
+//! compete for the processor's caches between a member's steps. The *floor* is what the counted operations alone cost
 //! (exponentiations x one measured exponentiation + signatures x one signature + verifications x
 //! one verification + decodings of received group elements x one decoding, measured in the same
 //! run); `ratio` = measured / floor shows the overhead of everything else (encoding, tree
@@ -187,6 +191,8 @@ pub struct E1Row {
     pub messages: u64,
     pub unicasts: u64,
     pub broadcasts: u64,
+    /// Bytes of all the event's messages, envelopes and signatures included (a broadcast once).
+    pub bytes: u64,
     pub exps: u64,
     pub sigs: u64,
     pub verifs: u64,
@@ -196,7 +202,10 @@ pub struct E1Row {
     pub table_sigs: Option<f64>,
     pub table_verifs: Option<f64>,
     pub decodes: u64,
+    /// Serial computation along the critical path, each member on it replayed alone.
     pub compute_us: f64,
+    /// The same, measured with all members' states in one process, as the run went.
+    pub compute_shared_us: f64,
     pub compute_total_us: f64,
     pub floor_us: f64,
     pub ratio: f64,
@@ -230,7 +239,8 @@ fn script_for(event: &str, n: usize) -> (String, Vec<String>) {
 }
 
 /// Runs one protocol, event and size; returns the record of the event's view that keeps the
-/// first member (the group's side of a partition).
+/// first member (the group's side of a partition), with the times of its members replayed alone,
+/// the tree height, and the critical path's time as measured in place.
 fn measure_one<G: Group>(
     p: ProtocolId,
     scheme: SigScheme,
@@ -238,7 +248,7 @@ fn measure_one<G: Group>(
     n: usize,
     seed: u64,
     pool: &mut IdentityPool,
-) -> (ViewRecord, Option<usize>) {
+) -> (ViewRecord, Option<usize>, f64) {
     let (setup, events) = script_for(event, n);
     let mut tb = Testbed::<G>::new(p, scheme, seed);
     // Identities first: RSA key generation is slow and is no part of any event.
@@ -250,19 +260,27 @@ fn measure_one<G: Group>(
     tb.run_script(&parse(&setup).expect("setup parses"))
         .expect("setup runs");
     let before = tb.records.len();
+    tb.record();
     for e in &events {
         let action: Action = parse(e).expect("event parses").remove(0).action;
         tb.apply(&action).expect("event applies");
         tb.run_until_quiet();
     }
     assert!(tb.errors.is_empty(), "{p:?} {event} n={n}: {:?}", tb.errors);
-    let rec = tb.records[before..]
+    let mut rec = tb.records[before..]
         .iter()
         .rev()
         .find(|r| r.members.iter().any(|m| m == "m0000"))
         .unwrap_or_else(|| panic!("{p:?} {event} n={n}: the event's view did not complete"))
         .clone();
-    (rec, tb.tree_height("m0000"))
+    // A real member computes with its own state: the critical path is timed again with each
+    // member on it replayed alone (see `Testbed::replay_alone`).
+    let alone = tb
+        .replay_alone(rec.view)
+        .expect("the event was recorded and produced a key");
+    let shared = rec.compute_us;
+    rec.compute_us = alone;
+    (rec, tb.tree_height("m0000"), shared)
 }
 
 fn protocol_name(p: ProtocolId) -> &'static str {
@@ -307,7 +325,7 @@ fn run_group<G: Group>(
                     continue;
                 }
                 let runs = if n <= 64 { repeat.max(1) } else { 1 };
-                let mut measured: Vec<(ViewRecord, Option<usize>)> = (0..runs)
+                let mut measured: Vec<(ViewRecord, Option<usize>, f64)> = (0..runs)
                     .map(|i| {
                         measure_one::<G>(
                             p,
@@ -324,7 +342,7 @@ fn run_group<G: Group>(
                         .partial_cmp(&b.0.compute_us)
                         .expect("finite times")
                 });
-                let (r, h) = measured.swap_remove(runs / 2);
+                let (r, h, shared) = measured.swap_remove(runs / 2);
                 let floor_us = r.exps_critical as f64 * units.exp_us
                     + r.sigs_critical as f64 * units.sign_us
                     + r.verifs_critical as f64 * units.verify_us
@@ -342,6 +360,7 @@ fn run_group<G: Group>(
                     messages: r.messages,
                     unicasts: r.unicasts,
                     broadcasts: r.broadcasts,
+                    bytes: r.bytes,
                     exps: r.exps_critical,
                     sigs: r.sigs_critical,
                     verifs: r.verifs_critical,
@@ -352,6 +371,7 @@ fn run_group<G: Group>(
                     table_sigs: t.map(|t| t[3]),
                     table_verifs: t.map(|t| t[4]),
                     compute_us: r.compute_us,
+                    compute_shared_us: shared,
                     compute_total_us: r.compute_total_us,
                     floor_us,
                     ratio: if floor_us > 0.0 {

@@ -8,12 +8,23 @@
 //! just below the lowest departed one (the bottom member if that was the bottom, the top member
 //! for a plain refresh), refreshes its leaf, recomputes the blinded keys up to just below the
 //! root and broadcasts them: one round. A view with several sides is a merge: in round 1 each
-//! side's sponsor refreshes its leaf and broadcasts its side's chain with all blinded keys; the
-//! largest chain stays at the bottom and the others are stacked on it; in round 2 the top member
-//! of the bottom chain computes the new nodes up to just below the root and broadcasts them.
+//! side's sponsor refreshes its leaf and broadcasts its side's chain (members as view indexes, the
+//! node blinded keys it computed, and its members' leaf blinded keys unless the side is more than
+//! half the view); the largest chain stays at the bottom and the others are stacked on it; in
+//! round 2 the top member of the bottom chain computes the new nodes up to just below the root
+//! and broadcasts them.
 //!
-//! Departures: when a single leaf is stacked (a join), round 2 has nothing to compute and is
-//! skipped: a join takes one round and two messages (Table I counts 2 rounds, 3 messages).
+//! A member at position `p` keeps the leaf blinded keys at and above `p` and the node blinded keys
+//! from `p - 1` up, which is all it uses; it does not receive the others (see
+//! docs/key-agreement.md).
+//!
+//! Departures: §4.4 has the merging sponsors exchange every blinded key; a side larger than half
+//! the view, which can only be the bottom chain, sends none of its leaves' but its sponsor's, so a
+//! joiner decodes two group elements, not `2n`. In a side that may be stacked, the sponsor (its
+//! top member) does not hold the leaves below it, so the side's bottom member sends them in
+//! round 1: one message more than Table I counts. When a single leaf is stacked (a join), round 2
+//! has nothing to compute and is skipped: a join takes one round and two messages (Table I counts
+//! 2 rounds, 3 messages).
 //! Receivers never recompute a blinded key a sponsor sent (§5). Cascades restart from the newest
 //! view (see `core`).
 
@@ -136,27 +147,6 @@ impl<G: Group> Chain<G> {
             None => self.len(),
         }
     }
-    fn to_wire(&self) -> StrMsg {
-        StrMsg::Chain {
-            leaves: self
-                .members
-                .iter()
-                .zip(&self.leaf_bk)
-                .map(|(m, b)| {
-                    (
-                        m.to_string(),
-                        b.as_ref().map(|b| b.bytes().to_vec()).unwrap_or_default(),
-                    )
-                })
-                .collect(),
-            internal: self
-                .node_bk
-                .iter()
-                .skip(1)
-                .map(|b| b.as_ref().map(|b| b.bytes().to_vec()))
-                .collect(),
-        }
-    }
 }
 
 /// Computes this member's node keys as far as possible; if `sponsor`, also the blinded keys of
@@ -217,9 +207,21 @@ struct Run<G: Group> {
     got_own: bool,
     foreign: Vec<Chain<G>>,
     covered: BTreeSet<MemberId>,
+    /// Merge round 1: leaf blinded keys sent by the bottom members of sides, by sender.
+    leaves: std::collections::BTreeMap<MemberId, Vec<(u16, Bk<G>)>>,
+    /// Merge round 1: whether this member's side's bottom member sends its leaves.
+    own_leaves: bool,
     /// Round 2 sponsor (top of the bottom chain), when a round 2 is needed.
     round2: Option<MemberId>,
     done: bool,
+}
+
+/// Whether a side's bottom member sends its side's leaf blinded keys in a merge: when the side
+/// may be stacked on another (at most half the view), has more than one member, and its sponsor
+/// (who sends its own leaf) is not the bottom member (who holds every leaf's and sends them in
+/// its chain).
+fn sends_leaves(len: usize, view_len: usize, sponsor_pos: usize) -> bool {
+    len >= 2 && 2 * len <= view_len && sponsor_pos != 0
 }
 
 impl<G: Group> Str<G> {
@@ -259,17 +261,15 @@ impl<G: Group> Str<G> {
         let run = self.run.as_mut().expect("run in progress");
         let root = chain.node_key.last().cloned().flatten();
         run.chain = chain;
-        // Complete only once every blinded key below the root is known, which all members that
-        // move together agree on (see `tgdh`).
-        let all_known = run.chain.leaf_bk.iter().all(Option::is_some)
-            && run
-                .chain
-                .node_bk
-                .iter()
-                .enumerate()
-                .skip(1)
-                .take(run.chain.len().saturating_sub(2))
-                .all(|(_, b)| b.is_some());
+        // Complete only once every blinded key this member keeps is known (the leaves' at and
+        // above its position, the nodes' from just below it to just below the root): the ones a
+        // run recomputes come in the same messages for every member, so all members that move
+        // together agree on whether the run completed (see `tgdh`).
+        let p = run.chain.pos(&self.core.me).expect("in own chain");
+        let len = run.chain.len();
+        let all_known = run.chain.leaf_bk[p..].iter().all(Option::is_some)
+            && (p.saturating_sub(1).max(1)..len.saturating_sub(1))
+                .all(|k| run.chain.node_bk[k].is_some());
         if let (Some(root), false, true) = (root, run.done, all_known) {
             run.done = true;
             let secret = G::encode_scalar(&root);
@@ -300,8 +300,44 @@ impl<G: Group> Str<G> {
         if !run.collecting || !run.got_own || run.covered.len() + self.core.side.len() != view_len {
             return Ok(());
         }
+        // Every side's bottom member that sends its leaves must have been heard too.
+        let lacking =
+            |c: &Chain<G>| c.leaf_bk.iter().any(Option::is_none) && 2 * c.len() <= view_len;
+        let bottom_heard = |c: &Chain<G>| run.leaves.contains_key(&*c.members[0]);
+        if run.foreign.iter().any(|c| lacking(c) && !bottom_heard(c))
+            || (run.own_leaves && !bottom_heard(&run.chain))
+        {
+            return Ok(());
+        }
+        if run.leaves.len()
+            != run.foreign.iter().filter(|c| lacking(c)).count() + run.own_leaves as usize
+        {
+            return Err(GkaError::Misplaced(
+                "leaves from a member that does not send them",
+            ));
+        }
+        // The leaves go into their chains (this member's own too: it may be stacked).
         let mut chains: Vec<Chain<G>> = run.foreign.clone();
         chains.push(run.chain.clone());
+        for c in chains.iter_mut() {
+            let Some(leaves) = run.leaves.get(&*c.members[0]) else {
+                continue;
+            };
+            for (index, bk) in leaves {
+                let name = &self.core.view()?.members[*index as usize];
+                let pos = c.pos(name).ok_or(GkaError::Misplaced(
+                    "leaves of members outside the sender's side",
+                ))?;
+                if c.leaf_bk[pos]
+                    .as_ref()
+                    .is_some_and(|b| b.bytes() != bk.bytes())
+                {
+                    return Err(GkaError::Misplaced("a leaf's blinded key contradicted"));
+                }
+                c.leaf_bk[pos] = Some(bk.clone());
+            }
+        }
+
         chains.sort_by(|a, b| {
             b.len()
                 .cmp(&a.len())
@@ -317,6 +353,11 @@ impl<G: Group> Str<G> {
             merged.node_key.iter_mut().for_each(|k| *k = None);
         }
         for c in it {
+            if c.leaf_bk.iter().any(Option::is_none) {
+                return Err(GkaError::Misplaced(
+                    "a chain stacked on another without its leaves' blinded keys",
+                ));
+            }
             let is_mine = c.pos(&me).is_some();
             for i in 0..c.len() {
                 merged.members.push(c.members[i].clone());
@@ -343,6 +384,7 @@ impl<G: Group> Str<G> {
         let run = self.run.as_mut().expect("run in progress");
         run.collecting = false;
         run.foreign.clear();
+        run.leaves.clear();
         run.round2 = round2;
         Ok(())
     }
@@ -356,6 +398,8 @@ impl<G: Group> Clone for Run<G> {
             got_own: self.got_own,
             foreign: self.foreign.clone(),
             covered: self.covered.clone(),
+            leaves: self.leaves.clone(),
+            own_leaves: self.own_leaves,
             round2: self.round2.clone(),
             done: self.done,
         }
@@ -394,6 +438,8 @@ impl<G: Group> KeyAgreement for Str<G> {
             got_own: true,
             foreign: vec![],
             covered: BTreeSet::new(),
+            leaves: Default::default(),
+            own_leaves: false,
             round2: None,
             done: false,
         };
@@ -428,20 +474,78 @@ impl<G: Group> KeyAgreement for Str<G> {
             }
             return self.settle(chain);
         }
-        // Merge, round 1.
-        if sponsor == me {
-            self.refresh(&mut chain, rng);
-            advance(&mut chain, &me, &mut self.core.meter, true, true)?;
+        // Merge, round 1: each side's sponsor refreshes its leaf and sends its side's chain, with
+        // the node blinded keys it computed. The largest side goes at the bottom, and its leaves'
+        // blinded keys are of use to nobody outside it; those of a chain stacked on it are needed
+        // by everyone under them. A side larger than half the view can only be the largest; in
+        // any other, the bottom member, who holds every leaf's blinded key, sends them (in its
+        // chain if it is the sponsor, in a message of its own if not).
+        let index: std::collections::HashMap<String, u16> = self
+            .core
+            .view()?
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.clone(), i as u16))
+            .collect();
+        let own_leaves = sends_leaves(chain.len(), n, sponsor_pos);
+        if own_leaves && *chain.members[0] == *me {
+            let leaves = (0..chain.len())
+                .filter(|&i| i != sponsor_pos)
+                .map(|i| {
+                    let bk = chain.leaf_bk[i].as_ref().ok_or(GkaError::Misplaced(
+                        "the bottom member lacks a leaf of its chain",
+                    ))?;
+                    Ok((index[&*chain.members[i]], bk.bytes().to_vec()))
+                })
+                .collect::<Result<_, GkaError>>()?;
+            let msg = StrMsg::Leaves { leaves };
             self.core
-                .send(Dest::Broadcast, Order::Agreed, 1, chain.to_wire().encode())?;
+                .send(Dest::Broadcast, Order::Agreed, msg.kind(), msg.encode())?;
+        }
+        if sponsor == me {
+            let (sp, leaf) = self.refresh(&mut chain, rng);
+            let nodes = advance(&mut chain, &me, &mut self.core.meter, true, true)?;
+            let all = 2 * chain.len() <= n && sp == 0;
+            let leaves = chain
+                .members
+                .iter()
+                .zip(&chain.leaf_bk)
+                .enumerate()
+                .map(|(i, (m, b))| {
+                    let bk = if i == sp as usize {
+                        Some(leaf.bytes().to_vec())
+                    } else if all {
+                        b.as_ref().map(|b| b.bytes().to_vec())
+                    } else {
+                        None
+                    };
+                    index
+                        .get(&**m)
+                        .map(|&i| (i, bk))
+                        .ok_or(GkaError::Misplaced("chain member outside the view"))
+                })
+                .collect::<Result<_, _>>()?;
+            let msg = StrMsg::Chain {
+                leaves,
+                nodes: nodes
+                    .into_iter()
+                    .map(|(k, b)| (k, b.bytes().to_vec()))
+                    .collect(),
+            };
+            self.core
+                .send(Dest::Broadcast, Order::Agreed, 1, msg.encode())?;
         } else {
             chain.leaf_bk[sponsor_pos] = None;
             chain.invalidate_from(sponsor_pos);
         }
+        // This member waits for its side's bottom member's leaves, unless it sent them.
+        let own_leaves = own_leaves && *chain.members[0] != *me;
         self.run = Some(Run {
             chain,
             collecting: true,
             got_own: sponsor == me,
+            own_leaves,
             ..fresh_run(Chain::alone(me.clone()))
         });
         Ok(())
@@ -486,25 +590,38 @@ impl<G: Group> Str<G> {
         let run = self.run.as_ref().expect("checked by caller");
         let size_ok = |b: &[u8]| b.len() == G::ELEMENT_BYTES;
         match msg {
-            StrMsg::Chain { leaves, internal } => {
+            StrMsg::Chain { leaves, nodes } => {
                 if !run.collecting {
                     return Err(GkaError::Misplaced(
                         "chain outside the first round of a merge",
                     ));
                 }
-                if leaves.is_empty()
-                    || internal.len() + 1 != leaves.len()
-                    || !leaves.iter().all(|(_, b)| size_ok(b))
+                let len = leaves.len();
+                let view_members = &self.core.view()?.members;
+                let names: Vec<MemberId> = leaves
+                    .iter()
+                    .map(|(i, _)| view_members.get(*i as usize).cloned())
+                    .collect::<Option<_>>()
+                    .ok_or(GkaError::Misplaced("chain member outside the view"))?;
+                let distinct: BTreeSet<&MemberId> = names.iter().collect();
+                if len == 0 || distinct.len() != len {
+                    return Err(GkaError::Misplaced("member appears twice in the chain"));
+                }
+                // The node blinded keys the sponsor computed: increasing positions up to the top
+                // (whose blinded key is the bottom leaf's in a chain of one).
+                let positions_ok = nodes.windows(2).all(|w| w[0].0 < w[1].0)
+                    && match nodes.last() {
+                        None => len == 1 && leaves[0].1.is_some(),
+                        Some((top, _)) => *top as usize == len - 1 && nodes[0].0 >= 1,
+                    };
+                if !positions_ok
+                    || leaves
+                        .iter()
+                        .filter_map(|(_, b)| b.as_ref())
+                        .any(|b| !size_ok(b))
+                    || nodes.iter().any(|(_, b)| !size_ok(b))
                 {
                     return Err(GkaError::Misplaced("malformed chain"));
-                }
-                if internal.iter().flatten().any(|b| !size_ok(b)) {
-                    return Err(GkaError::Misplaced("blinded key of the wrong size"));
-                }
-                let names: Vec<MemberId> = leaves.iter().map(|(m, _)| m.clone()).collect();
-                let distinct: BTreeSet<&MemberId> = names.iter().collect();
-                if distinct.len() != names.len() {
-                    return Err(GkaError::Misplaced("member appears twice in the chain"));
                 }
                 // Decoded now, unless this member holds the same bytes decoded already (its own
                 // chain's): every member must accept or refuse a chain alike, and an element is
@@ -522,17 +639,14 @@ impl<G: Group> Str<G> {
                     Some(k) => Ok((*k).clone()),
                     None => BkData::checked(meter, b),
                 };
-                let leaf_bk = leaves
+                let leaf_bk: Vec<Option<Bk<G>>> = leaves
                     .iter()
-                    .map(|(_, b)| check(b).map(Some))
+                    .map(|(_, b)| b.as_ref().map(|b| check(b)).transpose())
                     .collect::<Result<_, _>>()?;
-                let node_bk = std::iter::once(Ok(None))
-                    .chain(
-                        internal
-                            .iter()
-                            .map(|b| b.as_ref().map(|b| check(b)).transpose()),
-                    )
-                    .collect::<Result<_, _>>()?;
+                let mut node_bk: Vec<Option<Bk<G>>> = vec![None; len];
+                for (k, b) in &nodes {
+                    node_bk[*k as usize] = Some(check(b)?);
+                }
                 let c = Chain::<G> {
                     members: names
                         .iter()
@@ -541,7 +655,7 @@ impl<G: Group> Str<G> {
                     leaf_bk,
                     node_bk,
                     leaf_key: None,
-                    node_key: vec![None; names.len()],
+                    node_key: vec![None; len],
                 };
                 if side.contains(sender) {
                     if run.got_own || c.members != run.chain.members {
@@ -549,10 +663,19 @@ impl<G: Group> Str<G> {
                             "unexpected chain from this member's own side",
                         ));
                     }
-                    // Keys below the sponsor stay valid (those above were cleared with the view).
-                    let mut mine = c;
-                    mine.leaf_key = run.chain.leaf_key.clone();
-                    mine.node_key = run.chain.node_key.clone();
+                    // What the sponsor sent replaces what this member held; keys below the sponsor
+                    // stay valid (those above were cleared with the view).
+                    let mut mine = run.chain.clone();
+                    for (i, b) in c.leaf_bk.iter().enumerate() {
+                        if b.is_some() {
+                            mine.leaf_bk[i] = b.clone();
+                        }
+                    }
+                    for (k, b) in c.node_bk.iter().enumerate() {
+                        if b.is_some() {
+                            mine.node_bk[k] = b.clone();
+                        }
+                    }
                     let run = self.run.as_mut().expect("checked");
                     let old = std::mem::replace(&mut run.chain, mine);
                     run.got_own = true;
@@ -585,6 +708,47 @@ impl<G: Group> Str<G> {
                     }
                     Ok(())
                 }
+            }
+            StrMsg::Leaves { leaves } => {
+                if !run.collecting {
+                    return Err(GkaError::Misplaced(
+                        "leaves outside the first round of a merge",
+                    ));
+                }
+                if run.leaves.contains_key(sender) || leaves.is_empty() {
+                    return Err(GkaError::Misplaced("unexpected leaves"));
+                }
+                let n = self.core.view()?.members.len();
+                if leaves.iter().any(|(i, b)| *i as usize >= n || !size_ok(b)) || leaves.len() >= n
+                {
+                    return Err(GkaError::Misplaced("malformed leaves"));
+                }
+                // Decoded now, as a chain's (see above).
+                let known: std::collections::HashMap<&[u8], &Bk<G>> = run
+                    .chain
+                    .leaf_bk
+                    .iter()
+                    .flatten()
+                    .map(|b| (b.bytes(), b))
+                    .collect();
+                let mut decoded = Vec::with_capacity(leaves.len());
+                for (i, b) in &leaves {
+                    decoded.push((
+                        *i,
+                        match known.get(b.as_slice()) {
+                            Some(k) => (*k).clone(),
+                            None => BkData::checked(&mut self.core.meter, b)?,
+                        },
+                    ));
+                }
+                let run = self.run.as_mut().expect("checked");
+                run.leaves.insert(sender.to_owned(), decoded);
+                if let Err(e) = self.try_merge() {
+                    let run = self.run.as_mut().expect("checked");
+                    run.leaves.remove(sender);
+                    return Err(e);
+                }
+                Ok(())
             }
             StrMsg::Update { leaf, internal } => {
                 if run.collecting {

@@ -94,6 +94,8 @@ impl Path {
 
 struct Member {
     ka: Box<dyn KeyAgreement>,
+    /// The member's own randomness, so that its inputs can be replayed on a copy of its state.
+    rng: ChaCha20Rng,
     /// The number of the view this member is in (0 before its first).
     view_id: u64,
     path: Path,
@@ -103,8 +105,48 @@ struct Packet {
     from: MemberId,
     to: Vec<MemberId>,
     view_id: u64,
-    payload: Vec<u8>,
+    payload: std::sync::Arc<[u8]>,
     path: Path,
+    /// The recorded step that sent it, while recording.
+    origin: Option<usize>,
+}
+
+/// One input to a member.
+#[derive(Clone)]
+enum Input {
+    View(View),
+    Message(MemberId, std::sync::Arc<[u8]>),
+}
+
+impl Input {
+    fn apply(&self, ka: &mut dyn KeyAgreement, rng: &mut ChaCha20Rng) -> Result<(), GkaError> {
+        match self {
+            Input::View(v) => ka.handle_view(rng, v.clone()),
+            Input::Message(from, payload) => ka.handle_message(rng, from, payload),
+        }
+    }
+}
+
+/// A member's input while recording: what it was, in which view, after which step it came.
+struct RecordedStep {
+    member: MemberId,
+    input: Input,
+    /// The view the member was in when the input had been handled.
+    view_id: u64,
+    /// The step that sent the message (none for a view).
+    origin: Option<usize>,
+    /// The view whose key this step produced, if any.
+    key_view: Option<u64>,
+    /// Time taken in place: handling the input, then deriving keys.
+    main_ns: u64,
+    key_ns: u64,
+}
+
+/// The members' states when recording began, and every input since.
+#[derive(Default)]
+struct Recording {
+    start: BTreeMap<MemberId, (Box<dyn KeyAgreement>, ChaCha20Rng)>,
+    steps: Vec<RecordedStep>,
 }
 
 /// What happened in one view, as `conclave gka run` prints it.
@@ -121,6 +163,9 @@ pub struct ViewRecord {
     pub messages: u64,
     pub unicasts: u64,
     pub broadcasts: u64,
+    /// Bytes of all the messages sent, envelopes and signatures included (a broadcast counted
+    /// once).
+    pub bytes: u64,
     /// Totals over all members of the view.
     pub exps: u64,
     pub sigs: u64,
@@ -149,6 +194,7 @@ struct ViewStats {
     keys: BTreeMap<MemberId, SecureView>,
     unicasts: u64,
     broadcasts: u64,
+    bytes: u64,
     rounds: u32,
     total: Meter,
     critical: Path,
@@ -190,6 +236,7 @@ pub struct Testbed<G: Group> {
     pub delivered: u64,
     /// Whether to measure compute time (off makes tests faster and fully deterministic).
     pub measure_time: bool,
+    recording: Option<Recording>,
     _g: std::marker::PhantomData<G>,
 }
 
@@ -212,6 +259,7 @@ impl<G: Group> Testbed<G> {
             key_log: Vec::new(),
             delivered: 0,
             measure_time: true,
+            recording: None,
             _g: Default::default(),
         }
     }
@@ -285,10 +333,17 @@ impl<G: Group> Testbed<G> {
             self.directory.clone(),
             &mut self.rng,
         );
+        let rng =
+            ChaCha20Rng::seed_from_u64(rand_chacha::rand_core::RngCore::next_u64(&mut self.rng));
+        if let Some(rec) = self.recording.as_mut() {
+            rec.start
+                .insert(name.to_owned(), (ka.clone_box(), rng.clone()));
+        }
         self.members.insert(
             name.to_owned(),
             Member {
                 ka,
+                rng,
                 view_id: 0,
                 path: Path::default(),
             },
@@ -548,37 +603,38 @@ impl<G: Group> Testbed<G> {
                 let member = self.members.get_mut(m).expect("member exists");
                 member.view_id = number;
                 member.path = Path::default();
-                self.step(m, |ka, rng| ka.handle_view(rng, view));
+                self.step_with(m, None, Input::View(view));
             }
         }
     }
 
-    /// Runs one input of one member, with cost accounting, then drains its outputs.
-    fn step(
-        &mut self,
-        name: &str,
-        input: impl FnOnce(&mut dyn KeyAgreement, &mut ChaCha20Rng) -> Result<(), GkaError>,
-    ) {
-        self.step_with(name, None, input)
-    }
-
-    fn step_with(
-        &mut self,
-        name: &str,
-        incoming: Option<&Path>,
-        input: impl FnOnce(&mut dyn KeyAgreement, &mut ChaCha20Rng) -> Result<(), GkaError>,
-    ) {
+    /// Runs one input of one member, with cost accounting, then drains its outputs; `incoming`
+    /// is the path of the message and the recorded step that sent it.
+    fn step_with(&mut self, name: &str, incoming: Option<(&Path, Option<usize>)>, input: Input) {
         let measure = self.measure_time;
         let Some(member) = self.members.get_mut(name) else {
             return;
         };
-        if let Some(p) = incoming {
+        if let Some((p, _)) = incoming {
             member.path.join(p);
         }
+        let step_id = self.recording.as_mut().map(|rec| {
+            rec.steps.push(RecordedStep {
+                member: name.to_owned(),
+                input: input.clone(),
+                view_id: 0,
+                origin: incoming.and_then(|(_, o)| o),
+                key_view: None,
+                main_ns: 0,
+                key_ns: 0,
+            });
+            rec.steps.len() - 1
+        });
         let before = member.ka.meter();
         let t0 = measure.then(Instant::now);
-        let result = input(member.ka.as_mut(), &mut self.rng);
+        let result = input.apply(member.ka.as_mut(), &mut member.rng);
         let elapsed = t0.map(|t| t.elapsed().as_nanos() as u64).unwrap_or(0);
+        let main_ns = elapsed;
         let after = member.ka.meter();
         let view_id = member.view_id;
         let delta = after.since(&before);
@@ -636,16 +692,25 @@ impl<G: Group> Testbed<G> {
                     } else {
                         s.broadcasts += 1;
                     }
+                    s.bytes += t.payload.len() as u64;
                     s.rounds = s.rounds.max(send_path.round);
                 }
                 self.queue.push_back(Packet {
                     from: name.to_owned(),
                     to,
                     view_id,
-                    payload: t.payload,
+                    payload: t.payload.into(),
                     path: send_path,
+                    origin: step_id,
                 });
             }
+        }
+        if let (Some(rec), Some(id)) = (self.recording.as_mut(), step_id) {
+            let st = &mut rec.steps[id];
+            st.view_id = view_id;
+            st.key_view = keys.last().map(|k| k.view_id.index);
+            st.main_ns = main_ns;
+            st.key_ns = elapsed;
         }
         for k in keys {
             self.key_log.push((name.to_owned(), k.clone()));
@@ -682,6 +747,7 @@ impl<G: Group> Testbed<G> {
             messages: s.unicasts + s.broadcasts,
             unicasts: s.unicasts,
             broadcasts: s.broadcasts,
+            bytes: s.bytes,
             exps: s.total.exps,
             sigs: s.total.sigs,
             verifs: s.total.verifs,
@@ -711,11 +777,11 @@ impl<G: Group> Testbed<G> {
             if m.view_id != p.view_id {
                 continue;
             }
-            let from = p.from.clone();
-            let payload = p.payload.clone();
-            self.step_with(to, Some(&p.path), |ka, rng| {
-                ka.handle_message(rng, &from, &payload)
-            });
+            self.step_with(
+                to,
+                Some((&p.path, p.origin)),
+                Input::Message(p.from.clone(), p.payload.clone()),
+            );
         }
     }
 
@@ -740,7 +806,7 @@ impl<G: Group> Testbed<G> {
     pub fn queue_snapshot(&self) -> Vec<(MemberId, Vec<MemberId>, Vec<u8>)> {
         self.queue
             .iter()
-            .map(|p| (p.from.clone(), p.to.clone(), p.payload.clone()))
+            .map(|p| (p.from.clone(), p.to.clone(), p.payload.to_vec()))
             .collect()
     }
 
@@ -755,12 +821,115 @@ impl<G: Group> Testbed<G> {
         let Some(m) = self.members.get_mut(to) else {
             return (Err(GkaError::NoView), 0);
         };
-        let r = m.ka.handle_message(&mut self.rng, from, bytes);
+        let r = m.ka.handle_message(&mut m.rng, from, bytes);
         let mut n = 0;
         while m.ka.poll_transmit().is_some() {
             n += 1;
         }
         (r, n)
+    }
+
+    /// Starts recording every member's inputs, from copies of their states now, for
+    /// [`Testbed::replay_alone`].
+    pub fn record(&mut self) {
+        let start = self
+            .members
+            .iter()
+            .map(|(n, m)| (n.clone(), (m.ka.clone_box(), m.rng.clone())))
+            .collect();
+        self.recording = Some(Recording {
+            start,
+            steps: Vec::new(),
+        });
+    }
+
+    /// The critical path of the view numbered `view` (the chain of steps that ended last at a
+    /// member's key, as timed in place), timed again with each member on it computing alone: its
+    /// recorded inputs are replayed on a copy of its state, in one go, so that its own state is
+    /// what the processor's caches hold, as in a real member (in place, all simulated members'
+    /// states compete for them between its steps). Returns the replayed time in microseconds;
+    /// `None` if nothing was recorded or the view produced no key.
+    pub fn replay_alone(&mut self, view: u64) -> Option<f64> {
+        let rec = self.recording.take()?;
+        let steps = &rec.steps;
+        #[derive(Clone, Copy)]
+        enum From {
+            Start,
+            /// After the member's previous step (its key derivation included).
+            Prev(usize),
+            /// After the step that sent the message (before that step derived keys).
+            Sender(usize),
+        }
+        // In place: when each step sent its messages, and when it was done.
+        let (mut send_at, mut done_at) = (vec![0u64; steps.len()], vec![0u64; steps.len()]);
+        let mut pred = vec![From::Start; steps.len()];
+        let mut last: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, st) in steps.iter().enumerate() {
+            let prev = match st.input {
+                Input::View(_) => None,
+                Input::Message(..) => last
+                    .get(st.member.as_str())
+                    .copied()
+                    .filter(|&j| steps[j].view_id == st.view_id),
+            };
+            let (a, b) = (
+                prev.map(|j| done_at[j]).unwrap_or(0),
+                st.origin.map(|o| send_at[o]).unwrap_or(0),
+            );
+            pred[i] = match (prev, st.origin) {
+                (Some(_), Some(o)) if b > a => From::Sender(o),
+                (Some(j), _) => From::Prev(j),
+                (None, Some(o)) => From::Sender(o),
+                (None, None) => From::Start,
+            };
+            send_at[i] = a.max(b) + st.main_ns;
+            done_at[i] = send_at[i] + st.key_ns;
+            last.insert(st.member.as_str(), i);
+        }
+        let end = (0..steps.len())
+            .filter(|&i| steps[i].key_view == Some(view))
+            .max_by_key(|&i| done_at[i])?;
+        let mut chain = vec![end];
+        while let From::Prev(j) | From::Sender(j) = pred[*chain.last().expect("not empty")] {
+            chain.push(j);
+        }
+        chain.reverse();
+        // Each member on the chain, alone, up to its last step on it.
+        let mut upto: BTreeMap<&str, usize> = BTreeMap::new();
+        for &i in &chain {
+            let e = upto.entry(steps[i].member.as_str()).or_insert(i);
+            *e = (*e).max(i);
+        }
+        let mut alone: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
+        for (name, upto) in upto {
+            let (ka, rng) = rec.start.get(name)?;
+            let (mut ka, mut rng) = (ka.clone_box(), rng.clone());
+            for (i, st) in steps.iter().enumerate().take(upto + 1) {
+                if st.member != name {
+                    continue;
+                }
+                let t = Instant::now();
+                let _ = st.input.apply(ka.as_mut(), &mut rng);
+                let main = t.elapsed().as_nanos() as u64;
+                while ka.poll_transmit().is_some() {}
+                let t = Instant::now();
+                while ka.poll_key().is_some() {}
+                alone.insert(i, (main, t.elapsed().as_nanos() as u64));
+            }
+        }
+        // Along the chain, with the replayed times.
+        let (mut sent, mut finished) = (BTreeMap::new(), BTreeMap::new());
+        for &i in &chain {
+            let (main, key) = alone[&i];
+            let start = match pred[i] {
+                From::Start => 0,
+                From::Prev(j) => finished[&j],
+                From::Sender(j) => sent[&j],
+            };
+            sent.insert(i, start + main);
+            finished.insert(i, start + main + key);
+        }
+        Some(finished[&end] as f64 / 1000.0)
     }
 
     /// Messages waiting to be delivered.

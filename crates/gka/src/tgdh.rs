@@ -1,31 +1,45 @@
 //! Tree-based Group Diffie-Hellman (paper 000 §4.3, Figs 5-6).
 //!
-//! Every member keeps the key tree (`tree`): all blinded keys, and the keys on its own path. A
-//! node's key is `K = H(BK_sibling^{K_child})` (the DH value hashed to an exponent, where the
+//! A node's key is `K = H(BK_sibling^{K_child})` (the DH value hashed to an exponent, where the
 //! paper uses the DH value mod p directly) and its blinded key `BK = g^K`; the root key is the
-//! group secret.
+//! group secret. Every member keeps its tree's shape, the keys on its own path, and the blinded
+//! keys of its path and its co-path (the siblings of its path's nodes): what it needs to compute
+//! the root key and to act as a sponsor. It may hold more, but a newcomer gets no more than that.
 //!
-//! A view with one side (leave, partition) prunes the departed leaves; the shallowest rightmost
-//! sponsor refreshes its leaf key. A view with several sides is a merge: each side's sponsor (its
-//! rightmost member) broadcasts its side's tree, adding the blinded keys it can (its leaf's if it
-//! is new, its side's old root's); every member then merges the trees, largest first, each
-//! inserted at the shallowest rightmost node that does not increase the height, and the rightmost
-//! member of the last inserted tree refreshes its leaf (unless that leaf was drawn in this run),
-//! so that every run has a fresh contribution. In both cases members then compute up their paths
-//! as far as they can; a member broadcasts the blinded keys it computed when it is the rightmost
-//! member under the lowest node it newly computed, which makes exactly one sponsor per computable
-//! subtree and repeats until all members hold the root key (one round for a leave, two for a join
-//! or merge, up to `h` for a partition). A run completes when every blinded key below the root is
-//! known, which all members observe alike (see `core`).
+//! A membership event makes some nodes *stale* (see `tree`): the ancestors of departed leaves and
+//! of inserted subtrees, and refreshed leaves with their ancestors. Every member marks the same
+//! ones. A view with one side (leave, partition) prunes the departed leaves; every unchanged
+//! subtree that moved up has its rightmost member refresh its leaf (so that the members of its
+//! new sibling, who may not hold its blinded key, receive a new one), or, if none moved, the
+//! rightmost member does. A view with several sides is a merge: in round 1 each side's rightmost
+//! member broadcasts its side's shape, which nodes of it are stale, its root's blinded key and
+//! whether a leaf of the side was drawn in this run; every member then merges the shapes,
+//! largest first, each inserted at the shallowest rightmost node that does not increase the
+//! height, as the left child of a new node over the subtree it displaces. If no leaf was drawn,
+//! the rightmost member of the last displaced subtree refreshes its leaf, so every run has a
+//! fresh contribution. In both cases members then compute up their paths as far as they can; a
+//! member broadcasts the blinded keys it computed when it has just refreshed its leaf or is the
+//! rightmost member under the lowest node it newly computed, which makes exactly one sponsor per
+//! computable subtree and repeats until all members hold the root key (one round for a leave, two for a join or merge,
+//! up to `h` for a partition). In a merge a sponsor's message also carries the blinded keys of
+//! both children of each node it computed: the co-path the other sides' members lack. A run
+//! completes when no node below the root is stale, which all members observe alike (see `core`).
 //!
-//! Departures: §4.3 has every merging side's sponsor refresh its leaf and recompute its path in
-//! round 1; we refresh one leaf per merge, after merging, which needs the same rounds and
-//! messages and far fewer exponentiations. Receivers never recompute a blinded key a sponsor sent
-//! (§5's optimization), and a member computes blinded keys only where it is the sponsor. Table
-//! II's TGDH row counts `3h/2` exponentiations for a join, merge and leave, the cost for a sponsor
-//! at mid depth; our critical path is about `3d` for a sponsor at depth `d`, so it is bounded by
-//! `3h` (plus one for a leave), with `h` the height after the event. Cascades restart from the
-//! newest view (see `core`).
+//! Departures: §4.3 has every member hold every blinded key and a merging sponsor broadcast its
+//! whole tree with them; footnote 4 notes that a member needs less. Here a merge moves the shapes
+//! and `O(h)` blinded keys, so a joiner receives and decodes `O(log n)` group elements, not
+//! `O(n)`; what a member can no longer do is compute a node's key off its own path from
+//! blinded keys it was never sent, which nothing in the protocol asks of it. The displaced
+//! subtree goes on the right of the new node (the paper does not fix the side) so that its
+//! member, who holds the blinded keys the newcomers lack, is the sponsor. §4.3 has every merging
+//! side's sponsor refresh its leaf in round 1; we refresh one leaf per merge, after merging, and
+//! none when a newcomer's leaf is fresh anyway. §4.3's partition has the shallowest rightmost
+//! member refresh; we refresh under every subtree that moved up, which a member that may not
+//! hold every blinded key needs. Receivers never recompute a blinded key a sponsor sent (§5's
+//! optimization). Table II's TGDH row counts `3h/2` exponentiations for a join, merge and leave,
+//! the cost for a sponsor at mid depth; our critical path is about `3d` for a sponsor at depth
+//! `d`, so it is bounded by `3h` (plus one for a leave), with `h` the height after the event.
+//! Cascades restart from the newest view (see `core`).
 
 use crate::api::{
     Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, View,
@@ -49,14 +63,19 @@ pub struct Tgdh<G: Group> {
 
 struct Run<G: Group> {
     tree: Node<G>,
+    /// Merge round 1: waiting for the sides' shapes.
     collecting: bool,
-    /// Merge round 1: whether this member has its own side's tree from its sponsor.
+    /// Merge round 1: whether this member has its own side's root blinded key from its sponsor.
     got_own: bool,
     foreign: Vec<Node<G>>,
     covered: BTreeSet<MemberId>,
+    /// Whether this run merges sides: its sponsors send the co-path newcomers lack.
+    merge: bool,
+    /// Whether some side drew a leaf key in this run (a newcomer, or a refresh after departures).
+    fresh: bool,
+    /// Merge round 1: this member refreshes its leaf once the trees are merged.
+    refresh_me: bool,
     done: bool,
-    /// Whether this member's leaf key was drawn in this run.
-    fresh_leaf: bool,
 }
 
 /// Gives `me` a fresh leaf key; returns the leaf's path and new blinded key.
@@ -76,27 +95,47 @@ fn refresh<G: Group>(
     (path, bk)
 }
 
+/// Marks a member's leaf and everything above it stale: it is about to be refreshed.
+fn mark_refresh<G: Group>(tree: &mut Node<G>, member: &str) {
+    if let Some(p) = tree.find(member) {
+        tree.at_mut(&p).expect("found").make_stale();
+        tree.invalidate_above(&p);
+    }
+}
+
 /// Blinded keys by node path, as a sponsor broadcasts them.
 type PathBks<G> = Vec<(NodePath, Bk<G>)>;
 
-/// Computes keys up `me`'s path as far as the known blinded keys allow. Returns the blinded keys
-/// this member must broadcast (those it newly computed, when it is the rightmost member under
-/// the lowest of them), and whether the root key is known.
+/// What one step of computation up a member's path gave.
+struct Advance<G: Group> {
+    /// The blinded keys this member must broadcast: those it newly computed, when it is the
+    /// rightmost member under the lowest of them.
+    bks: PathBks<G>,
+    /// Depths on the path of the nodes whose keys it computed in this step.
+    keyed: Vec<usize>,
+    /// Whether the root key is known.
+    root: bool,
+}
+
+/// Computes keys up `me`'s path as far as the known blinded keys allow. A member that has just
+/// refreshed its leaf (`refreshed`) sends every blinded key it computed: nobody else can compute
+/// a node above a refreshed leaf before it has sent them.
 fn advance<G: Group>(
     tree: &mut Node<G>,
     me: &str,
     meter: &mut conclave_crypto::Meter,
-    top_bk: bool,
-) -> Result<(PathBks<G>, bool), GkaError> {
+    refreshed: bool,
+) -> Result<Advance<G>, GkaError> {
     let path = tree
         .find(me)
         .ok_or(GkaError::Misplaced("member missing from its tree"))?;
     let mut computed: Vec<usize> = Vec::new();
+    let mut keyed: Vec<usize> = Vec::new();
     for d in (0..path.len()).rev() {
         if let Some(n) = tree.at(&path[..d]) {
             if n.key().is_some() {
-                // A key known from an earlier run whose blinded key was never needed (an old root).
-                if n.bk().is_none() && (d > 0 || top_bk) {
+                // A key computed earlier whose blinded key no sponsor has sent yet.
+                if n.is_stale() && d > 0 {
                     computed.push(d);
                 }
                 continue;
@@ -113,29 +152,52 @@ fn advance<G: Group>(
         let sib_el = sib_bk.elem().clone();
         let key = ops::to_scalar::<G>(NODE_LABEL, &ops::exp::<G>(meter, &sib_el, &child_key));
         let node = tree.at_mut(&path[..d]).expect("ancestor exists");
-        let needs_bk = node.bk().is_none() && (d > 0 || top_bk);
+        let needs_bk = node.is_stale() && d > 0;
         node.set_key(Some(key));
+        keyed.push(d);
         if needs_bk {
             computed.push(d);
         }
     }
-    let mut out = Vec::new();
+    let mut bks = Vec::new();
     if let Some(&lowest) = computed.first() {
-        if tree
-            .at(&path[..lowest])
-            .map(|n| n.rightmost() == me)
-            .unwrap_or(false)
+        if refreshed
+            || tree
+                .at(&path[..lowest])
+                .map(|n| n.rightmost() == me)
+                .unwrap_or(false)
         {
             for d in computed {
                 let node = tree.at_mut(&path[..d]).expect("ancestor exists");
                 let key = node.key().cloned().expect("just computed");
                 let bk: Bk<G> = BkData::from_elem(ops::exp_g::<G>(meter, &key));
                 node.set_bk(Some(bk.clone()));
-                out.push((path[..d].to_vec(), bk));
+                bks.push((path[..d].to_vec(), bk));
             }
         }
     }
-    Ok((out, tree.key().is_some()))
+    Ok(Advance {
+        bks,
+        keyed,
+        root: tree.key().is_some(),
+    })
+}
+
+/// Adds to `out` the blinded keys of both children of the nodes at `depths` on `path` that
+/// `tree` holds and `out` lacks: the co-path a merged side's members need.
+fn add_children<G: Group>(tree: &Node<G>, path: &[bool], depths: &[usize], out: &mut PathBks<G>) {
+    let mut have: BTreeSet<NodePath> = out.iter().map(|(p, _)| p.clone()).collect();
+    for &d in depths {
+        for side in [false, true] {
+            let mut c = path[..d].to_vec();
+            c.push(side);
+            if let Some(bk) = tree.at(&c).and_then(|n| n.bk()) {
+                if have.insert(c.clone()) {
+                    out.push((c, bk.clone()));
+                }
+            }
+        }
+    }
 }
 
 impl<G: Group> Tgdh<G> {
@@ -155,9 +217,24 @@ impl<G: Group> Tgdh<G> {
 
     /// Computes on `tree`, sends what this member is sponsor for, and commits it as the run's tree.
     fn compute(&mut self, mut tree: Node<G>, mut extra: PathBks<G>) -> Result<(), GkaError> {
-        let (bks, root) = advance(&mut tree, &self.core.me, &mut self.core.meter, false)?;
-        extra.extend(bks);
+        let me = self.core.me.clone();
+        let step = advance(&mut tree, &me, &mut self.core.meter, !extra.is_empty())?;
+        extra.extend(step.bks);
+        let merge = self.run.as_ref().expect("run in progress").merge;
         if !extra.is_empty() {
+            if merge {
+                let path = tree.find(&me).expect("in own tree");
+                let mut depths = step.keyed;
+                depths.extend(
+                    extra
+                        .iter()
+                        .map(|(p, _)| p.len())
+                        .filter(|&d| d < path.len()),
+                );
+                depths.sort_unstable();
+                depths.dedup();
+                add_children(&tree, &path, &depths, &mut extra);
+            }
             let bks = extra
                 .into_iter()
                 .map(|(p, b)| (p, b.bytes().to_vec()))
@@ -171,11 +248,12 @@ impl<G: Group> Tgdh<G> {
         }
         let run = self.run.as_mut().expect("run in progress");
         run.tree = tree;
-        // Complete only once every blinded key below the root is known: that depends only on the
+        // Complete only once no node below the root is stale: that depends only on the
         // broadcasts delivered, which members that move together share, so they all agree on
         // whether this run completed (a member could often compute the root earlier).
-        if root && !run.done && run.tree.all_bks_known() {
+        if step.root && !run.done && run.tree.settled() {
             run.done = true;
+            run.tree.settle_root();
             let secret = G::encode_scalar(run.tree.key().expect("root known"));
             self.core.complete(&secret, b"")?;
         }
@@ -197,42 +275,40 @@ impl<G: Group> Tgdh<G> {
         });
         let mut it = trees.into_iter();
         let mut merged = it.next().expect("at least this member's tree");
-        let mut refresher = None;
+        let mut last = None;
         for t in it {
-            refresher = Some(t.rightmost().to_owned());
-            merged.insert(t);
+            last = Some(merged.insert(t));
         }
         // Node paths travel as at most MAX_PATH_BITS bits; a merge of hostile deep trees must not
         // produce a tree this member could not describe.
         if merged.height() >= conclave_wire::gka::MAX_PATH_BITS {
             return Err(GkaError::Misplaced("merged key tree too deep"));
         }
-        // One fresh contribution per run keeps keys from repeating: the rightmost member of the
-        // last inserted tree refreshes its leaf, unless that leaf is new in this run anyway.
         let me = self.core.me.clone();
-        let fresh = self.run.as_ref().expect("run in progress").fresh_leaf;
-        let mut extra = Vec::new();
-        if let Some(r) = refresher {
-            let rpath = merged.find(&r).expect("inserted above");
-            merged.invalidate_above(&rpath);
-            if r == me {
-                if fresh {
-                    let bk = merged
-                        .at(&rpath)
-                        .and_then(|n| n.bk().cloned())
-                        .expect("a sponsor's leaf has a blinded key");
-                    extra.push((rpath, bk));
-                } else {
-                    extra.push(refresh::<G>(&mut merged, &me, rng, &mut self.core.meter));
-                }
-            } else {
-                merged.at_mut(&rpath).expect("found").set_bk(None);
+        let run = self.run.as_ref().expect("run in progress");
+        let mut refresh_me = run.refresh_me;
+        // One fresh contribution per run keeps keys from repeating: without a new leaf, the
+        // rightmost member of the last displaced subtree refreshes its own.
+        if !run.fresh {
+            if let Some(p) = last {
+                let r = merged
+                    .at(&p)
+                    .expect("inserted above")
+                    .rightmost()
+                    .to_owned();
+                mark_refresh(&mut merged, &r);
+                refresh_me |= r == me;
             }
+        }
+        let mut extra = Vec::new();
+        if refresh_me {
+            extra.push(refresh::<G>(&mut merged, &me, rng, &mut self.core.meter));
         }
         // The run leaves its first round only once the merged tree is computed on.
         self.compute(merged, extra)?;
         let run = self.run.as_mut().expect("run in progress");
         run.collecting = false;
+        run.refresh_me = false;
         run.foreign.clear();
         Ok(())
     }
@@ -246,8 +322,10 @@ impl<G: Group> Clone for Run<G> {
             got_own: self.got_own,
             foreign: self.foreign.clone(),
             covered: self.covered.clone(),
+            merge: self.merge,
+            fresh: self.fresh,
+            refresh_me: self.refresh_me,
             done: self.done,
-            fresh_leaf: self.fresh_leaf,
         }
     }
 }
@@ -267,111 +345,108 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
         }
         let me = self.core.me.clone();
         let side = self.core.side.clone();
-        let mut tree = self
-            .secure
-            .clone()
-            .and_then(|t| t.prune(&side))
-            .unwrap_or_else(|| Node::leaf(&me));
+        let (tree, mut refreshers) = match self.secure.clone() {
+            Some(t) => t.prune(&side),
+            None => (None, Vec::new()),
+        };
+        let mut tree = tree.unwrap_or_else(|| Node::leaf(&me));
         if tree.size() != side.len() {
             return Err(GkaError::InvalidView(
                 "side is not covered by the secure tree",
             ));
         }
         let n = self.core.view()?.members.len();
+        let new_run = |tree, merge, fresh, refresh_me| Run {
+            tree,
+            collecting: merge,
+            got_own: !merge,
+            foreign: vec![],
+            covered: BTreeSet::new(),
+            merge,
+            fresh,
+            refresh_me,
+            done: false,
+        };
         if n == 1 {
             let k = G::random_scalar(rng);
             let secret = G::encode_scalar(&k);
-            let tree = Node::Leaf {
-                member: std::sync::Arc::from(me.as_str()),
-                bk: None,
-                key: Some(k),
-            };
-            self.run = Some(Run {
-                tree,
-                collecting: false,
-                got_own: true,
-                foreign: vec![],
-                covered: BTreeSet::new(),
-                done: true,
-                fresh_leaf: true,
-            });
+            let mut tree = Node::leaf(&me);
+            tree.set_key(Some(k));
+            let mut run = new_run(tree, false, true, false);
+            run.done = true;
+            self.run = Some(run);
             return self.core.complete(&secret, b"");
         }
         if self.core.single_side() {
-            // Leave or partition: the shallowest rightmost sponsor refreshes its leaf.
-            let frontier = tree.frontier();
-            let refresher = match frontier
-                .iter()
-                .min_by(|a, b| a.len().cmp(&b.len()).then_with(|| b.cmp(a)))
-            {
-                Some(p) => tree.at(p).expect("frontier path").rightmost().to_owned(),
-                None => tree.rightmost().to_owned(),
-            };
-            let rpath = tree.find(&refresher).expect("refresher is in the tree");
-            let leaf = tree.at_mut(&rpath).expect("found");
-            leaf.set_bk(None);
-            leaf.set_key(None);
-            tree.invalidate_above(&rpath);
+            // Leave or partition: a fresh leaf under every subtree that moved up, or at the
+            // rightmost member if none did.
+            if refreshers.is_empty() {
+                refreshers.push(tree.rightmost().to_owned());
+            }
+            for r in &refreshers {
+                mark_refresh(&mut tree, r);
+            }
             let mut extra = Vec::new();
-            if refresher == me {
+            if refreshers.contains(&me) {
                 extra.push(refresh::<G>(&mut tree, &me, rng, &mut self.core.meter));
             }
-            self.run = Some(Run {
-                tree: Node::leaf(&me),
-                collecting: false,
-                got_own: true,
-                foreign: vec![],
-                covered: BTreeSet::new(),
-                done: false,
-                fresh_leaf: false,
-            });
+            self.run = Some(new_run(Node::leaf(&me), false, true, false));
             return self.compute(tree, extra);
         }
-        // Merge, round 1: each side's rightmost member broadcasts the side's tree, with the blinded
-        // keys it can add (a new member's leaf, the side's old root).
-        let sponsor = tree.rightmost().to_owned();
-        let mut fresh_leaf = false;
+        // Merge, round 1: each side's rightmost member broadcasts the side's shape and its root's
+        // blinded key (unless departures made the root stale).
+        for r in &refreshers {
+            mark_refresh(&mut tree, r);
+        }
+        let refresh_me = refreshers.contains(&me);
+        let mut fresh = !refreshers.is_empty();
         if tree
             .find(&me)
             .and_then(|p| tree.at(&p).and_then(|n| n.key().cloned()))
             .is_none()
+            && !refresh_me
         {
             let p = tree.find(&me).expect("in own tree");
             tree.at_mut(&p)
                 .expect("found")
                 .set_key(Some(G::random_scalar(rng)));
-            fresh_leaf = true;
+            fresh = true;
         }
+        let sponsor = tree.rightmost().to_owned();
         if sponsor == me {
-            advance(&mut tree, &me, &mut self.core.meter, true)?;
-            if let Some(p) = tree.find(&me) {
-                let leaf = tree.at_mut(&p).expect("found");
-                if leaf.bk().is_none() {
-                    let k = leaf.key().cloned().expect("leaf key set above");
-                    leaf.set_bk(Some(BkData::from_elem(ops::exp_g::<G>(
+            let root_bk = if tree.is_stale() {
+                None
+            } else {
+                if tree.bk().is_none() {
+                    let k = tree
+                        .key()
+                        .cloned()
+                        .ok_or(GkaError::Misplaced("the side's root key is not known"))?;
+                    tree.set_bk(Some(BkData::from_elem(ops::exp_g::<G>(
                         &mut self.core.meter,
                         &k,
                     ))));
                 }
-            }
+                tree.bk().map(|b| b.bytes().to_vec())
+            };
+            let nodes = tree
+                .to_shape(&self.core.view()?.members)
+                .map_err(GkaError::Misplaced)?;
             self.core.send(
                 Dest::Broadcast,
                 Order::Agreed,
                 1,
-                TgdhMsg::Tree {
-                    nodes: tree.to_wire(),
+                TgdhMsg::Shape {
+                    nodes,
+                    root_bk,
+                    fresh,
                 }
                 .encode(),
             )?;
         }
         self.run = Some(Run {
-            tree,
-            collecting: true,
             got_own: sponsor == me,
-            foreign: vec![],
-            covered: BTreeSet::new(),
-            done: false,
-            fresh_leaf,
+            ..new_run(tree, true, fresh, refresh_me)
         });
         Ok(())
     }
@@ -407,7 +482,6 @@ impl<G: Group> Tgdh<G> {
         sender: &str,
         rng: &mut dyn CryptoRng,
     ) -> Result<(), GkaError> {
-        let me = self.core.me.clone();
         let members = self.core.member_set.clone();
         let side = self.core.side.clone();
         let run = self
@@ -415,32 +489,40 @@ impl<G: Group> Tgdh<G> {
             .as_ref()
             .ok_or(GkaError::Misplaced("no TGDH run in progress"))?;
         match msg {
-            TgdhMsg::Tree { nodes } => {
+            TgdhMsg::Shape {
+                nodes,
+                root_bk,
+                fresh,
+            } => {
                 if !run.collecting {
                     return Err(GkaError::Misplaced(
                         "tree outside the first round of a merge",
                     ));
                 }
-                let t = Node::<G>::from_wire(&mut self.core.meter, &nodes, Some(&run.tree))
-                    .map_err(GkaError::Misplaced)?;
-                let leaves = t.leaves();
+                let view_members = &self.core.view()?.members;
+                let mut t =
+                    Node::<G>::from_shape(&nodes, view_members).map_err(GkaError::Misplaced)?;
                 if t.rightmost() != sender {
                     return Err(GkaError::Misplaced("tree not sent by its sponsor"));
                 }
+                if root_bk.is_some() == t.is_stale() {
+                    return Err(GkaError::Misplaced(
+                        "a side's root blinded key must come exactly when the root is not stale",
+                    ));
+                }
+                let leaves = t.leaves();
                 if side.contains(sender) {
-                    if run.got_own || !t.same_shape(&run.tree) {
+                    if run.got_own
+                        || run.tree.to_shape(view_members).ok().as_deref() != Some(&nodes[..])
+                    {
                         return Err(GkaError::Misplaced(
                             "unexpected tree from this member's own side",
                         ));
                     }
-                    // Take the sponsor's blinded keys, keep this member's keys below the sponsor's path.
-                    let mut mine = t;
-                    let my_path = run.tree.find(&me).expect("in own tree");
-                    for d in 0..=my_path.len() {
-                        if let Some(k) = run.tree.at(&my_path[..d]).and_then(|n| n.key()).cloned() {
-                            mine.at_mut(&my_path[..d])
-                                .expect("same shape")
-                                .set_key(Some(k));
+                    let mut mine = run.tree.clone();
+                    if let Some(b) = root_bk {
+                        if mine.bk().map(|k| k.bytes() != b.as_slice()).unwrap_or(true) {
+                            mine.set_bk(Some(BkData::checked(&mut self.core.meter, &b)?));
                         }
                     }
                     let run = self.run.as_mut().expect("checked");
@@ -462,12 +544,18 @@ impl<G: Group> Tgdh<G> {
                             "tree names members outside the view or twice",
                         ));
                     }
+                    if let Some(b) = root_bk {
+                        t.set_bk(Some(BkData::checked(&mut self.core.meter, &b)?));
+                    }
                     let run = self.run.as_mut().expect("checked");
+                    let was_fresh = run.fresh;
+                    run.fresh |= fresh;
                     run.covered.extend(leaves.iter().cloned());
                     run.foreign.push(t);
                     if let Err(e) = self.try_merge(rng) {
                         let run = self.run.as_mut().expect("checked");
                         run.foreign.pop();
+                        run.fresh = was_fresh;
                         for m in &leaves {
                             run.covered.remove(m);
                         }
@@ -487,9 +575,10 @@ impl<G: Group> Tgdh<G> {
                     .find(sender)
                     .ok_or(GkaError::Misplaced("sender not in the tree"))?;
                 for (p, bk) in &bks {
-                    if !sender_path.starts_with(p) {
+                    // A node on the sender's path, or a child of one (its co-path, in a merge).
+                    if p.is_empty() || !sender_path.starts_with(&p[..p.len() - 1]) {
                         return Err(GkaError::Misplaced(
-                            "blinded key for a node the sender is not under",
+                            "blinded key for a node off the sender's path and co-path",
                         ));
                     }
                     if bk.len() != G::ELEMENT_BYTES {

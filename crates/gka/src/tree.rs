@@ -3,13 +3,17 @@
 //!
 //! A node is addressed by its [`NodePath`] from the root (`false` = left). Internal nodes cache
 //! their subtree's height and leaf count, so that choosing an insertion point, comparing trees and
-//! counting members take `O(h)`, not `O(n)`. Blinded keys are kept as received (encoded) and
-//! decoded only when a member uses them, so that a member of a large group decodes `O(h)`
-//! elements per run, not `O(n)`.
+//! counting members take `O(h)`, not `O(n)`.
+//!
+//! A member need not hold every blinded key (see `tgdh`): a node's blinded key may be unknown to
+//! it, which is not the same as *stale*. A stale node is one whose key and blinded key a
+//! membership event invalidated (an ancestor of a departed or inserted leaf, a refreshed leaf and
+//! its ancestors); every member marks the same nodes stale, and a run is complete when no node
+//! below the root is stale any more.
 
 use crate::api::MemberId;
 use conclave_crypto::Group;
-use conclave_wire::gka::{NodePath, WireNode, MAX_PATH_BITS};
+use conclave_wire::gka::{NodePath, ShapeNode, MAX_PATH_BITS};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -58,6 +62,7 @@ pub(crate) enum Node<G: Group> {
         member: Arc<str>,
         bk: Option<Bk<G>>,
         key: Option<G::Scalar>,
+        stale: bool,
     },
     Internal {
         bk: Option<Bk<G>>,
@@ -66,6 +71,7 @@ pub(crate) enum Node<G: Group> {
         right: Arc<Node<G>>,
         height: u32,
         size: u32,
+        stale: bool,
     },
 }
 
@@ -81,10 +87,16 @@ impl<G: Group> Drop for Node<G> {
 impl<G: Group> Clone for Node<G> {
     fn clone(&self) -> Self {
         match self {
-            Node::Leaf { member, bk, key } => Node::Leaf {
+            Node::Leaf {
+                member,
+                bk,
+                key,
+                stale,
+            } => Node::Leaf {
                 member: member.clone(),
                 bk: bk.clone(),
                 key: key.clone(),
+                stale: *stale,
             },
             Node::Internal {
                 bk,
@@ -93,6 +105,7 @@ impl<G: Group> Clone for Node<G> {
                 right,
                 height,
                 size,
+                stale,
             } => Node::Internal {
                 bk: bk.clone(),
                 key: key.clone(),
@@ -100,6 +113,7 @@ impl<G: Group> Clone for Node<G> {
                 right: right.clone(),
                 height: *height,
                 size: *size,
+                stale: *stale,
             },
         }
     }
@@ -111,22 +125,21 @@ impl<G: Group> Node<G> {
             member: Arc::from(member),
             bk: None,
             key: None,
+            stale: false,
         }
     }
-    /// A new internal node over two subtrees, without keys.
-    pub fn join(left: Node<G>, right: Node<G>) -> Self {
-        Self::join_with(None, None, left, right)
-    }
-    fn join_with(bk: Option<Bk<G>>, key: Option<G::Scalar>, left: Node<G>, right: Node<G>) -> Self {
+    /// A new internal node over two subtrees, without keys: stale, if `stale`.
+    pub fn join(left: Node<G>, right: Node<G>, stale: bool) -> Self {
         let height = 1 + left.height().max(right.height()) as u32;
         let size = (left.size() + right.size()) as u32;
         Node::Internal {
-            bk,
-            key,
+            bk: None,
+            key: None,
             left: Arc::new(left),
             right: Arc::new(right),
             height,
             size,
+            stale,
         }
     }
     pub fn bk(&self) -> Option<&Bk<G>> {
@@ -139,9 +152,33 @@ impl<G: Group> Node<G> {
             Node::Leaf { key, .. } | Node::Internal { key, .. } => key.as_ref(),
         }
     }
+    /// Sets the blinded key; a node given one is no longer stale.
     pub fn set_bk(&mut self, v: Option<Bk<G>>) {
         match self {
-            Node::Leaf { bk, .. } | Node::Internal { bk, .. } => *bk = v,
+            Node::Leaf { bk, stale, .. } | Node::Internal { bk, stale, .. } => {
+                *stale &= v.is_none();
+                *bk = v
+            }
+        }
+    }
+    pub fn is_stale(&self) -> bool {
+        match self {
+            Node::Leaf { stale, .. } | Node::Internal { stale, .. } => *stale,
+        }
+    }
+    /// Marks the root settled once its key is agreed (a root's blinded key is never sent).
+    pub fn settle_root(&mut self) {
+        let (Node::Leaf { stale, .. } | Node::Internal { stale, .. }) = self;
+        *stale = false;
+    }
+    /// Forgets the node's key and blinded key and marks it stale.
+    pub fn make_stale(&mut self) {
+        match self {
+            Node::Leaf { bk, key, stale, .. } | Node::Internal { bk, key, stale, .. } => {
+                *bk = None;
+                *key = None;
+                *stale = true;
+            }
         }
     }
     pub fn set_key(&mut self, v: Option<G::Scalar>) {
@@ -232,12 +269,11 @@ impl<G: Group> Node<G> {
         }
         Some(n)
     }
-    /// Clears keys and blinded keys of every proper ancestor of the node at `path`.
+    /// Makes every proper ancestor of the node at `path` stale.
     pub fn invalidate_above(&mut self, path: &[bool]) {
         let mut n = self;
         for &b in path {
-            n.set_bk(None);
-            n.set_key(None);
+            n.make_stale();
             match n {
                 Node::Internal { left, right, .. } => {
                     n = Arc::make_mut(if b { right } else { left })
@@ -247,15 +283,25 @@ impl<G: Group> Node<G> {
         }
     }
     /// Removes the leaves not in `keep`; a removed leaf's sibling takes its parent's place, and
-    /// every node above a removed leaf loses its keys. Returns `None` if no leaf is kept.
-    pub fn prune(self, keep: &BTreeSet<MemberId>) -> Option<Node<G>> {
-        Self::prune_arc(Arc::new(self), keep)
+    /// every node above a removed leaf is stale. Returns `None` if no leaf is kept, and the
+    /// rightmost member of every unchanged subtree that moved up (whose new sibling's members
+    /// may not know its blinded key).
+    pub fn prune(self, keep: &BTreeSet<MemberId>) -> (Option<Node<G>>, Vec<MemberId>) {
+        let mut promoted = Vec::new();
+        let tree = Self::prune_arc(Arc::new(self), keep, &mut promoted)
             .0
-            .map(|a| Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()))
+            .map(|a| Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()));
+        promoted.sort();
+        promoted.dedup();
+        (tree, promoted)
     }
     /// Unchanged subtrees come back as the same shared node: pruning copies only the paths above
     /// removed leaves.
-    fn prune_arc(node: Arc<Node<G>>, keep: &BTreeSet<MemberId>) -> (Option<Arc<Node<G>>>, bool) {
+    fn prune_arc(
+        node: Arc<Node<G>>,
+        keep: &BTreeSet<MemberId>,
+        promoted: &mut Vec<MemberId>,
+    ) -> (Option<Arc<Node<G>>>, bool) {
         match &*node {
             Node::Leaf { member, .. } => {
                 if keep.contains(&**member) {
@@ -271,8 +317,8 @@ impl<G: Group> Node<G> {
                 right,
                 ..
             } => {
-                let (l, lc) = Self::prune_arc(left.clone(), keep);
-                let (r, rc) = Self::prune_arc(right.clone(), keep);
+                let (l, lc) = Self::prune_arc(left.clone(), keep, promoted);
+                let (r, rc) = Self::prune_arc(right.clone(), keep, promoted);
                 match (l, r) {
                     (Some(l), Some(r)) => {
                         if !(lc || rc) {
@@ -288,11 +334,23 @@ impl<G: Group> Node<G> {
                                 right: r,
                                 height,
                                 size,
+                                stale: true,
                             })),
                             true,
                         )
                     }
-                    (Some(x), None) | (None, Some(x)) => (Some(x), true),
+                    (Some(x), None) => {
+                        if !lc {
+                            promoted.push(x.rightmost().to_owned());
+                        }
+                        (Some(x), true)
+                    }
+                    (None, Some(x)) => {
+                        if !rc {
+                            promoted.push(x.rightmost().to_owned());
+                        }
+                        (Some(x), true)
+                    }
                     (None, None) => {
                         let _ = (bk, key);
                         (None, true)
@@ -301,36 +359,12 @@ impl<G: Group> Node<G> {
             }
         }
     }
-    /// Paths of internal nodes without a blinded key whose children both have one: where
-    /// computation can start after a partition.
-    pub fn frontier(&self) -> Vec<NodePath> {
-        let mut out = Vec::new();
-        self.frontier_inner(&mut Vec::new(), &mut out);
-        out
-    }
-    fn frontier_inner(&self, at: &mut NodePath, out: &mut Vec<NodePath>) {
-        if let Node::Internal {
-            bk, left, right, ..
-        } = self
-        {
-            if bk.is_some() {
-                // A node with a blinded key has an intact subtree: nothing below needs work.
-                return;
-            }
-            if left.bk().is_some() && right.bk().is_some() {
-                out.push(at.clone());
-            }
-            at.push(false);
-            left.frontier_inner(at, out);
-            at.pop();
-            at.push(true);
-            right.frontier_inner(at, out);
-            at.pop();
-        }
-    }
     /// Inserts `other` at the shallowest rightmost node where it does not increase the height
-    /// (at the root if there is none), as paper 000 §4.3 and its note 5 describe. Returns the path
-    /// of the new internal node, whose keys and ancestors' keys are cleared.
+    /// (at the root if there is none), as paper 000 §4.3 and its note 5 describe. The new internal
+    /// node has `other` on its left and the subtree it displaced on its right, so that the
+    /// rightmost member under it is one of the displaced subtree, which holds the blinded keys the
+    /// newcomers lack (see `tgdh`). Returns the path of the new node, which is stale with its
+    /// ancestors.
     pub fn insert(&mut self, other: Node<G>) -> NodePath {
         let h = self.height();
         let ho = other.height();
@@ -377,7 +411,7 @@ impl<G: Group> Node<G> {
         let path = best.unwrap_or_default();
         let slot = self.at_mut(&path).expect("path found in this tree");
         let old = std::mem::replace(slot, Node::leaf(""));
-        *slot = Node::join(old, other);
+        *slot = Node::join(other, old, true);
         self.invalidate_above(&path);
         self.update_meta(&path);
         path
@@ -403,86 +437,69 @@ impl<G: Group> Node<G> {
             *size = (left.size() + right.size()) as u32;
         }
     }
-    /// Preorder wire form (blinded keys only; keys never leave the member).
-    pub fn to_wire(&self) -> Vec<WireNode> {
+    /// The shape in preorder, leaves as their indexes in `members` (the view's member list).
+    pub fn to_shape(&self, members: &[MemberId]) -> Result<Vec<ShapeNode>, &'static str> {
+        let index: std::collections::HashMap<&str, u16> = members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.as_str(), i as u16))
+            .collect();
         let mut out = Vec::with_capacity(2 * self.size());
-        self.to_wire_inner(&mut out);
-        out
+        self.to_shape_inner(&index, &mut out)?;
+        Ok(out)
     }
-    fn to_wire_inner(&self, out: &mut Vec<WireNode>) {
+    fn to_shape_inner(
+        &self,
+        index: &std::collections::HashMap<&str, u16>,
+        out: &mut Vec<ShapeNode>,
+    ) -> Result<(), &'static str> {
         match self {
-            Node::Leaf { member, bk, .. } => out.push(WireNode::Leaf {
-                member: member.to_string(),
-                bk: bk.as_ref().map(|b| b.bytes().to_vec()),
+            Node::Leaf { member, stale, .. } => out.push(ShapeNode::Leaf {
+                index: *index.get(&**member).ok_or("tree member outside the view")?,
+                stale: *stale,
             }),
             Node::Internal {
-                bk, left, right, ..
+                left, right, stale, ..
             } => {
-                out.push(WireNode::Internal {
-                    bk: bk.as_ref().map(|b| b.bytes().to_vec()),
-                });
-                left.to_wire_inner(out);
-                right.to_wire_inner(out);
+                out.push(ShapeNode::Internal { stale: *stale });
+                left.to_shape_inner(index, out)?;
+                right.to_shape_inner(index, out)?;
             }
         }
+        Ok(())
     }
-    /// Rebuilds a tree from its preorder wire form, checking it is exactly one well-formed tree
-    /// with distinct members, no deeper than the path limit, and blinded keys of the right size.
-    /// A blinded key with the bytes of one in `known` (a tree whose keys this member decoded
-    /// and checked before) is taken from it; every other one is decoded and checked now. So all
-    /// members accept or refuse a tree alike (an element is in the group or not whoever checks
-    /// it), and a member decodes only what it has not seen: in a join, the sponsor's path, not
-    /// the whole tree it holds already.
-    pub fn from_wire(
-        m: &mut conclave_crypto::Meter,
-        nodes: &[WireNode],
-        known: Option<&Node<G>>,
-    ) -> Result<Node<G>, &'static str> {
-        enum Frame<G: Group> {
-            Open(Option<Bk<G>>),
-            Half(Option<Bk<G>>, Node<G>),
-        }
+    /// Rebuilds a tree (no key, no blinded key) from its preorder shape, checking
+    /// it is exactly one well-formed tree of distinct members of `members`, no deeper than the
+    /// path limit.
+    pub fn from_shape(nodes: &[ShapeNode], members: &[MemberId]) -> Result<Node<G>, &'static str> {
         let mut seen = BTreeSet::new();
-        let mut stack: Vec<Frame<G>> = Vec::new();
+        // Each open internal node, with its left subtree once that is complete.
+        let mut stack: Vec<(bool, Option<Node<G>>)> = Vec::new();
         let mut done: Option<Node<G>> = None;
-        let mut checked: std::collections::HashMap<&[u8], Bk<G>> = Default::default();
-        if let Some(k) = known {
-            k.collect_bks(&mut checked);
-        }
-        let mut check = |bk: &Option<Vec<u8>>| -> Result<Option<Bk<G>>, &'static str> {
-            match bk {
-                Some(b) if b.len() != G::ELEMENT_BYTES => Err("blinded key of the wrong size"),
-                Some(b) => match checked.get(b.as_slice()) {
-                    Some(known) => Ok(Some(known.clone())),
-                    // Decoded now: every member must accept or refuse a tree alike (see `tgdh`).
-                    None => BkData::checked(m, b)
-                        .map(Some)
-                        .map_err(|_| "blinded key not in the group"),
-                },
-                None => Ok(None),
-            }
-        };
         for n in nodes {
             if done.is_some() {
                 return Err("nodes after the end of the tree");
             }
             let mut finished = match n {
-                WireNode::Internal { bk } => {
+                ShapeNode::Internal { stale } => {
                     if stack.len() >= MAX_PATH_BITS {
                         return Err("tree too deep");
                     }
-                    stack.push(Frame::Open(check(bk)?));
+                    stack.push((*stale, None));
                     continue;
                 }
-                WireNode::Leaf { member, bk } => {
-                    if !seen.insert(member.as_str()) {
+                ShapeNode::Leaf { index, stale } => {
+                    let member = members
+                        .get(*index as usize)
+                        .ok_or("leaf index outside the view")?;
+                    if !seen.insert(*index) {
                         return Err("member appears twice in the tree");
                     }
-                    Node::Leaf {
-                        member: Arc::from(member.as_str()),
-                        bk: check(bk)?,
-                        key: None,
+                    let mut leaf = Node::leaf(member);
+                    if *stale {
+                        leaf.make_stale();
                     }
+                    leaf
                 }
             };
             loop {
@@ -491,32 +508,20 @@ impl<G: Group> Node<G> {
                         done = Some(finished);
                         break;
                     }
-                    Some(Frame::Open(bk)) => {
-                        stack.push(Frame::Half(bk, finished));
+                    Some((stale, None)) => {
+                        stack.push((stale, Some(finished)));
                         break;
                     }
-                    Some(Frame::Half(bk, left)) => {
-                        finished = Node::join_with(bk, None, left, finished);
-                    }
+                    Some((stale, Some(left))) => finished = Node::join(left, finished, stale),
                 }
             }
         }
         done.ok_or("incomplete tree")
     }
-    /// Every blinded key of the tree, by its bytes.
-    fn collect_bks<'a>(&'a self, into: &mut std::collections::HashMap<&'a [u8], Bk<G>>) {
-        if let Some(bk) = self.bk() {
-            into.insert(bk.bytes(), bk.clone());
-        }
-        if let Node::Internal { left, right, .. } = self {
-            left.collect_bks(into);
-            right.collect_bks(into);
-        }
-    }
-    /// True if every node but the root has a blinded key.
-    pub fn all_bks_known(&self) -> bool {
+    /// True if no node below the root is stale.
+    pub fn settled(&self) -> bool {
         fn below<G: Group>(n: &Node<G>) -> bool {
-            n.bk().is_some() && children_ok(n)
+            !n.is_stale() && children_ok(n)
         }
         fn children_ok<G: Group>(n: &Node<G>) -> bool {
             match n {
@@ -526,25 +531,6 @@ impl<G: Group> Node<G> {
         }
         children_ok(self)
     }
-    /// True if both trees have the same shape and members.
-    pub fn same_shape(&self, other: &Node<G>) -> bool {
-        match (self, other) {
-            (Node::Leaf { member: a, .. }, Node::Leaf { member: b, .. }) => a == b,
-            (
-                Node::Internal {
-                    left: la,
-                    right: ra,
-                    ..
-                },
-                Node::Internal {
-                    left: lb,
-                    right: rb,
-                    ..
-                },
-            ) => la.same_shape(lb) && ra.same_shape(rb),
-            _ => false,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -553,11 +539,22 @@ mod tests {
     use conclave_crypto::{Group, Ristretto255};
     type N = Node<Ristretto255>;
 
+    /// A tree of `names` in insertion order, with a blinded key at every node (nothing stale).
     fn build(names: &[&str]) -> N {
+        fn settle(n: &mut N) {
+            n.set_bk(Some(BkData::from_elem(Ristretto255::exp_g(
+                &Ristretto255::scalar_from_u64(3),
+            ))));
+            if let Node::Internal { left, right, .. } = n {
+                settle(Arc::make_mut(left));
+                settle(Arc::make_mut(right));
+            }
+        }
         let mut t = N::leaf(names[0]);
         for n in &names[1..] {
             t.insert(N::leaf(n));
         }
+        settle(&mut t);
         t
     }
 
@@ -587,7 +584,7 @@ mod tests {
                 ))));
         }
         let keep: BTreeSet<MemberId> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
-        let t = t.prune(&keep).unwrap();
+        let t = t.prune(&keep).0.unwrap();
         assert_eq!(t.size(), 3);
         assert!(t.bk().is_none());
         assert!(t.find("d").is_none());
@@ -597,60 +594,61 @@ mod tests {
     }
 
     #[test]
-    fn wire_round_trip_and_rejections() {
+    fn shape_round_trip_and_rejections() {
         let t = build(&["a", "b", "c", "d", "e"]);
-        let w = t.to_wire();
-        let mut m = conclave_crypto::Meter::default();
-        let back = N::from_wire(&mut m, &w, None).unwrap();
-        assert!(back.same_shape(&t));
+        let view: Vec<MemberId> = ["e", "d", "c", "b", "a", "z"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let w = t.to_shape(&view).unwrap();
+        let back = N::from_shape(&w, &view).unwrap();
+        assert_eq!(back.to_shape(&view).unwrap(), w);
+        assert_eq!(back.leaves(), t.leaves());
         assert_eq!(back.size(), 5);
-        assert!(N::from_wire(&mut m, &w[..w.len() - 1], None).is_err());
+        assert!(back.settled() && back.bk().is_none());
+        assert!(N::from_shape(&w[..w.len() - 1], &view).is_err());
         let mut dup = w.clone();
-        dup.push(WireNode::Leaf {
-            member: "a".into(),
-            bk: None,
+        dup.push(ShapeNode::Leaf {
+            index: 0,
+            stale: false,
         });
-        assert!(N::from_wire(&mut m, &dup, None).is_err());
-        assert!(N::from_wire(&mut m, &[], None).is_err());
+        assert!(N::from_shape(&dup, &view).is_err());
+        assert!(N::from_shape(&[], &view).is_err());
+        let leaf = |index| ShapeNode::Leaf {
+            index,
+            stale: false,
+        };
+        assert!(N::from_shape(&[leaf(6)], &view).is_err());
+        let twice = [ShapeNode::Internal { stale: false }, leaf(1), leaf(1)];
+        assert!(N::from_shape(&twice, &view).is_err());
+        assert!(t.to_shape(&view[1..]).is_err(), "a member outside the view");
     }
 
     #[test]
-    fn known_blinded_keys_are_not_decoded_again_and_new_ones_are_checked() {
-        use rand_chacha::rand_core::SeedableRng;
-        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(5);
-        let mut t = build(&["a", "b", "c", "d"]);
-        for name in ["a", "b", "c", "d"] {
-            let p = t.find(name).unwrap();
-            let e = Ristretto255::exp_g(&Ristretto255::random_scalar(&mut rng));
-            t.at_mut(&p).unwrap().set_bk(Some(BkData::from_elem(e)));
-        }
-        let w = t.to_wire();
-        let mut m = conclave_crypto::Meter::default();
-        N::from_wire(&mut m, &w, None).unwrap();
-        assert_eq!(m.decodes, 4, "a stranger decodes every blinded key");
-        let mut m = conclave_crypto::Meter::default();
-        N::from_wire(&mut m, &w, Some(&t)).unwrap();
-        assert_eq!(m.decodes, 0, "a holder of the tree decodes none");
-        // One key changed: only it is decoded; one not in the group: refused by both alike.
-        let mut changed = t.clone();
-        let e = Ristretto255::exp_g(&Ristretto255::random_scalar(&mut rng));
-        let pa = t.find("a").unwrap();
-        changed
-            .at_mut(&pa)
-            .unwrap()
-            .set_bk(Some(BkData::from_elem(e)));
-        let mut m = conclave_crypto::Meter::default();
-        N::from_wire(&mut m, &changed.to_wire(), Some(&t)).unwrap();
-        assert_eq!(m.decodes, 1);
-        let mut bad = changed.to_wire();
-        for n in bad.iter_mut() {
-            if let WireNode::Leaf { member, bk } = n {
-                if member == "a" {
-                    *bk = Some(vec![0xff; Ristretto255::ELEMENT_BYTES]);
-                }
-            }
-        }
-        assert!(N::from_wire(&mut m, &bad, Some(&t)).is_err());
-        assert!(N::from_wire(&mut m, &bad, None).is_err());
+    fn pruning_names_the_subtrees_that_moved_up_and_marks_changed_nodes_stale() {
+        let t = build(&["a", "b", "c", "d", "e"]);
+        assert!(t.settled());
+        let keep = |names: &[&str]| -> BTreeSet<MemberId> {
+            names.iter().map(|s| s.to_string()).collect()
+        };
+        let pair_of = |t: &N, m: &str| t.find(m).unwrap();
+        let rightmost_of_sibling = {
+            let p = pair_of(&t, "e");
+            let mut s = p[..p.len() - 1].to_vec();
+            s.push(!p[p.len() - 1]);
+            t.at(&s).unwrap().rightmost().to_owned()
+        };
+        // Removing e moves its sibling up, unchanged.
+        let (pruned, promoted) = t.clone().prune(&keep(&["a", "b", "c", "d"]));
+        let pruned = pruned.unwrap();
+        assert_eq!(promoted, vec![rightmost_of_sibling]);
+        // Stale: the nodes above e's parent, if it had any.
+        assert_eq!(pruned.settled(), pair_of(&t, "e").len() <= 2);
+        // Removing two leaves of different subtrees: two promotions, stale nodes above them.
+        let (pruned, promoted) = t.prune(&keep(&["b", "c", "e"]));
+        let pruned = pruned.unwrap();
+        assert_eq!(pruned.size(), 3);
+        assert_eq!(promoted.len(), 2, "{promoted:?}");
+        assert!(!pruned.settled());
     }
 }

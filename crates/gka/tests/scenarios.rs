@@ -69,6 +69,22 @@ fn partition_and_merge_back() {
     }
 }
 
+/// Members that joined late hold only what they need (TGDH: their co-path; STR: the chain above
+/// them) and then sponsor, as the rightmost or topmost member, merges and departures.
+#[test]
+fn late_joiners_sponsor_merges_and_departures() {
+    for p in ALL {
+        for script in [
+            "init a b c d e f\njoin x\njoin y\npartition a b c\nmerge a b c\npartition d e f x y\nmerge a b c\n",
+            "init a b c d e f\njoin x\njoin y\npartition a b y\nmerge a b y\nleave d\nleave x\njoin z\npartition a e z\nmerge a e z\n",
+            "init a b\njoin c\njoin d\njoin e\npartition a\npartition b\nmerge a b\nleave e\npartition c d\nmerge c d\n",
+        ] {
+            let tb = run(p, script, 5);
+            assert!(last(&tb).members.len() >= 4, "{p:?} {script}");
+        }
+    }
+}
+
 #[test]
 fn single_member_views() {
     for p in ALL {

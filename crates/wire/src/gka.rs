@@ -332,11 +332,12 @@ impl CkdMsg {
     }
 }
 
-/// One node of a key tree in preorder: a leaf names its member; either may carry a blinded key.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WireNode {
-    Leaf { member: String, bk: Option<Vec<u8>> },
-    Internal { bk: Option<Vec<u8>> },
+/// One node of a key tree's shape in preorder: a leaf is an index into the view's member list;
+/// a stale node is one a membership event invalidated, whose blinded key the run will compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShapeNode {
+    Leaf { index: u16, stale: bool },
+    Internal { stale: bool },
 }
 
 /// A path from the root: `false` is left, `true` is right.
@@ -375,8 +376,13 @@ fn read_path(r: &mut Reader<'_>) -> Result<NodePath, DecodeError> {
 /// TGDH (paper 000 §4.3, Figs 5-6).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TgdhMsg {
-    /// A sponsor's whole (sub)tree with blinded keys, in preorder: the first round of a merge.
-    Tree { nodes: Vec<WireNode> },
+    /// The first round of a merge: a side's tree shape in preorder (no blinded key but the
+    /// side's root's, when it is known), and whether a leaf key of the side was drawn in this run.
+    Shape {
+        nodes: Vec<ShapeNode>,
+        root_bk: Option<Vec<u8>>,
+        fresh: bool,
+    },
     /// Blinded keys a sponsor computed, by node path in the tree all members now share.
     Update { bks: Vec<(NodePath, Vec<u8>)> },
 }
@@ -384,28 +390,44 @@ pub enum TgdhMsg {
 impl TgdhMsg {
     pub fn kind(&self) -> u8 {
         match self {
-            TgdhMsg::Tree { .. } => 1,
+            TgdhMsg::Shape { .. } => 1,
             TgdhMsg::Update { .. } => 2,
         }
     }
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
         match self {
-            TgdhMsg::Tree { nodes } => {
+            TgdhMsg::Shape {
+                nodes,
+                root_bk,
+                fresh,
+            } => {
                 w.count(nodes.len(), MAX_TREE_NODES);
-                for n in nodes {
-                    match n {
-                        WireNode::Leaf { member, bk } => {
-                            w.u8(0);
-                            w.name(member, MAX_NAME_BYTES);
-                            write_opt_elem(&mut w, bk);
-                        }
-                        WireNode::Internal { bk } => {
-                            w.u8(1);
-                            write_opt_elem(&mut w, bk);
-                        }
+                // One bit per node (1: internal), one per node (1: stale), then the leaves'
+                // member indexes.
+                let mut kinds = vec![0u8; nodes.len().div_ceil(8)];
+                let mut stale = kinds.clone();
+                for (i, n) in nodes.iter().enumerate() {
+                    let (internal, s) = match n {
+                        ShapeNode::Internal { stale } => (true, *stale),
+                        ShapeNode::Leaf { stale, .. } => (false, *stale),
+                    };
+                    if internal {
+                        kinds[i / 8] |= 0x80 >> (i % 8);
+                    }
+                    if s {
+                        stale[i / 8] |= 0x80 >> (i % 8);
                     }
                 }
+                w.raw(&kinds);
+                w.raw(&stale);
+                for n in nodes {
+                    if let ShapeNode::Leaf { index, .. } = n {
+                        w.u16(*index);
+                    }
+                }
+                write_opt_elem(&mut w, root_bk);
+                w.u8(*fresh as u8);
             }
             TgdhMsg::Update { bks } => {
                 w.count(bks.len(), MAX_TREE_NODES);
@@ -422,20 +444,37 @@ impl TgdhMsg {
         let m = match kind {
             1 => {
                 let n = r.count("tree nodes", MAX_TREE_NODES)?;
-                let mut nodes = Vec::with_capacity(n.min(r.remaining()));
-                for _ in 0..n {
-                    nodes.push(match r.u8("node tag")? {
-                        0 => WireNode::Leaf {
-                            member: r.name("leaf member", MAX_NAME_BYTES)?,
-                            bk: read_opt_elem(&mut r, "leaf bk")?,
-                        },
-                        1 => WireNode::Internal {
-                            bk: read_opt_elem(&mut r, "node bk")?,
-                        },
-                        tag => return Err(DecodeError::BadTag { what: "node", tag }),
+                let kinds = r.take(n.div_ceil(8), "tree shape")?;
+                let stale = r.take(n.div_ceil(8), "stale nodes")?;
+                for bits in [kinds, stale] {
+                    if !n.is_multiple_of(8) && bits[n / 8] & (0xff >> (n % 8)) != 0 {
+                        return Err(DecodeError::Padding { what: "tree shape" });
+                    }
+                }
+                let bit = |bits: &[u8], i: usize| bits[i / 8] & (0x80 >> (i % 8)) != 0;
+                let mut nodes = Vec::with_capacity(n);
+                for i in 0..n {
+                    let stale = bit(stale, i);
+                    nodes.push(if bit(kinds, i) {
+                        ShapeNode::Internal { stale }
+                    } else {
+                        ShapeNode::Leaf {
+                            index: r.u16("leaf index")?,
+                            stale,
+                        }
                     });
                 }
-                TgdhMsg::Tree { nodes }
+                let root_bk = read_opt_elem(&mut r, "root bk")?;
+                let fresh = match r.u8("fresh")? {
+                    0 => false,
+                    1 => true,
+                    tag => return Err(DecodeError::BadTag { what: "fresh", tag }),
+                };
+                TgdhMsg::Shape {
+                    nodes,
+                    root_bk,
+                    fresh,
+                }
             }
             2 => {
                 let n = r.count("updates", MAX_TREE_NODES)?;
@@ -461,17 +500,22 @@ impl TgdhMsg {
 /// STR (paper 000 §4.4, Figs 7-8). Positions count leaves from the bottom of the chain (0).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StrMsg {
-    /// A sponsor's whole chain: members bottom-up with their leaf blinded keys, and the blinded
-    /// keys of internal nodes 1..n-1 (node 0 is the bottom leaf itself).
+    /// The first round of a merge: a side's chain, bottom-up, each member as its index in the
+    /// view's member list with its leaf's blinded key when the message carries it, and the
+    /// blinded keys of the nodes the sponsor computed, by position (the top node's among them,
+    /// unless the chain is one leaf).
     Chain {
-        leaves: Vec<(String, Vec<u8>)>,
-        internal: Vec<Option<Vec<u8>>>,
+        leaves: Vec<(u16, Option<Vec<u8>>)>,
+        nodes: Vec<(u32, Vec<u8>)>,
     },
     /// A refreshed leaf and recomputed internal blinded keys, by position.
     Update {
         leaf: Option<(u32, Vec<u8>)>,
         internal: Vec<(u32, Vec<u8>)>,
     },
+    /// The first round of a merge, from the bottom member of a side that may be stacked on
+    /// another: its side's leaf blinded keys the sponsor does not hold, by view index.
+    Leaves { leaves: Vec<(u16, Vec<u8>)> },
 }
 
 impl StrMsg {
@@ -479,16 +523,22 @@ impl StrMsg {
         match self {
             StrMsg::Chain { .. } => 1,
             StrMsg::Update { .. } => 2,
+            StrMsg::Leaves { .. } => 3,
         }
     }
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
         match self {
-            StrMsg::Chain { leaves, internal } => {
-                write_named_elems(&mut w, leaves);
-                w.count(internal.len(), MAX_MEMBERS);
-                for e in internal {
+            StrMsg::Chain { leaves, nodes } => {
+                w.count(leaves.len(), MAX_MEMBERS);
+                for (index, e) in leaves {
+                    w.u16(*index);
                     write_opt_elem(&mut w, e);
+                }
+                w.count(nodes.len(), MAX_MEMBERS);
+                for (pos, e) in nodes {
+                    w.u32(*pos);
+                    write_elem(&mut w, e);
                 }
             }
             StrMsg::Update { leaf, internal } => {
@@ -506,6 +556,13 @@ impl StrMsg {
                     write_elem(&mut w, e);
                 }
             }
+            StrMsg::Leaves { leaves } => {
+                w.count(leaves.len(), MAX_MEMBERS);
+                for (index, e) in leaves {
+                    w.u16(*index);
+                    write_elem(&mut w, e);
+                }
+            }
         }
         w.into_vec()
     }
@@ -513,13 +570,19 @@ impl StrMsg {
         let mut r = Reader::new(body);
         let m = match kind {
             1 => {
-                let leaves = read_named_elems(&mut r, "chain leaves")?;
-                let n = r.count("chain internal", MAX_MEMBERS)?;
-                let mut internal = Vec::with_capacity(n.min(r.remaining()));
+                let n = r.count("chain leaves", MAX_MEMBERS)?;
+                let mut leaves = Vec::with_capacity(n.min(r.remaining()));
                 for _ in 0..n {
-                    internal.push(read_opt_elem(&mut r, "internal bk")?);
+                    let index = r.u16("leaf index")?;
+                    leaves.push((index, read_opt_elem(&mut r, "leaf bk")?));
                 }
-                StrMsg::Chain { leaves, internal }
+                let n = r.count("chain nodes", MAX_MEMBERS)?;
+                let mut nodes = Vec::with_capacity(n.min(r.remaining()));
+                for _ in 0..n {
+                    let pos = r.u32("node position")?;
+                    nodes.push((pos, read_elem(&mut r, "node bk")?));
+                }
+                StrMsg::Chain { leaves, nodes }
             }
             2 => {
                 let leaf = match r.u8("leaf flag")? {
@@ -542,6 +605,15 @@ impl StrMsg {
                     internal.push((pos, read_elem(&mut r, "internal bk")?));
                 }
                 StrMsg::Update { leaf, internal }
+            }
+            3 => {
+                let n = r.count("leaves", MAX_MEMBERS)?;
+                let mut leaves = Vec::with_capacity(n.min(r.remaining()));
+                for _ in 0..n {
+                    let index = r.u16("leaf index")?;
+                    leaves.push((index, read_elem(&mut r, "leaf bk")?));
+                }
+                StrMsg::Leaves { leaves }
             }
             tag => {
                 return Err(DecodeError::BadTag {

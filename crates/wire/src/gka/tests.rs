@@ -43,12 +43,20 @@ fn ckd() -> impl Strategy<Value = CkdMsg> {
 }
 fn tgdh() -> impl Strategy<Value = TgdhMsg> {
     let node = prop_oneof![
-        (name(), proptest::option::of(elem()))
-            .prop_map(|(member, bk)| WireNode::Leaf { member, bk }),
-        proptest::option::of(elem()).prop_map(|bk| WireNode::Internal { bk }),
+        (any::<u16>(), any::<bool>()).prop_map(|(index, stale)| ShapeNode::Leaf { index, stale }),
+        any::<bool>().prop_map(|stale| ShapeNode::Internal { stale }),
     ];
     prop_oneof![
-        proptest::collection::vec(node, 0..8).prop_map(|nodes| TgdhMsg::Tree { nodes }),
+        (
+            proptest::collection::vec(node, 0..20),
+            proptest::option::of(elem()),
+            any::<bool>()
+        )
+            .prop_map(|(nodes, root_bk, fresh)| TgdhMsg::Shape {
+                nodes,
+                root_bk,
+                fresh
+            }),
         proptest::collection::vec(
             (proptest::collection::vec(any::<bool>(), 0..20), elem()),
             0..5
@@ -59,15 +67,17 @@ fn tgdh() -> impl Strategy<Value = TgdhMsg> {
 fn str_msg() -> impl Strategy<Value = StrMsg> {
     prop_oneof![
         (
-            named(),
-            proptest::collection::vec(proptest::option::of(elem()), 0..5)
+            proptest::collection::vec((any::<u16>(), proptest::option::of(elem())), 0..5),
+            proptest::collection::vec((any::<u32>(), elem()), 0..5)
         )
-            .prop_map(|(leaves, internal)| StrMsg::Chain { leaves, internal }),
+            .prop_map(|(leaves, nodes)| StrMsg::Chain { leaves, nodes }),
         (
             proptest::option::of((any::<u32>(), elem())),
             proptest::collection::vec((any::<u32>(), elem()), 0..5)
         )
             .prop_map(|(leaf, internal)| StrMsg::Update { leaf, internal }),
+        proptest::collection::vec((any::<u16>(), elem()), 0..5)
+            .prop_map(|leaves| StrMsg::Leaves { leaves }),
     ]
 }
 fn bd() -> impl Strategy<Value = BdMsg> {
