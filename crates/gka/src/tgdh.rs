@@ -75,6 +75,9 @@ struct Run<G: Group> {
     fresh: bool,
     /// Merge round 1: this member refreshes its leaf once the trees are merged.
     refresh_me: bool,
+    /// Every member's path in the run's tree, once its shape is settled (a tree walk finds a
+    /// member in `O(n)`: too slow for every message of a large group).
+    paths: std::sync::Arc<std::collections::HashMap<MemberId, NodePath>>,
     done: bool,
 }
 
@@ -123,12 +126,10 @@ struct Advance<G: Group> {
 fn advance<G: Group>(
     tree: &mut Node<G>,
     me: &str,
+    path: &[bool],
     meter: &mut conclave_crypto::Meter,
     refreshed: bool,
 ) -> Result<Advance<G>, GkaError> {
-    let path = tree
-        .find(me)
-        .ok_or(GkaError::Misplaced("member missing from its tree"))?;
     let mut computed: Vec<usize> = Vec::new();
     let mut keyed: Vec<usize> = Vec::new();
     for d in (0..path.len()).rev() {
@@ -218,12 +219,26 @@ impl<G: Group> Tgdh<G> {
     /// Computes on `tree`, sends what this member is sponsor for, and commits it as the run's tree.
     fn compute(&mut self, mut tree: Node<G>, mut extra: PathBks<G>) -> Result<(), GkaError> {
         let me = self.core.me.clone();
-        let step = advance(&mut tree, &me, &mut self.core.meter, !extra.is_empty())?;
+        let run = self.run.as_mut().expect("run in progress");
+        if run.paths.is_empty() {
+            run.paths = std::sync::Arc::new(tree.paths());
+        }
+        let path = run
+            .paths
+            .get(&me)
+            .cloned()
+            .ok_or(GkaError::Misplaced("member missing from its tree"))?;
+        let merge = run.merge;
+        let step = advance(
+            &mut tree,
+            &me,
+            &path,
+            &mut self.core.meter,
+            !extra.is_empty(),
+        )?;
         extra.extend(step.bks);
-        let merge = self.run.as_ref().expect("run in progress").merge;
         if !extra.is_empty() {
             if merge {
-                let path = tree.find(&me).expect("in own tree");
                 let mut depths = step.keyed;
                 depths.extend(
                     extra
@@ -305,6 +320,7 @@ impl<G: Group> Tgdh<G> {
             extra.push(refresh::<G>(&mut merged, &me, rng, &mut self.core.meter));
         }
         // The run leaves its first round only once the merged tree is computed on.
+        self.run.as_mut().expect("run in progress").paths = Default::default();
         self.compute(merged, extra)?;
         let run = self.run.as_mut().expect("run in progress");
         run.collecting = false;
@@ -325,6 +341,7 @@ impl<G: Group> Clone for Run<G> {
             merge: self.merge,
             fresh: self.fresh,
             refresh_me: self.refresh_me,
+            paths: self.paths.clone(),
             done: self.done,
         }
     }
@@ -365,6 +382,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
             merge,
             fresh,
             refresh_me,
+            paths: Default::default(),
             done: false,
         };
         if n == 1 {
@@ -571,8 +589,10 @@ impl<G: Group> Tgdh<G> {
                     ));
                 }
                 let mut tree = run.tree.clone();
-                let sender_path = tree
-                    .find(sender)
+                let sender_path = run
+                    .paths
+                    .get(sender)
+                    .cloned()
                     .ok_or(GkaError::Misplaced("sender not in the tree"))?;
                 for (p, bk) in &bks {
                     // A node on the sender's path, or a child of one (its co-path, in a merge).

@@ -247,6 +247,31 @@ impl<G: Group> Node<G> {
         let mut path = Vec::new();
         walk(self, member, &mut path).then_some(path)
     }
+    /// Every member's path, in one walk.
+    pub fn paths(&self) -> std::collections::HashMap<MemberId, NodePath> {
+        fn walk<G: Group>(
+            n: &Node<G>,
+            at: &mut NodePath,
+            out: &mut std::collections::HashMap<MemberId, NodePath>,
+        ) {
+            match n {
+                Node::Leaf { member, .. } => {
+                    out.insert(member.to_string(), at.clone());
+                }
+                Node::Internal { left, right, .. } => {
+                    at.push(false);
+                    walk(left, at, out);
+                    at.pop();
+                    at.push(true);
+                    walk(right, at, out);
+                    at.pop();
+                }
+            }
+        }
+        let mut out = std::collections::HashMap::with_capacity(self.size());
+        walk(self, &mut Vec::new(), &mut out);
+        out
+    }
     pub fn at(&self, path: &[bool]) -> Option<&Node<G>> {
         let mut n = self;
         for &b in path {
@@ -518,7 +543,9 @@ impl<G: Group> Node<G> {
         }
         done.ok_or("incomplete tree")
     }
-    /// True if no node below the root is stale.
+    /// True if no node below the root is stale. A stale node's ancestors are stale (an event
+    /// makes whole paths stale) and a node's blinded key comes only after those below it (it is
+    /// computed from them), so it is enough to look at the root's children.
     pub fn settled(&self) -> bool {
         fn below<G: Group>(n: &Node<G>) -> bool {
             !n.is_stale() && children_ok(n)
@@ -529,7 +556,12 @@ impl<G: Group> Node<G> {
                 Node::Internal { left, right, .. } => below(left) && below(right),
             }
         }
-        children_ok(self)
+        let quick = match self {
+            Node::Leaf { .. } => true,
+            Node::Internal { left, right, .. } => !left.is_stale() && !right.is_stale(),
+        };
+        debug_assert_eq!(quick, children_ok(self), "a settled node above a stale one");
+        quick
     }
 }
 
