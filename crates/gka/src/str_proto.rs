@@ -309,18 +309,15 @@ impl<G: Group> Str<G> {
         {
             return Ok(());
         }
-        if run.leaves.len()
-            != run.foreign.iter().filter(|c| lacking(c)).count() + run.own_leaves as usize
-        {
-            return Err(GkaError::Misplaced(
-                "leaves from a member that does not send them",
-            ));
-        }
-        // The leaves go into their chains (this member's own too: it may be stacked).
+        // The leaves go into their chains (this member's own too: it may be stacked). Leaves from
+        // a member that does not send them are left aside: refusing the message that completes
+        // the round for them would stall the run for everyone.
         let mut chains: Vec<Chain<G>> = run.foreign.clone();
         chains.push(run.chain.clone());
-        for c in chains.iter_mut() {
-            let Some(leaves) = run.leaves.get(&*c.members[0]) else {
+        let own = chains.len() - 1;
+        for (k, c) in chains.iter_mut().enumerate() {
+            let expected = if k == own { run.own_leaves } else { lacking(c) };
+            let Some(leaves) = run.leaves.get(&*c.members[0]).filter(|_| expected) else {
                 continue;
             };
             for (index, bk) in leaves {

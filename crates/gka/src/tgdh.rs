@@ -73,6 +73,8 @@ struct Run<G: Group> {
     merge: bool,
     /// Whether some side drew a leaf key in this run (a newcomer, or a refresh after departures).
     fresh: bool,
+    /// Whether this member's side did (what its sponsor's shape must say).
+    side_fresh: bool,
     /// Merge round 1: this member refreshes its leaf once the trees are merged.
     refresh_me: bool,
     /// Every member's path in the run's tree, once its shape is settled (a tree walk finds a
@@ -340,6 +342,7 @@ impl<G: Group> Clone for Run<G> {
             covered: self.covered.clone(),
             merge: self.merge,
             fresh: self.fresh,
+            side_fresh: self.side_fresh,
             refresh_me: self.refresh_me,
             paths: self.paths.clone(),
             done: self.done,
@@ -381,6 +384,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
             covered: BTreeSet::new(),
             merge,
             fresh,
+            side_fresh: fresh,
             refresh_me,
             paths: Default::default(),
             done: false,
@@ -531,6 +535,7 @@ impl<G: Group> Tgdh<G> {
                 let leaves = t.leaves();
                 if side.contains(sender) {
                     if run.got_own
+                        || fresh != run.side_fresh
                         || run.tree.to_shape(view_members).ok().as_deref() != Some(&nodes[..])
                     {
                         return Err(GkaError::Misplaced(
@@ -605,6 +610,15 @@ impl<G: Group> Tgdh<G> {
                         return Err(GkaError::Misplaced("blinded key of the wrong size"));
                     }
                     let node = tree.at_mut(p).ok_or(GkaError::Misplaced("no such node"))?;
+                    // A blinded key is computed from those below it: one that comes before them
+                    // would let this member complete while others wait (see `Node::settled`).
+                    if let Node::Internal { left, right, .. } = &*node {
+                        if left.is_stale() || right.is_stale() {
+                            return Err(GkaError::Misplaced(
+                                "blinded key for a node above a stale one",
+                            ));
+                        }
+                    }
                     if node
                         .bk()
                         .map(|b| b.bytes() != bk.as_slice())

@@ -495,7 +495,7 @@ impl<G: Group> Node<G> {
     }
     /// Rebuilds a tree (no key, no blinded key) from its preorder shape, checking
     /// it is exactly one well-formed tree of distinct members of `members`, no deeper than the
-    /// path limit.
+    /// path limit, whose stale nodes have stale ancestors.
     pub fn from_shape(nodes: &[ShapeNode], members: &[MemberId]) -> Result<Node<G>, &'static str> {
         let mut seen = BTreeSet::new();
         // Each open internal node, with its left subtree once that is complete.
@@ -537,7 +537,13 @@ impl<G: Group> Node<G> {
                         stack.push((stale, Some(finished)));
                         break;
                     }
-                    Some((stale, Some(left))) => finished = Node::join(left, finished, stale),
+                    Some((stale, Some(left))) => {
+                        // An event makes whole paths stale: a stale node's ancestors are stale.
+                        if !stale && (left.is_stale() || finished.is_stale()) {
+                            return Err("a stale node under one that is not");
+                        }
+                        finished = Node::join(left, finished, stale)
+                    }
                 }
             }
         }
@@ -654,6 +660,25 @@ mod tests {
         let twice = [ShapeNode::Internal { stale: false }, leaf(1), leaf(1)];
         assert!(N::from_shape(&twice, &view).is_err());
         assert!(t.to_shape(&view[1..]).is_err(), "a member outside the view");
+        // A stale node must have stale ancestors (an event makes whole paths stale).
+        let stale_under_settled = [
+            ShapeNode::Internal { stale: false },
+            ShapeNode::Leaf {
+                index: 0,
+                stale: true,
+            },
+            leaf(1),
+        ];
+        assert!(N::from_shape(&stale_under_settled, &view).is_err());
+        let stale_path = [
+            ShapeNode::Internal { stale: true },
+            ShapeNode::Leaf {
+                index: 0,
+                stale: true,
+            },
+            leaf(1),
+        ];
+        assert!(N::from_shape(&stale_path, &view).unwrap().is_stale());
     }
 
     #[test]
