@@ -6,18 +6,25 @@
 //! verifications along the critical path next to the Table I/II formulas, and the measured
 //! serial computation time along that path. That time is a real member's, computing with its own
 //! state: after the event, the critical path found in place is timed again with each member on it
-//! replaying its inputs alone on a copy of its state (`Testbed::replay_alone`);
-//! `compute_shared_us` keeps the time measured in place, where the simulated members' states
-//! compete for the processor's caches between a member's steps. The *floor* is what the counted operations alone cost
-//! (exponentiations x one measured exponentiation + signatures x one signature + verifications x
-//! one verification + decodings of received group elements x one decoding, measured in the same
-//! run); `ratio` = measured / floor shows the overhead of everything else (encoding, tree
-//! handling, hashing). `compute_total_us` adds up every member's computation: what members that
-//! share a processor spend between them.
+//! replaying its inputs alone on a copy of its state (`Testbed::replay_alone`). The *floor* is
+//! what the counted operations alone cost (exponentiations x one measured exponentiation +
+//! signatures x one signature + verifications x one verification + decodings of received group
+//! elements x one decoding); `ratio` = measured / floor shows the overhead of everything else
+//! (encoding, tree handling, hashing). The machine's speed drifts within seconds, so the unit
+//! costs are measured again beside each of several replays, and the replay of median ratio is
+//! kept.
+//!
+//! Each protocol's group of each size is formed once and copied for every event; a merge starts
+//! from the halves its partition left. Forming a group of n costs O(n²) verifications that no
+//! measured member makes, so while it forms the simulated members share their verifications (one
+//! checks a broadcast's signature, the others take its word) and compute on every thread; beyond
+//! n = 64 they do so during the event too, and then only the replay is timed
+//! (`compute_shared_us`, the critical path as timed in place, and `compute_total_us`, every
+//! member's computation added up, are left out).
 //!
 //! Events, with `n` the group size before the event: join (one member), leave (the member in the
-//! middle of the agreed order), merge (a group of `n/2` merging with one of `n/2`: the resulting
-//! group has `n` members, `m = n/2`), partition (into two halves: `p = n/2`).
+//! middle of the agreed order), merge (the two halves of a partitioned group, `n/2` each, merging
+//! back: the resulting group has `n` members, `m = n/2`), partition (into two halves: `p = n/2`).
 
 use crate::plot::{Chart, Series};
 use conclave_crypto::{Group, Identity, Modp1024, Ristretto255, SigScheme, Suite};
@@ -47,50 +54,56 @@ pub struct UnitCosts {
     pub decode_us: f64,
 }
 
-/// Measures one exponentiation, signature, verification and decoding (median of `iters`).
+/// Measures one exponentiation, signature, verification and decoding: the median of `iters`
+/// of each, taken in interleaved rounds after a warm-up, so that a burst of noise or a cold
+/// vector unit does not land on one kind of operation alone.
 pub fn unit_costs<G: Group>(scheme: SigScheme, iters: usize) -> UnitCosts {
+    const ROUNDS: usize = 4;
     let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(1);
     let median = |mut v: Vec<f64>| {
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v.sort_by(|a, b| a.partial_cmp(b).expect("finite times"));
         v[v.len() / 2]
+    };
+    let time = |out: &mut Vec<f64>, f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        out.push(t.elapsed().as_secs_f64() * 1e6);
     };
     let base = G::exp_g(&G::random_scalar(&mut rng));
     let s = G::random_scalar(&mut rng);
     let mut acc = base.clone();
-    let exp = (0..iters)
-        .map(|_| {
-            let t = Instant::now();
-            acc = G::exp(&acc, &s);
-            t.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
-    std::hint::black_box(&acc);
     let encoded = G::encode(&acc);
-    let decode = (0..iters)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(G::decode(&encoded, false).expect("a group element"));
-            t.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
     let id = Identity::generate(scheme, &mut rng).expect("identity");
     let pk = id.public();
     let msg = [7u8; 32];
     let sig = id.sign(&msg).expect("sign");
-    let sign = (0..iters)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(id.sign(&msg).expect("sign"));
-            t.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
-    let verify = (0..iters)
-        .map(|_| {
-            let t = Instant::now();
-            pk.verify(&msg, &sig).expect("verify");
-            t.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
+    let [mut exp, mut decode, mut sign, mut verify]: [Vec<f64>; 4] = Default::default();
+    let per_round = iters.div_ceil(ROUNDS).max(1);
+    for round in 0..=ROUNDS {
+        // Round 0 warms up and is not kept.
+        let keep = round > 0;
+        let mut e = Vec::new();
+        let mut d = Vec::new();
+        let mut sg = Vec::new();
+        let mut v = Vec::new();
+        for _ in 0..per_round {
+            time(&mut e, &mut || acc = G::exp(&acc, &s));
+            time(&mut d, &mut || {
+                std::hint::black_box(G::decode(&encoded, false).expect("a group element"));
+            });
+            time(&mut sg, &mut || {
+                std::hint::black_box(id.sign(&msg).expect("sign"));
+            });
+            time(&mut v, &mut || pk.verify(&msg, &sig).expect("verify"));
+        }
+        if keep {
+            exp.extend(e);
+            decode.extend(d);
+            sign.extend(sg);
+            verify.extend(v);
+        }
+    }
+    std::hint::black_box(&acc);
     UnitCosts {
         exp_us: median(exp),
         sign_us: median(sign),
@@ -204,68 +217,114 @@ pub struct E1Row {
     pub decodes: u64,
     /// Serial computation along the critical path, each member on it replayed alone.
     pub compute_us: f64,
-    /// The same, measured with all members' states in one process, as the run went.
-    pub compute_shared_us: f64,
-    pub compute_total_us: f64,
+    /// The same, measured with all members' states in one process, as the run went (none when
+    /// the simulated members shared their verifications, beyond n = 64).
+    pub compute_shared_us: Option<f64>,
+    /// Every member's computation added up, in place (none beyond n = 64, as above).
+    pub compute_total_us: Option<f64>,
     pub floor_us: f64,
     pub ratio: f64,
     pub units: UnitCosts,
 }
 
-fn script_for(event: &str, n: usize) -> (String, Vec<String>) {
-    let names: Vec<String> = (0..n).map(|i| format!("m{i:04}")).collect();
+fn names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("m{i:04}")).collect()
+}
+
+/// The event, for a group of `n` (before the event). A merge starts from the two halves a
+/// partition of the group left (a partition healing: each half keyed on its own).
+fn script_for(event: &str, n: usize) -> String {
+    let names = names(n);
+    let second_half = || names[n - n / 2..].join(" ");
     match event {
-        "join" => (format!("init {}\n", names.join(" ")), vec!["join x".into()]),
-        "leave" => (
-            format!("init {}\n", names.join(" ")),
-            vec![format!("leave {}", names[n / 2])],
-        ),
-        "merge" => {
-            let (a, b) = names.split_at(n - n / 2);
-            (
-                format!("init {}\n", a.join(" ")),
-                vec![format!("merge {}", b.join(" "))],
-            )
-        }
-        "partition" => {
-            let away: Vec<String> = names.iter().skip(n - n / 2).cloned().collect();
-            (
-                format!("init {}\n", names.join(" ")),
-                vec![format!("partition {}", away.join(" "))],
-            )
-        }
+        "join" => "join x".into(),
+        "leave" => format!("leave {}", names[n / 2]),
+        "merge" => format!("merge {}", second_half()),
+        "partition" => format!("partition {}", second_half()),
         other => panic!("unknown event {other}"),
     }
 }
 
-/// Runs one protocol, event and size; returns the record of the event's view that keeps the
-/// first member (the group's side of a partition), with the times of its members replayed alone,
-/// the tree height, and the critical path's time as measured in place.
-fn measure_one<G: Group>(
+/// Beyond this size the simulated members share their signature verifications during an event
+/// too (see [`Testbed::share_verifications`]), and compute on every thread: at n = 1,024, BD's
+/// n² verifications would take minutes per event. Only in-place times suffer (they are not
+/// reported then); the critical path replayed alone verifies everything itself.
+const SHARE_VERIFICATIONS_ABOVE: usize = 64;
+
+/// A group of `n` members, keyed and quiet, ready to be copied for each event. Its members share
+/// their signature verifications and compute on every thread while it forms: set-up is no part
+/// of what is measured, and at n = 1,024 it would otherwise cost a million verifications.
+fn form_group<G: Group>(
     p: ProtocolId,
     scheme: SigScheme,
-    event: &str,
     n: usize,
     seed: u64,
     pool: &mut IdentityPool,
-) -> (ViewRecord, Option<usize>, f64) {
-    let (setup, events) = script_for(event, n);
+) -> Testbed<G> {
     let mut tb = Testbed::<G>::new(p, scheme, seed);
     // Identities first: RSA key generation is slow and is no part of any event.
-    let mut all: Vec<String> = (0..n).map(|i| format!("m{i:04}")).collect();
+    let mut all = names(n);
     all.push("x".into());
     for name in &all {
         tb.adopt_identity(name, pool.get(scheme, name));
     }
-    tb.run_script(&parse(&setup).expect("setup parses"))
-        .expect("setup runs");
+    tb.share_verifications(true);
+    tb.parallel = true;
+    tb.apply(&Action::Init(names(n))).expect("the group forms");
+    tb.run_until_quiet();
+    assert!(tb.errors.is_empty(), "{p:?} n={n}: {:?}", tb.errors);
+    tb
+}
+
+/// `base` split in halves, each keyed: where a merge starts.
+fn halves<G: Group>(base: &Testbed<G>, p: ProtocolId, n: usize) -> Testbed<G> {
+    let mut tb = base.clone();
+    tb.share_verifications(true);
+    tb.parallel = true;
+    let action = parse(&script_for("partition", n))
+        .expect("event parses")
+        .remove(0)
+        .action;
+    tb.apply(&action).expect("the group splits");
+    tb.run_until_quiet();
+    assert!(tb.errors.is_empty(), "{p:?} n={n}: {:?}", tb.errors);
+    tb
+}
+
+/// One measured event.
+struct Measured {
+    rec: ViewRecord,
+    height: Option<usize>,
+    /// The critical path's time as measured in place, and every member's time added up (both
+    /// `None` when the members shared their verifications).
+    shared_us: Option<f64>,
+    total_us: Option<f64>,
+    /// The unit costs, measured just before the event (the machine's speed drifts).
+    units: UnitCosts,
+}
+
+/// Runs one event on `tb`; returns the record of the event's view that keeps the first member
+/// (the group's side of a partition), with the times of its members replayed alone, the tree
+/// height, and the critical path's time as measured in place; and the group after the event.
+fn measure_one<G: Group>(
+    mut tb: Testbed<G>,
+    p: ProtocolId,
+    scheme: SigScheme,
+    event: &str,
+    n: usize,
+) -> (Measured, Testbed<G>) {
+    let share = n > SHARE_VERIFICATIONS_ABOVE;
+    tb.share_verifications(share);
+    // In-place times are not reported beyond this size: members may use every thread.
+    tb.parallel = share;
     let before = tb.records.len();
     tb.record();
-    for e in &events {
-        let action: Action = parse(e).expect("event parses").remove(0).action;
-        tb.apply(&action).expect("event applies");
-        tb.run_until_quiet();
-    }
+    let action: Action = parse(&script_for(event, n))
+        .expect("event parses")
+        .remove(0)
+        .action;
+    tb.apply(&action).expect("event applies");
+    tb.run_until_quiet();
     assert!(tb.errors.is_empty(), "{p:?} {event} n={n}: {:?}", tb.errors);
     let mut rec = tb.records[before..]
         .iter()
@@ -274,13 +333,54 @@ fn measure_one<G: Group>(
         .unwrap_or_else(|| panic!("{p:?} {event} n={n}: the event's view did not complete"))
         .clone();
     // A real member computes with its own state: the critical path is timed again with each
-    // member on it replayed alone (see `Testbed::replay_alone`).
-    let alone = tb
-        .replay_alone(rec.view)
-        .expect("the event was recorded and produced a key");
+    // member on it replayed alone (see `Testbed::replay_alone`), verifying every signature. The
+    // machine's speed drifts within seconds, so the unit costs are measured again beside each of
+    // several replays, and the row keeps the replay whose ratio to its floor is the median.
+    let replays = if share { REPLAYS_LARGE } else { REPLAYS };
+    let mut trials: Vec<(f64, UnitCosts, f64)> = (0..replays)
+        .map(|_| {
+            let units = unit_costs::<G>(scheme, unit_iterations(scheme));
+            let alone = tb
+                .replay_alone(rec.view)
+                .expect("the event was recorded and produced a key");
+            let floor = floor_us(&rec, &units);
+            let ratio = if floor > 0.0 { alone / floor } else { 0.0 };
+            (alone, units, ratio)
+        })
+        .collect();
+    trials.sort_by(|a, b| a.2.partial_cmp(&b.2).expect("finite ratios"));
+    let (alone, units, _) = trials.swap_remove(replays / 2);
     let shared = rec.compute_us;
     rec.compute_us = alone;
-    (rec, tb.tree_height("m0000"), shared)
+    let m = Measured {
+        height: tb.tree_height("m0000"),
+        shared_us: (!share).then_some(shared),
+        total_us: (!share).then_some(rec.compute_total_us),
+        rec,
+        units,
+    };
+    (m, tb)
+}
+
+/// Replays of each event's critical path, each beside its own measurement of the unit costs.
+const REPLAYS: usize = 5;
+/// Beyond n = 64, where a replay is long enough to average out noise by itself.
+const REPLAYS_LARGE: usize = 3;
+
+/// What the counted operations on the critical path cost at `units`.
+fn floor_us(r: &ViewRecord, units: &UnitCosts) -> f64 {
+    r.exps_critical as f64 * units.exp_us
+        + r.sigs_critical as f64 * units.sign_us
+        + r.verifs_critical as f64 * units.verify_us
+        + r.decodes_critical as f64 * units.decode_us
+}
+
+/// Enough of each operation for a stable median: ~25 ms with Ed25519, ~0.2 s with RSA.
+fn unit_iterations(scheme: SigScheme) -> usize {
+    match scheme {
+        SigScheme::Ed25519 => 200,
+        _ => 20,
+    }
 }
 
 fn protocol_name(p: ProtocolId) -> &'static str {
@@ -289,7 +389,8 @@ fn protocol_name(p: ProtocolId) -> &'static str {
 
 /// Runs E1 for one suite; calls `row` for each measurement.
 /// Each configuration runs `repeat` times (on different seeds) up to n = 64 and once beyond; the
-/// row reports the median time.
+/// row reports the run of median ratio to its floor. Each protocol's group of each size is formed once per seed and
+/// copied for every event.
 pub fn run_suite(
     suite: Suite,
     sizes: &[usize],
@@ -316,73 +417,86 @@ fn run_group<G: Group>(
 ) {
     let scheme = suite.sig_scheme();
     let mut pool = IdentityPool::default();
-    let units = unit_costs::<G>(scheme, if suite == Suite::Modern { 400 } else { 40 });
     for &p in protocols {
-        for &event in events {
-            for &n in sizes {
-                // A leave or partition of a two-member group leaves one member: nothing to agree on.
-                if n < 2 || (n < 3 && (event == "leave" || event == "partition")) {
-                    continue;
+        for &n in sizes {
+            // A leave or partition of a two-member group leaves one member: nothing to agree on.
+            let events: Vec<&'static str> = events
+                .iter()
+                .copied()
+                .filter(|e| n >= 3 || (*e != "leave" && *e != "partition"))
+                .collect();
+            if n < 2 || events.is_empty() {
+                continue;
+            }
+            let runs = if n <= 64 { repeat.max(1) } else { 1 };
+            let mut measured: Vec<Vec<Measured>> = events.iter().map(|_| Vec::new()).collect();
+            // A merge goes last, to start from what the partition left.
+            let mut order: Vec<usize> = (0..events.len()).collect();
+            order.sort_by_key(|&k| events[k] == "merge");
+            for i in 0..runs {
+                let seed = 1000 + n as u64 + 7919 * i as u64;
+                let base = form_group::<G>(p, scheme, n, seed, &mut pool);
+                let mut split = None;
+                for &k in &order {
+                    let event = events[k];
+                    let start = match event {
+                        "merge" => split.take().unwrap_or_else(|| halves(&base, p, n)),
+                        _ => base.clone(),
+                    };
+                    let (m, after) = measure_one(start, p, scheme, event, n);
+                    if event == "partition" {
+                        split = Some(after);
+                    }
+                    measured[k].push(m);
                 }
-                let runs = if n <= 64 { repeat.max(1) } else { 1 };
-                let mut measured: Vec<(ViewRecord, Option<usize>, f64)> = (0..runs)
-                    .map(|i| {
-                        measure_one::<G>(
-                            p,
-                            scheme,
-                            event,
-                            n,
-                            1000 + n as u64 + 7919 * i as u64,
-                            &mut pool,
-                        )
-                    })
-                    .collect();
-                measured.sort_by(|a, b| {
-                    a.0.compute_us
-                        .partial_cmp(&b.0.compute_us)
-                        .expect("finite times")
-                });
-                let (r, h, shared) = measured.swap_remove(runs / 2);
-                let floor_us = r.exps_critical as f64 * units.exp_us
-                    + r.sigs_critical as f64 * units.sign_us
-                    + r.verifs_critical as f64 * units.verify_us
-                    + r.decodes_critical as f64 * units.decode_us;
-                let t = table(p, event, n as u64, h.unwrap_or(0) as u64);
-                row(E1Row {
-                    experiment: "E1",
-                    protocol: protocol_name(p),
-                    suite: suite.name(),
-                    event,
-                    n: n as u64,
-                    members: r.members.len() as u64,
-                    tree_height: h.map(|h| h as u64),
-                    rounds: r.rounds,
-                    messages: r.messages,
-                    unicasts: r.unicasts,
-                    broadcasts: r.broadcasts,
-                    bytes: r.bytes,
-                    exps: r.exps_critical,
-                    sigs: r.sigs_critical,
-                    verifs: r.verifs_critical,
-                    decodes: r.decodes_critical,
-                    table_rounds: t.map(|t| t[0]),
-                    table_messages: t.map(|t| t[1]),
-                    table_exps: t.map(|t| t[2]),
-                    table_sigs: t.map(|t| t[3]),
-                    table_verifs: t.map(|t| t[4]),
-                    compute_us: r.compute_us,
-                    compute_shared_us: shared,
-                    compute_total_us: r.compute_total_us,
-                    floor_us,
-                    ratio: if floor_us > 0.0 {
-                        r.compute_us / floor_us
-                    } else {
-                        0.0
-                    },
-                    units,
-                });
+            }
+            for (event, mut runs) in events.into_iter().zip(measured) {
+                let ratio = |m: &Measured| m.rec.compute_us / floor_us(&m.rec, &m.units);
+                runs.sort_by(|a, b| ratio(a).partial_cmp(&ratio(b)).expect("finite ratios"));
+                let m = runs.swap_remove(runs.len() / 2);
+                row(e1_row(suite, p, event, n, m));
             }
         }
+    }
+}
+
+fn e1_row(suite: Suite, p: ProtocolId, event: &'static str, n: usize, m: Measured) -> E1Row {
+    let units = m.units;
+    let r = m.rec;
+    let floor_us = floor_us(&r, &units);
+    let t = table(p, event, n as u64, m.height.unwrap_or(0) as u64);
+    E1Row {
+        experiment: "E1",
+        protocol: protocol_name(p),
+        suite: suite.name(),
+        event,
+        n: n as u64,
+        members: r.members.len() as u64,
+        tree_height: m.height.map(|h| h as u64),
+        rounds: r.rounds,
+        messages: r.messages,
+        unicasts: r.unicasts,
+        broadcasts: r.broadcasts,
+        bytes: r.bytes,
+        exps: r.exps_critical,
+        sigs: r.sigs_critical,
+        verifs: r.verifs_critical,
+        decodes: r.decodes_critical,
+        table_rounds: t.map(|t| t[0]),
+        table_messages: t.map(|t| t[1]),
+        table_exps: t.map(|t| t[2]),
+        table_sigs: t.map(|t| t[3]),
+        table_verifs: t.map(|t| t[4]),
+        compute_us: r.compute_us,
+        compute_shared_us: m.shared_us,
+        compute_total_us: m.total_us,
+        floor_us,
+        ratio: if floor_us > 0.0 {
+            r.compute_us / floor_us
+        } else {
+            0.0
+        },
+        units,
     }
 }
 

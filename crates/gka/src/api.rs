@@ -105,7 +105,12 @@ pub struct SecureView {
 #[derive(Clone, Debug, Default)]
 pub struct Directory {
     keys: BTreeMap<MemberId, PublicIdentity>,
+    shared_verifications: Option<VerificationMemo>,
 }
+
+/// Signatures already found good by a member holding the same directory. Only simulated members
+/// in one process share a directory this way (see [`Directory::share_verifications`]).
+pub type VerificationMemo = Arc<std::sync::Mutex<std::collections::HashSet<[u8; 32]>>>;
 
 impl Directory {
     pub fn new() -> Self {
@@ -113,6 +118,33 @@ impl Directory {
     }
     pub fn insert(&mut self, member: MemberId, key: PublicIdentity) {
         self.keys.insert(member, key);
+        if let Some(memo) = &self.shared_verifications {
+            memo.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
+    }
+
+    /// Lets the members that share this directory share their signature verifications: once
+    /// one has found a signature good, the others take its word (and still count the
+    /// verification as theirs). For a testbed that simulates hundreds of members in one process,
+    /// where n members verifying each of O(n) broadcasts costs minutes that no real member
+    /// spends; never for a real member, whose directory is its own.
+    pub fn share_verifications(&mut self, on: bool) {
+        self.shared_verifications = on.then(Default::default);
+    }
+
+    /// Whether `digest` signed as `sig` by `member` was found good already (when shared).
+    pub(crate) fn verified_before(&self, member: &str, digest: &[u8], sig: &[u8]) -> Option<bool> {
+        let memo = self.shared_verifications.as_ref()?;
+        let id = verification_id(member, digest, sig);
+        Some(memo.lock().unwrap_or_else(|p| p.into_inner()).contains(&id))
+    }
+
+    /// Remembers a good signature (when verifications are shared).
+    pub(crate) fn remember_verified(&self, member: &str, digest: &[u8], sig: &[u8]) {
+        if let Some(memo) = &self.shared_verifications {
+            let id = verification_id(member, digest, sig);
+            memo.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+        }
     }
     /// The key of `member`. A member's name as views list it is its private name qualified by
     /// its daemon (`alice#d1`); an entry under the private name alone (`alice`) serves it on every
@@ -129,6 +161,16 @@ impl Directory {
     pub fn iter(&self) -> impl Iterator<Item = (&MemberId, &PublicIdentity)> {
         self.keys.iter()
     }
+}
+
+fn verification_id(member: &str, digest: &[u8], sig: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for part in [member.as_bytes(), digest, sig] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    h.finalize().into()
 }
 
 pub type SharedDirectory = Arc<std::sync::RwLock<Directory>>;

@@ -16,7 +16,7 @@
 //!   (`Ok`, no effect) rather than refused.
 
 use crate::api::{Dest, GkaError, KeyAgreement, Order, SecureView, SharedDirectory, View};
-use crate::core::{index_of, Core};
+use crate::core::Core;
 use crate::ops;
 use conclave_crypto::{CryptoRng, Group, Identity};
 use conclave_wire::gka::{BdMsg, ProtocolId};
@@ -112,7 +112,10 @@ impl<G: Group> KeyAgreement for Bd<G> {
         self.run = None;
         let view = self.core.view()?;
         let n = view.members.len();
-        let me = index_of(&view.members, &self.core.me).expect("checked by install_view");
+        let me = self
+            .core
+            .position(&self.core.me)
+            .expect("checked by install_view");
         let r = G::random_scalar(rng);
         if n == 1 {
             let secret =
@@ -151,8 +154,10 @@ impl<G: Group> KeyAgreement for Bd<G> {
             .run
             .as_ref()
             .ok_or(GkaError::Misplaced("no BD run in progress"))?;
-        let view = self.core.view()?;
-        let j = index_of(&view.members, &env.sender).expect("checked: sender is a member");
+        let j = self
+            .core
+            .position(&env.sender)
+            .expect("checked: sender is a member");
         match msg {
             BdMsg::Z { z } => {
                 let needed = (j == run.prev && run.z_prev.is_none())

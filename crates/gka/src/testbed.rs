@@ -19,7 +19,7 @@
 
 use crate::api::{
     Dest, GkaError, GroupViewId, KeyAgreement, MemberId, Reason, RingId, SecureView,
-    SharedDirectory, View,
+    SharedDirectory, Transmit, View,
 };
 use crate::script::{Action, Step};
 use crate::{bd, ckd, gdh, str_proto, tgdh};
@@ -101,6 +101,78 @@ struct Member {
     path: Path,
 }
 
+/// What one member's step produced, before the testbed's books take it in.
+struct Outcome {
+    result: Result<(), GkaError>,
+    main_delta: Meter,
+    main_ns: u64,
+    /// The member's path once it had handled the input: what its messages carry.
+    send_path: Path,
+    out: Vec<Transmit>,
+    key_delta: Meter,
+    key_ns: u64,
+    keys: Vec<SecureView>,
+}
+
+impl Member {
+    /// Handles one input, then drains the member's messages and keys, timing and counting each
+    /// part; touches nothing but the member.
+    fn compute(&mut self, input: &Input, measure: bool) -> Outcome {
+        let before = self.ka.meter();
+        let t0 = measure.then(Instant::now);
+        let result = input.apply(self.ka.as_mut(), &mut self.rng);
+        let main_ns = t0.map(|t| t.elapsed().as_nanos() as u64).unwrap_or(0);
+        let main_delta = self.ka.meter().since(&before);
+        self.path.meter.add(&main_delta);
+        self.path.time_ns += main_ns;
+        let send_path = self.path;
+        let mut out = Vec::new();
+        while let Some(t) = self.ka.poll_transmit() {
+            out.push(t);
+        }
+        // Then the member derives its own key, off everyone else's path.
+        let before = self.ka.meter();
+        let t0 = measure.then(Instant::now);
+        let mut keys = Vec::new();
+        while let Some(k) = self.ka.poll_key() {
+            keys.push(k);
+        }
+        let key_ns = t0.map(|t| t.elapsed().as_nanos() as u64).unwrap_or(0);
+        let key_delta = self.ka.meter().since(&before);
+        self.path.meter.add(&key_delta);
+        self.path.time_ns += key_ns;
+        Outcome {
+            result,
+            main_delta,
+            main_ns,
+            send_path,
+            out,
+            key_delta,
+            key_ns,
+            keys,
+        }
+    }
+}
+
+/// One member's input in a batch: the member, the path of the message and the recorded step that
+/// sent it (none for a view), and the input.
+type BatchStep = (MemberId, Option<(Path, Option<usize>)>, Input);
+
+/// Fewer members than this in one step are not worth the threads.
+const PARALLEL_BATCH: usize = 16;
+
+impl Clone for Member {
+    fn clone(&self) -> Self {
+        Member {
+            ka: self.ka.clone_box(),
+            rng: self.rng.clone(),
+            view_id: self.view_id,
+            path: self.path,
+        }
+    }
+}
+
+#[derive(Clone)]
 struct Packet {
     from: MemberId,
     to: Vec<MemberId>,
@@ -147,6 +219,26 @@ struct RecordedStep {
 struct Recording {
     start: BTreeMap<MemberId, (Box<dyn KeyAgreement>, ChaCha20Rng)>,
     steps: Vec<RecordedStep>,
+    /// The critical chain last found, by view (replays of one view reuse it).
+    chain: Option<(u64, Option<std::sync::Arc<CriticalChain>>)>,
+}
+
+/// Where a step of the critical chain starts.
+#[derive(Clone, Copy)]
+enum From {
+    Start,
+    /// After the member's previous step (its key derivation included).
+    Prev(usize),
+    /// After the step that sent the message (before that step derived keys).
+    Sender(usize),
+}
+
+/// The chain of steps that ended last at a member's key, as timed in place.
+struct CriticalChain {
+    /// Steps in order, each with where it starts.
+    steps: Vec<(usize, From)>,
+    /// Each member on the chain, with all its steps up to its last one on the chain.
+    members: Vec<(MemberId, Vec<usize>)>,
 }
 
 /// What happened in one view, as `conclave gka run` prints it.
@@ -187,7 +279,7 @@ pub struct ViewRecord {
     pub compute_ns: u64,
 }
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct ViewStats {
     event: &'static str,
     members: Vec<MemberId>,
@@ -236,8 +328,99 @@ pub struct Testbed<G: Group> {
     pub delivered: u64,
     /// Whether to measure compute time (off makes tests faster and fully deterministic).
     pub measure_time: bool,
+    /// Whether the members that receive one message (or one view) compute on all the
+    /// processor's threads. The run is the same; only in-place times change (off by default).
+    pub parallel: bool,
     recording: Option<Recording>,
     _g: std::marker::PhantomData<G>,
+}
+
+/// The critical path of the view numbered `view` among recorded `steps`: the chain of steps that
+/// ended last at a member's key, as timed in place. `None` if the view produced no key.
+fn critical_chain(steps: &[RecordedStep], view: u64) -> Option<CriticalChain> {
+    // In place: when each step sent its messages, and when it was done.
+    let (mut send_at, mut done_at) = (vec![0u64; steps.len()], vec![0u64; steps.len()]);
+    let mut pred = vec![From::Start; steps.len()];
+    let mut last: std::collections::HashMap<&str, usize> = Default::default();
+    for (i, st) in steps.iter().enumerate() {
+        let prev = match st.input {
+            Input::View(_) => None,
+            Input::Message(..) => last
+                .get(st.member.as_str())
+                .copied()
+                .filter(|&j| steps[j].view_id == st.view_id),
+        };
+        let (a, b) = (
+            prev.map(|j| done_at[j]).unwrap_or(0),
+            st.origin.map(|o| send_at[o]).unwrap_or(0),
+        );
+        pred[i] = match (prev, st.origin) {
+            (Some(_), Some(o)) if b > a => From::Sender(o),
+            (Some(j), _) => From::Prev(j),
+            (None, Some(o)) => From::Sender(o),
+            (None, None) => From::Start,
+        };
+        send_at[i] = a.max(b) + st.main_ns;
+        done_at[i] = send_at[i] + st.key_ns;
+        last.insert(st.member.as_str(), i);
+    }
+    let end = (0..steps.len())
+        .filter(|&i| steps[i].key_view == Some(view))
+        .max_by_key(|&i| done_at[i])?;
+    let mut chain = vec![end];
+    while let From::Prev(j) | From::Sender(j) = pred[*chain.last().expect("not empty")] {
+        chain.push(j);
+    }
+    chain.reverse();
+    // Each member on the chain, alone, up to its last step on it.
+    let mut upto: BTreeMap<&str, usize> = BTreeMap::new();
+    for &i in &chain {
+        let e = upto.entry(steps[i].member.as_str()).or_insert(i);
+        *e = (*e).max(i);
+    }
+    let mut members: BTreeMap<&str, Vec<usize>> = upto.keys().map(|m| (*m, Vec::new())).collect();
+    for (i, st) in steps.iter().enumerate() {
+        if let Some(own) = members.get_mut(st.member.as_str()) {
+            if i <= upto[st.member.as_str()] {
+                own.push(i);
+            }
+        }
+    }
+    Some(CriticalChain {
+        steps: chain.into_iter().map(|i| (i, pred[i])).collect(),
+        members: members
+            .into_iter()
+            .map(|(m, own)| (m.to_owned(), own))
+            .collect(),
+    })
+}
+
+/// A copy of the group as it stands, to run different events from one set-up. The copy shares
+/// the directory (identities are set up before the group is) and records nothing.
+impl<G: Group> Clone for Testbed<G> {
+    fn clone(&self) -> Self {
+        Testbed {
+            protocol: self.protocol,
+            scheme: self.scheme,
+            group: self.group.clone(),
+            rng: self.rng.clone(),
+            directory: self.directory.clone(),
+            identities: self.identities.clone(),
+            members: self.members.clone(),
+            components: self.components.clone(),
+            queue: self.queue.clone(),
+            next_view_id: self.next_view_id,
+            stats: self.stats.clone(),
+            records: self.records.clone(),
+            errors: self.errors.clone(),
+            key_log: self.key_log.clone(),
+            delivered: self.delivered,
+            measure_time: self.measure_time,
+            parallel: self.parallel,
+            recording: None,
+            _g: std::marker::PhantomData,
+        }
+    }
 }
 
 impl<G: Group> Testbed<G> {
@@ -259,6 +442,7 @@ impl<G: Group> Testbed<G> {
             key_log: Vec::new(),
             delivered: 0,
             measure_time: true,
+            parallel: false,
             recording: None,
             _g: Default::default(),
         }
@@ -272,6 +456,17 @@ impl<G: Group> Testbed<G> {
             .unwrap_or_else(|p| p.into_inner())
             .insert(name.to_owned(), id.public());
         self.identities.insert(name.to_owned(), id);
+    }
+
+    /// Lets the simulated members share their signature verifications (see
+    /// [`Directory::share_verifications`](crate::Directory::share_verifications)): a broadcast is
+    /// verified once, not by each of its n receivers. For building large groups quickly; the
+    /// members' counts of verifications stay as they were, their measured times do not.
+    pub fn share_verifications(&mut self, on: bool) {
+        self.directory
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .share_verifications(on);
     }
 
     /// Pre-generates identities (RSA key generation is slow; benchmarks do it before timing).
@@ -583,16 +778,19 @@ impl<G: Group> Testbed<G> {
                 .iter()
                 .map(|m| (m.clone(), self.members[m].view_id))
                 .collect();
+            // Members that come from the same view share their transitional set.
+            let mut by_prev: BTreeMap<u64, Vec<MemberId>> = BTreeMap::new();
             for m in &members {
-                let prev = prevs[m];
-                let mut transitional: Vec<MemberId> = members
-                    .iter()
-                    .filter(|x| prev != 0 && prevs[*x] == prev)
-                    .cloned()
-                    .collect();
-                if transitional.is_empty() {
-                    transitional.push(m.clone());
+                if prevs[m] != 0 {
+                    by_prev.entry(prevs[m]).or_default().push(m.clone());
                 }
+            }
+            let mut batch = Vec::with_capacity(members.len());
+            for m in &members {
+                let transitional = match prevs[m] {
+                    0 => vec![m.clone()],
+                    prev => by_prev[&prev].clone(),
+                };
                 let view = View {
                     group: self.group.clone(),
                     view_id: view_id_of(number),
@@ -603,116 +801,152 @@ impl<G: Group> Testbed<G> {
                 let member = self.members.get_mut(m).expect("member exists");
                 member.view_id = number;
                 member.path = Path::default();
-                self.step_with(m, None, Input::View(view));
+                batch.push((m.clone(), None, Input::View(view)));
             }
+            self.step_many(batch);
         }
     }
 
-    /// Runs one input of one member, with cost accounting, then drains its outputs; `incoming`
-    /// is the path of the message and the recorded step that sent it.
-    fn step_with(&mut self, name: &str, incoming: Option<(&Path, Option<usize>)>, input: Input) {
+    /// Runs one input of each of several members, in order, with cost accounting, then drains
+    /// their outputs; with each, the path of the message it handles and the recorded step that
+    /// sent it. One member's step
+    /// never depends on another's in the same batch (their outputs are only queued), so with
+    /// [`parallel`](Self::parallel) on the members compute on several threads; the books are
+    /// kept afterwards in the batch's order, so the run is the same either way.
+    fn step_many(&mut self, batch: Vec<BatchStep>) {
         let measure = self.measure_time;
-        let Some(member) = self.members.get_mut(name) else {
-            return;
-        };
-        if let Some((p, _)) = incoming {
-            member.path.join(p);
-        }
-        let step_id = self.recording.as_mut().map(|rec| {
-            rec.steps.push(RecordedStep {
-                member: name.to_owned(),
-                input: input.clone(),
-                view_id: 0,
-                origin: incoming.and_then(|(_, o)| o),
-                key_view: None,
-                main_ns: 0,
-                key_ns: 0,
+        let mut work: Vec<(MemberId, Input, Option<usize>)> = Vec::with_capacity(batch.len());
+        for (name, incoming, input) in batch {
+            let Some(member) = self.members.get_mut(&name) else {
+                continue;
+            };
+            if let Some((p, _)) = incoming {
+                member.path.join(&p);
+            }
+            let step_id = self.recording.as_mut().map(|rec| {
+                rec.chain = None;
+                rec.steps.push(RecordedStep {
+                    member: name.clone(),
+                    input: input.clone(),
+                    view_id: 0,
+                    origin: incoming.and_then(|(_, o)| o),
+                    key_view: None,
+                    main_ns: 0,
+                    key_ns: 0,
+                });
+                rec.steps.len() - 1
             });
-            rec.steps.len() - 1
-        });
-        let before = member.ka.meter();
-        let t0 = measure.then(Instant::now);
-        let result = input.apply(member.ka.as_mut(), &mut member.rng);
-        let elapsed = t0.map(|t| t.elapsed().as_nanos() as u64).unwrap_or(0);
-        let main_ns = elapsed;
-        let after = member.ka.meter();
-        let view_id = member.view_id;
-        let delta = after.since(&before);
-        member.path.meter.add(&delta);
-        member.path.time_ns += elapsed;
-        if let Some(s) = self.stats.get_mut(&view_id) {
-            s.total.add(&delta);
-            s.total_time_ns += elapsed;
+            work.push((name, input, step_id));
         }
-        if let Err(e) = result {
+        let threads = if self.parallel && work.len() >= PARALLEL_BATCH {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            1
+        };
+        let index: std::collections::HashMap<&str, usize> = if threads > 1 {
+            work.iter()
+                .enumerate()
+                .map(|(i, (n, _, _))| (n.as_str(), i))
+                .collect()
+        } else {
+            Default::default()
+        };
+        let mut outcomes: Vec<Option<Outcome>> = (0..work.len()).map(|_| None).collect();
+        if threads > 1 && index.len() == work.len() {
+            // The members stay where they are: each thread gets its share of them by reference.
+            let mut jobs: Vec<(usize, &mut Member)> = self
+                .members
+                .iter_mut()
+                .filter_map(|(n, m)| index.get(n.as_str()).map(|&i| (i, m)))
+                .collect();
+            let chunk = jobs.len().div_ceil(threads).max(1);
+            let work = &work;
+            let run = |part: &mut [(usize, &mut Member)]| {
+                part.iter_mut()
+                    .map(|(i, m)| (*i, m.compute(&work[*i].1, measure)))
+                    .collect::<Vec<_>>()
+            };
+            let done = std::thread::scope(|scope| {
+                let mut parts = jobs.chunks_mut(chunk);
+                let first = parts.next().expect("a non-empty batch");
+                let others: Vec<_> = parts.map(|part| scope.spawn(move || run(part))).collect();
+                let mut all = run(first);
+                for h in others {
+                    all.extend(h.join().expect("a member's step panicked"));
+                }
+                all
+            });
+            for (i, o) in done {
+                outcomes[i] = Some(o);
+            }
+        } else {
+            for (o, (name, input, _)) in outcomes.iter_mut().zip(&work) {
+                let member = self.members.get_mut(name).expect("checked above");
+                *o = Some(member.compute(input, measure));
+            }
+        }
+        for ((name, _, step_id), outcome) in work.into_iter().zip(outcomes) {
+            self.account(&name, step_id, outcome.expect("every member computed"));
+        }
+    }
+
+    /// The testbed's books for one member's step: costs, errors, queued messages, keys.
+    fn account(&mut self, name: &str, step_id: Option<usize>, o: Outcome) {
+        let member = self.members.get_mut(name).expect("a member of the batch");
+        let view_id = member.view_id;
+        let final_path = member.path;
+        let send_path = Path {
+            round: o.send_path.round + 1,
+            ..o.send_path
+        };
+        if let Some(s) = self.stats.get_mut(&view_id) {
+            s.total.add(&o.main_delta);
+            s.total.add(&o.key_delta);
+            s.total_time_ns += o.main_ns + o.key_ns;
+        }
+        if let Err(e) = o.result {
             self.errors.push((name.to_owned(), e));
         }
-        // Transmits leave with the path as it is now.
-        let member = self.members.get_mut(name).expect("still there");
-        let send_path = Path {
-            round: member.path.round + 1,
-            ..member.path
-        };
-        let mut out = Vec::new();
-        while let Some(t) = member.ka.poll_transmit() {
-            out.push(t);
-        }
-        // Then the member derives its own key, off everyone else's path.
-        let before = member.ka.meter();
-        let t0 = measure.then(Instant::now);
-        let mut keys = Vec::new();
-        while let Some(k) = member.ka.poll_key() {
-            keys.push(k);
-        }
-        let elapsed = t0.map(|t| t.elapsed().as_nanos() as u64).unwrap_or(0);
-        let delta = member.ka.meter().since(&before);
-        member.path.meter.add(&delta);
-        member.path.time_ns += elapsed;
-        let final_path = member.path;
-        if let Some(s) = self.stats.get_mut(&view_id) {
-            s.total.add(&delta);
-            s.total_time_ns += elapsed;
-        }
-        {
-            let members = self.components.get(&view_id).cloned().unwrap_or_default();
-            for t in out {
-                if t.view_id != view_id_of(view_id) {
-                    continue;
-                }
-                let (to, unicast) = match t.dest {
-                    Dest::Broadcast => (
-                        members.iter().filter(|m| *m != name).cloned().collect(),
-                        false,
-                    ),
-                    Dest::Unicast(m) => (vec![m], true),
-                };
-                if let Some(s) = self.stats.get_mut(&view_id) {
-                    if unicast {
-                        s.unicasts += 1;
-                    } else {
-                        s.broadcasts += 1;
-                    }
-                    s.bytes += t.payload.len() as u64;
-                    s.rounds = s.rounds.max(send_path.round);
-                }
-                self.queue.push_back(Packet {
-                    from: name.to_owned(),
-                    to,
-                    view_id,
-                    payload: t.payload.into(),
-                    path: send_path,
-                    origin: step_id,
-                });
+        for t in o.out {
+            if t.view_id != view_id_of(view_id) {
+                continue;
             }
+            let (to, unicast) = match t.dest {
+                Dest::Broadcast => (
+                    self.components
+                        .get(&view_id)
+                        .map(|ms| ms.iter().filter(|m| *m != name).cloned().collect())
+                        .unwrap_or_default(),
+                    false,
+                ),
+                Dest::Unicast(m) => (vec![m], true),
+            };
+            if let Some(s) = self.stats.get_mut(&view_id) {
+                if unicast {
+                    s.unicasts += 1;
+                } else {
+                    s.broadcasts += 1;
+                }
+                s.bytes += t.payload.len() as u64;
+                s.rounds = s.rounds.max(send_path.round);
+            }
+            self.queue.push_back(Packet {
+                from: name.to_owned(),
+                to,
+                view_id,
+                payload: t.payload.into(),
+                path: send_path,
+                origin: step_id,
+            });
         }
         if let (Some(rec), Some(id)) = (self.recording.as_mut(), step_id) {
             let st = &mut rec.steps[id];
             st.view_id = view_id;
-            st.key_view = keys.last().map(|k| k.view_id.index);
-            st.main_ns = main_ns;
-            st.key_ns = elapsed;
+            st.key_view = o.keys.last().map(|k| k.view_id.index);
+            st.main_ns = o.main_ns;
+            st.key_ns = o.key_ns;
         }
-        for k in keys {
+        for k in o.keys {
             self.key_log.push((name.to_owned(), k.clone()));
             // The testbed's view numbers are the indexes on its one ring.
             if let Some(s) = self.stats.get_mut(&k.view_id.index) {
@@ -770,19 +1004,22 @@ impl<G: Group> Testbed<G> {
 
     fn deliver(&mut self, p: Packet) {
         self.delivered += 1;
-        for to in &p.to {
-            let Some(m) = self.members.get(to) else {
-                continue;
-            };
-            if m.view_id != p.view_id {
-                continue;
-            }
-            self.step_with(
-                to,
-                Some((&p.path, p.origin)),
-                Input::Message(p.from.clone(), p.payload.clone()),
-            );
-        }
+        let batch =
+            p.to.iter()
+                .filter(|to| {
+                    self.members
+                        .get(*to)
+                        .is_some_and(|m| m.view_id == p.view_id)
+                })
+                .map(|to| {
+                    (
+                        to.clone(),
+                        Some((p.path, p.origin)),
+                        Input::Message(p.from.clone(), p.payload.clone()),
+                    )
+                })
+                .collect();
+        self.step_many(batch);
     }
 
     /// Delivers queued messages until none is left.
@@ -840,6 +1077,7 @@ impl<G: Group> Testbed<G> {
         self.recording = Some(Recording {
             start,
             steps: Vec::new(),
+            chain: None,
         });
     }
 
@@ -848,68 +1086,28 @@ impl<G: Group> Testbed<G> {
     /// recorded inputs are replayed on a copy of its state, in one go, so that its own state is
     /// what the processor's caches hold, as in a real member (in place, all simulated members'
     /// states compete for them between its steps). Returns the replayed time in microseconds;
-    /// `None` if nothing was recorded or the view produced no key.
+    /// `None` if nothing was recorded or the view produced no key. Members stop sharing their
+    /// verifications first: a replayed member verifies every signature itself. The recording is
+    /// kept, so that the replay can be timed again.
     pub fn replay_alone(&mut self, view: u64) -> Option<f64> {
-        let rec = self.recording.take()?;
+        self.share_verifications(false);
+        let rec = self.recording.as_mut()?;
+        let chain = match &rec.chain {
+            Some((v, c)) if *v == view => c.clone(),
+            _ => {
+                let c = critical_chain(&rec.steps, view).map(std::sync::Arc::new);
+                rec.chain = Some((view, c.clone()));
+                c
+            }
+        }?;
         let steps = &rec.steps;
-        #[derive(Clone, Copy)]
-        enum From {
-            Start,
-            /// After the member's previous step (its key derivation included).
-            Prev(usize),
-            /// After the step that sent the message (before that step derived keys).
-            Sender(usize),
-        }
-        // In place: when each step sent its messages, and when it was done.
-        let (mut send_at, mut done_at) = (vec![0u64; steps.len()], vec![0u64; steps.len()]);
-        let mut pred = vec![From::Start; steps.len()];
-        let mut last: BTreeMap<&str, usize> = BTreeMap::new();
-        for (i, st) in steps.iter().enumerate() {
-            let prev = match st.input {
-                Input::View(_) => None,
-                Input::Message(..) => last
-                    .get(st.member.as_str())
-                    .copied()
-                    .filter(|&j| steps[j].view_id == st.view_id),
-            };
-            let (a, b) = (
-                prev.map(|j| done_at[j]).unwrap_or(0),
-                st.origin.map(|o| send_at[o]).unwrap_or(0),
-            );
-            pred[i] = match (prev, st.origin) {
-                (Some(_), Some(o)) if b > a => From::Sender(o),
-                (Some(j), _) => From::Prev(j),
-                (None, Some(o)) => From::Sender(o),
-                (None, None) => From::Start,
-            };
-            send_at[i] = a.max(b) + st.main_ns;
-            done_at[i] = send_at[i] + st.key_ns;
-            last.insert(st.member.as_str(), i);
-        }
-        let end = (0..steps.len())
-            .filter(|&i| steps[i].key_view == Some(view))
-            .max_by_key(|&i| done_at[i])?;
-        let mut chain = vec![end];
-        while let From::Prev(j) | From::Sender(j) = pred[*chain.last().expect("not empty")] {
-            chain.push(j);
-        }
-        chain.reverse();
-        // Each member on the chain, alone, up to its last step on it.
-        let mut upto: BTreeMap<&str, usize> = BTreeMap::new();
-        for &i in &chain {
-            let e = upto.entry(steps[i].member.as_str()).or_insert(i);
-            *e = (*e).max(i);
-        }
         let mut alone: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
-        for (name, upto) in upto {
+        for (name, own) in &chain.members {
             let (ka, rng) = rec.start.get(name)?;
             let (mut ka, mut rng) = (ka.clone_box(), rng.clone());
-            for (i, st) in steps.iter().enumerate().take(upto + 1) {
-                if st.member != name {
-                    continue;
-                }
+            for &i in own {
                 let t = Instant::now();
-                let _ = st.input.apply(ka.as_mut(), &mut rng);
+                let _ = steps[i].input.apply(ka.as_mut(), &mut rng);
                 let main = t.elapsed().as_nanos() as u64;
                 while ka.poll_transmit().is_some() {}
                 let t = Instant::now();
@@ -919,15 +1117,17 @@ impl<G: Group> Testbed<G> {
         }
         // Along the chain, with the replayed times.
         let (mut sent, mut finished) = (BTreeMap::new(), BTreeMap::new());
-        for &i in &chain {
+        let mut end = 0;
+        for &(i, from) in &chain.steps {
             let (main, key) = alone[&i];
-            let start = match pred[i] {
+            let start = match from {
                 From::Start => 0,
                 From::Prev(j) => finished[&j],
                 From::Sender(j) => sent[&j],
             };
             sent.insert(i, start + main);
             finished.insert(i, start + main + key);
+            end = i;
         }
         Some(finished[&end] as f64 / 1000.0)
     }

@@ -335,3 +335,48 @@ fn a_message_signed_for_another_member_list_is_refused() {
         assert_eq!(honest, bytes, "{p:?}: signing is deterministic");
     }
 }
+
+/// With verifications shared (as the benchmark forms large groups), one member's good verdict
+/// covers exactly the bytes it verified: the same signature on altered contents meets the same
+/// refusal as without sharing.
+#[test]
+fn a_shared_verification_never_passes_an_altered_message() {
+    for p in ALL {
+        let mut tb = testbed(p, 5);
+        tb.share_verifications(true);
+        tb.apply(&action("init a b c d")).unwrap();
+        tb.run_until_quiet();
+        tb.apply(&action("join e")).unwrap();
+        // The run's first broadcast (GDH's comes after its unicast upflow).
+        let (from, to, bytes) = loop {
+            let queued = tb.queue_snapshot();
+            if let Some(b) = queued.iter().find(|(_, to, _)| to.len() >= 2) {
+                break b.clone();
+            }
+            assert!(!queued.is_empty(), "{p:?}: the join run broadcasts");
+            tb.run_messages(1);
+        };
+        let altered = reencode(&bytes, |e| {
+            if let Some(b) = e.body.last_mut() {
+                *b ^= 1;
+            }
+        });
+        for victim in &to {
+            // Unshared, what the altered message meets.
+            let mut alone = tb.clone();
+            alone.share_verifications(false);
+            let (want, _) = alone.inject(victim, &from, &altered);
+            // Shared, after a copy of the victim has verified the genuine message.
+            let mut shared = tb.clone();
+            shared.share_verifications(true);
+            let mut witness = shared.clone();
+            let (genuine, _) = witness.inject(victim, &from, &bytes);
+            genuine.unwrap_or_else(|e| panic!("{p:?}: the genuine message was refused: {e:?}"));
+            let (got, sent) = shared.inject(victim, &from, &altered);
+            assert_eq!(got, want, "{p:?} {victim}");
+            if got.is_err() {
+                assert_eq!(sent, 0, "{p:?} {victim}");
+            }
+        }
+    }
+}

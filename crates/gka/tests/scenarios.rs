@@ -4,6 +4,7 @@
 
 mod common;
 use common::*;
+use conclave_gka::script::parse;
 
 #[test]
 fn basic_story_for_every_protocol() {
@@ -115,5 +116,43 @@ fn paper_suite_runs_every_protocol() {
         assert_eq!(last.members, vec!["b", "c", "d"]);
         let fps: std::collections::BTreeSet<_> = last.keys.values().collect();
         assert_eq!(fps.len(), 1, "{p:?}");
+    }
+}
+
+/// Simulated members that share their verifications and compute on several threads (how the
+/// benchmark forms large groups) run exactly as they do alone: the same views, keys and counts.
+#[test]
+fn shared_verifications_and_threads_change_nothing() {
+    let script = "init m0 m1 m2 m3 m4 m5 m6 m7 m8 m9 m10 m11 m12 m13 m14 m15 m16 m17 m18 m19\n\
+                  join x\nleave m3\npartition m10 m11 m12 m13 m14 m15 m16 m17 m18 m19\n\
+                  merge m10 m11 m12 m13 m14 m15 m16 m17 m18 m19\n";
+    for p in ALL {
+        let control = run(p, script, 11);
+        let mut tb = testbed(p, 11);
+        tb.share_verifications(true);
+        tb.parallel = true;
+        tb.run_script(&parse(script).unwrap()).unwrap();
+        check(p, &tb, script);
+        assert_eq!(tb.records.len(), control.records.len(), "{p:?}");
+        for (a, b) in tb.records.iter().zip(&control.records) {
+            assert_eq!(a.keys, b.keys, "{p:?} view {}", a.view);
+            assert_eq!(
+                (a.messages, a.bytes, a.exps, a.verifs, a.decodes),
+                (b.messages, b.bytes, b.exps, b.verifs, b.decodes),
+                "{p:?} view {}",
+                a.view
+            );
+        }
+        // A copy of the testbed goes on as the original would.
+        let mut copy = tb.clone();
+        for t in [&mut tb, &mut copy] {
+            t.apply(&action("join y")).unwrap();
+            t.run_until_quiet();
+        }
+        assert_eq!(
+            tb.records.last().unwrap().keys,
+            copy.records.last().unwrap().keys,
+            "{p:?}"
+        );
     }
 }
