@@ -20,7 +20,8 @@
 //! checks a broadcast's signature, the others take its word) and compute on every thread; beyond
 //! n = 64 they do so during the event too, and then only the replay is timed
 //! (`compute_shared_us`, the critical path as timed in place, and `compute_total_us`, every
-//! member's computation added up, are left out).
+//! member's computation added up, are left out). The critical path is still the one the in-place
+//! times point to, which can then fall short of the slowest by a few verifications.
 //!
 //! Events, with `n` the group size before the event: join (one member), leave (the member in the
 //! middle of the agreed order), merge (the two halves of a partitioned group, `n/2` each, merging
@@ -299,7 +300,8 @@ struct Measured {
     /// `None` when the members shared their verifications).
     shared_us: Option<f64>,
     total_us: Option<f64>,
-    /// The unit costs, measured just before the event (the machine's speed drifts).
+    /// The unit costs, measured just before the replay whose time is kept (the machine's speed
+    /// drifts).
     units: UnitCosts,
 }
 
@@ -451,7 +453,14 @@ fn run_group<G: Group>(
                 }
             }
             for (event, mut runs) in events.into_iter().zip(measured) {
-                let ratio = |m: &Measured| m.rec.compute_us / floor_us(&m.rec, &m.units);
+                let ratio = |m: &Measured| {
+                    let floor = floor_us(&m.rec, &m.units);
+                    if floor > 0.0 {
+                        m.rec.compute_us / floor
+                    } else {
+                        0.0
+                    }
+                };
                 runs.sort_by(|a, b| ratio(a).partial_cmp(&ratio(b)).expect("finite ratios"));
                 let m = runs.swap_remove(runs.len() / 2);
                 row(e1_row(suite, p, event, n, m));

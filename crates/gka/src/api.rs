@@ -135,14 +135,17 @@ impl Directory {
     /// Whether `digest` signed as `sig` by `member` was found good already (when shared).
     pub(crate) fn verified_before(&self, member: &str, digest: &[u8], sig: &[u8]) -> Option<bool> {
         let memo = self.shared_verifications.as_ref()?;
-        let id = verification_id(member, digest, sig);
+        let id = verification_id(member, self.get(member)?, digest, sig);
         Some(memo.lock().unwrap_or_else(|p| p.into_inner()).contains(&id))
     }
 
     /// Remembers a good signature (when verifications are shared).
     pub(crate) fn remember_verified(&self, member: &str, digest: &[u8], sig: &[u8]) {
         if let Some(memo) = &self.shared_verifications {
-            let id = verification_id(member, digest, sig);
+            let Some(key) = self.get(member) else {
+                return;
+            };
+            let id = verification_id(member, key, digest, sig);
             memo.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
         }
     }
@@ -163,10 +166,16 @@ impl Directory {
     }
 }
 
-fn verification_id(member: &str, digest: &[u8], sig: &[u8]) -> [u8; 32] {
+/// What a good verdict covers: the signer's name and public key, the signed digest and the
+/// signature, each length-prefixed.
+fn verification_id(member: &str, key: &PublicIdentity, digest: &[u8], sig: &[u8]) -> [u8; 32] {
     use sha2::Digest;
+    let key_bytes: Vec<u8> = match key {
+        PublicIdentity::Ed25519(vk) => vk.to_bytes().to_vec(),
+        PublicIdentity::Rsa(der) => der.as_ref().clone(),
+    };
     let mut h = sha2::Sha256::new();
-    for part in [member.as_bytes(), digest, sig] {
+    for part in [member.as_bytes(), &key_bytes, digest, sig] {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part);
     }
