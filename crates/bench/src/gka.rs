@@ -282,14 +282,19 @@ fn halves<G: Group>(base: &Testbed<G>, p: ProtocolId, n: usize) -> Testbed<G> {
     let mut tb = base.clone();
     tb.share_verifications(true);
     tb.parallel = true;
-    let action = parse(&script_for("partition", n))
+    run_event(&mut tb, p, "partition", n);
+    tb
+}
+
+/// Applies `event` to `tb` and delivers every message it causes.
+fn run_event<G: Group>(tb: &mut Testbed<G>, p: ProtocolId, event: &str, n: usize) {
+    let action: Action = parse(&script_for(event, n))
         .expect("event parses")
         .remove(0)
         .action;
-    tb.apply(&action).expect("the group splits");
+    tb.apply(&action).expect("event applies");
     tb.run_until_quiet();
-    assert!(tb.errors.is_empty(), "{p:?} n={n}: {:?}", tb.errors);
-    tb
+    assert!(tb.errors.is_empty(), "{p:?} {event} n={n}: {:?}", tb.errors);
 }
 
 /// One measured event.
@@ -321,13 +326,7 @@ fn measure_one<G: Group>(
     tb.parallel = share;
     let before = tb.records.len();
     tb.record();
-    let action: Action = parse(&script_for(event, n))
-        .expect("event parses")
-        .remove(0)
-        .action;
-    tb.apply(&action).expect("event applies");
-    tb.run_until_quiet();
-    assert!(tb.errors.is_empty(), "{p:?} {event} n={n}: {:?}", tb.errors);
+    run_event(&mut tb, p, event, n);
     let mut rec = tb.records[before..]
         .iter()
         .rev()
