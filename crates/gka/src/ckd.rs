@@ -197,7 +197,7 @@ impl<G: Group> KeyAgreement for Ckd<G> {
             Some(s) if s.controller == controller && side.contains(&controller) => s
                 .channels
                 .iter()
-                .filter(|(m, _)| side.contains(*m))
+                .filter(|(m, _)| side.contains(m))
                 .map(|(m, k)| (m.clone(), k.clone()))
                 .collect(),
             _ => BTreeMap::new(),

@@ -42,10 +42,12 @@ macro_rules! forward_to_core {
 use crate::api::{
     Dest, GkaError, GroupViewId, MemberId, Order, SecureView, SharedDirectory, Transmit, View,
 };
+use crate::members::{MemberSet, Members};
 use conclave_crypto::{GroupKey, Identity, Meter};
 use conclave_wire::gka::{Envelope, ProtocolId, MAX_MEMBERS, MAX_NAME_BYTES};
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 
 /// The most messages one member may have applied in one run. The busiest sender is a TGDH
 /// sponsor of a partition, with one broadcast per level of the tree; nothing needs more than one
@@ -64,13 +66,11 @@ pub(crate) struct Core {
     outbox: VecDeque<Transmit>,
     keys: VecDeque<SecureView>,
     pub view: Option<View>,
-    /// The current view's members as a set, built once per view.
-    pub member_set: std::sync::Arc<BTreeSet<MemberId>>,
-    /// Each member's position in the current view's agreed order, built once per view: a
-    /// message's sender is found in constant time, not by a walk through n names.
-    positions: std::collections::HashMap<MemberId, usize>,
+    /// The current view's members with their positions in its agreed order, built once per
+    /// view: a message's sender is found in constant time, not by a walk through n names.
+    pub member_set: Members,
     /// Members known to share this member's secure state (see the module doc).
-    pub side: std::sync::Arc<BTreeSet<MemberId>>,
+    pub side: Members,
     /// Signatures of the messages already applied in the current run. Both schemes sign
     /// deterministically, so a replayed message carries a signature seen before, and a signature
     /// identifies its message without hashing the whole message again.
@@ -119,7 +119,6 @@ impl Core {
             keys: VecDeque::new(),
             view: None,
             member_set: Default::default(),
-            positions: Default::default(),
             side: Default::default(),
             seen: HashSet::new(),
             per_sender: Default::default(),
@@ -137,10 +136,8 @@ impl Core {
         if view.members.is_empty() || view.members.len() > MAX_MEMBERS {
             return Err(GkaError::InvalidView("member count out of range"));
         }
-        let set: BTreeSet<&MemberId> = view.members.iter().collect();
-        if set.len() != view.members.len() {
-            return Err(GkaError::InvalidView("duplicate member"));
-        }
+        let set =
+            MemberSet::of_view(&view.members).ok_or(GkaError::InvalidView("duplicate member"))?;
         if view
             .members
             .iter()
@@ -163,24 +160,20 @@ impl Core {
                 return Err(GkaError::InvalidView("view id does not increase"));
             }
         }
-        let trans: BTreeSet<MemberId> = view.transitional.iter().cloned().collect();
-        let mut side: BTreeSet<MemberId> = if self.side.is_empty() {
-            BTreeSet::from([self.me.clone()])
-        } else {
-            self.side.intersection(&trans).cloned().collect()
-        };
-        side.insert(self.me.clone());
-        self.side = std::sync::Arc::new(side);
+        // The side shrinks to the members that moved with this one; when none left it, the
+        // shared set is kept as it is.
+        let trans: HashSet<&str> = view.transitional.iter().map(String::as_str).collect();
+        if self.side.is_empty() {
+            self.side = Arc::new(MemberSet::single(&self.me));
+        } else if !self.side.contains(&self.me) || !self.side.names().all(|m| trans.contains(m)) {
+            let mut side = self.side.filtered(|m| trans.contains(m));
+            side.insert(&self.me);
+            self.side = Arc::new(side);
+        }
         self.outbox.retain(|t| t.view_id == view.view_id);
         self.seen.clear();
         self.per_sender.clear();
-        self.member_set = std::sync::Arc::new(set.into_iter().cloned().collect());
-        self.positions = view
-            .members
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (m.clone(), i))
-            .collect();
+        self.member_set = Arc::new(set);
         self.members_hash = members_digest(&view.members);
         self.view = Some(view);
         self.in_progress = true;
@@ -189,7 +182,7 @@ impl Core {
 
     /// `member`'s position in the current view's agreed order.
     pub fn position(&self, member: &str) -> Option<usize> {
-        self.positions.get(member).copied()
+        self.member_set.position(member)
     }
 
     pub fn view(&self) -> Result<&View, GkaError> {
@@ -331,19 +324,20 @@ impl Core {
 
     /// Marks the run complete: the whole view becomes this member's side.
     pub fn complete(&mut self, secret: &[u8], key_context: &[u8]) -> Result<(), GkaError> {
-        let view = self.view()?.clone();
-        let key = derive_group_key(self.protocol, &view, secret, key_context);
+        let view = self.view()?;
+        let key = derive_group_key(self.protocol, view, secret, key_context);
         let secret_fp = GroupKey::from_bytes(Sha256::digest(secret).into()).fingerprint();
-        self.epoch += 1;
-        self.keys.push_back(SecureView {
+        let secure = SecureView {
             group: view.group.clone(),
             view_id: view.view_id,
-            epoch: self.epoch,
+            epoch: self.epoch + 1,
             members: view.members.clone(),
             key,
             secret_fingerprint: secret_fp,
-        });
-        self.side = std::sync::Arc::new(view.members.iter().cloned().collect());
+        };
+        self.epoch += 1;
+        self.keys.push_back(secure);
+        self.side = self.member_set.clone();
         self.in_progress = false;
         Ok(())
     }
@@ -496,7 +490,7 @@ mod tests {
             |id| id.index += 1,
         ];
         let key = |v: &View| derive_group_key(ProtocolId::Bd, v, b"secret", b"").fingerprint();
-        let mut keys = BTreeSet::from([key(&view(4, 7)).to_string()]);
+        let mut keys = std::collections::BTreeSet::from([key(&view(4, 7)).to_string()]);
         for change in changes {
             let mut v = view(4, 7);
             change(&mut v.view_id);

@@ -214,7 +214,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
         let base_roster: Vec<MemberId> = secure
             .roster
             .iter()
-            .filter(|m| side.contains(*m))
+            .filter(|m| side.contains(m))
             .cloned()
             .collect();
         if base_roster.len() != side.len() {
@@ -255,7 +255,7 @@ impl<G: Group> KeyAgreement for Gdh<G> {
             let chain: Vec<MemberId> = view
                 .members
                 .iter()
-                .filter(|m| !side.contains(*m))
+                .filter(|m| !side.contains(m))
                 .cloned()
                 .collect();
             let mut roster = base_roster.clone();
@@ -387,8 +387,12 @@ impl<G: Group> KeyAgreement for Gdh<G> {
                         "downflow not from the last member of the roster",
                     ));
                 }
-                let set: BTreeSet<MemberId> = roster.iter().cloned().collect();
-                if set != *view_members || set.len() != roster.len() {
+                let distinct: std::collections::HashSet<&str> =
+                    roster.iter().map(String::as_str).collect();
+                if roster.len() != view_members.len()
+                    || distinct.len() != roster.len()
+                    || !roster.iter().all(|m| view_members.contains(m))
+                {
                     return Err(GkaError::Misplaced("downflow roster is not the view"));
                 }
                 let token = ops::decode::<G>(&mut self.core.meter, &token)?;

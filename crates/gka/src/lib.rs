@@ -13,6 +13,7 @@ pub mod bd;
 pub mod ckd;
 pub mod gdh;
 pub mod kat;
+mod members;
 mod ops;
 pub mod script;
 pub mod str_proto;

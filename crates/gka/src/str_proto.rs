@@ -32,6 +32,7 @@ use crate::api::{
     Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, View,
 };
 use crate::core::Core;
+use crate::members::MemberSet;
 use crate::ops;
 use crate::tree::{Bk, BkData};
 use conclave_crypto::{CryptoRng, Group, Identity, Meter};
@@ -111,7 +112,7 @@ impl<G: Group> Chain<G> {
         }
     }
     /// Keeps only `keep`; returns the position from which nodes are invalid (len if none).
-    fn prune(&mut self, keep: &BTreeSet<MemberId>) -> usize {
+    fn prune(&mut self, keep: &MemberSet) -> usize {
         let mut lowest = None;
         let mut out = Chain::<G> {
             members: vec![],
@@ -121,7 +122,7 @@ impl<G: Group> Chain<G> {
             node_key: vec![],
         };
         for i in 0..self.len() {
-            if keep.contains(&*self.members[i]) {
+            if keep.contains(&self.members[i]) {
                 out.members.push(self.members[i].clone());
                 out.leaf_bk.push(self.leaf_bk[i].clone());
                 out.node_bk.push(if lowest.is_none() {
@@ -581,8 +582,8 @@ impl<G: Group> Str<G> {
         msg: StrMsg,
         sender: &str,
         me: &str,
-        members: &BTreeSet<MemberId>,
-        side: &BTreeSet<MemberId>,
+        members: &MemberSet,
+        side: &MemberSet,
     ) -> Result<(), GkaError> {
         let run = self.run.as_ref().expect("checked by caller");
         let size_ok = |b: &[u8]| b.len() == G::ELEMENT_BYTES;

@@ -46,7 +46,7 @@ use crate::api::{
 };
 use crate::core::Core;
 use crate::ops;
-use crate::tree::{Bk, BkData, Node};
+use crate::tree::{Bk, BkData, Node, PathIndex};
 use conclave_crypto::{CryptoRng, Group, Identity};
 use conclave_wire::gka::{NodePath, ProtocolId, TgdhMsg};
 use std::collections::BTreeSet;
@@ -77,9 +77,8 @@ struct Run<G: Group> {
     side_fresh: bool,
     /// Merge round 1: this member refreshes its leaf once the trees are merged.
     refresh_me: bool,
-    /// Every member's path in the run's tree, once its shape is settled (a tree walk finds a
-    /// member in `O(n)`: too slow for every message of a large group).
-    paths: std::sync::Arc<std::collections::HashMap<MemberId, NodePath>>,
+    /// Members' paths in the run's tree, once its shape is settled.
+    paths: PathIndex,
     done: bool,
 }
 
@@ -222,13 +221,9 @@ impl<G: Group> Tgdh<G> {
     fn compute(&mut self, mut tree: Node<G>, mut extra: PathBks<G>) -> Result<(), GkaError> {
         let me = self.core.me.clone();
         let run = self.run.as_mut().expect("run in progress");
-        if run.paths.is_empty() {
-            run.paths = std::sync::Arc::new(tree.paths());
-        }
         let path = run
             .paths
-            .get(&me)
-            .cloned()
+            .get(&tree, &me)
             .ok_or(GkaError::Misplaced("member missing from its tree"))?;
         let merge = run.merge;
         let step = advance(
@@ -366,6 +361,12 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
         let me = self.core.me.clone();
         let side = self.core.side.clone();
         let (tree, mut refreshers) = match self.secure.clone() {
+            // The secure tree's leaves are the side it completed with, and a side only shrinks:
+            // one of the same size is that side, and nothing need be pruned.
+            Some(t) if t.size() == side.len() => {
+                debug_assert!(t.leaves().iter().all(|m| side.contains(m)));
+                (Some(t), Vec::new())
+            }
             Some(t) => t.prune(&side),
             None => (None, Vec::new()),
         };
@@ -452,7 +453,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
                 tree.bk().map(|b| b.bytes().to_vec())
             };
             let nodes = tree
-                .to_shape(&self.core.view()?.members)
+                .to_shape(&self.core.member_set)
                 .map_err(GkaError::Misplaced)?;
             self.core.send(
                 Dest::Broadcast,
@@ -534,10 +535,7 @@ impl<G: Group> Tgdh<G> {
                 }
                 let leaves = t.leaves();
                 if side.contains(sender) {
-                    if run.got_own
-                        || fresh != run.side_fresh
-                        || run.tree.to_shape(view_members).ok().as_deref() != Some(&nodes[..])
-                    {
+                    if run.got_own || fresh != run.side_fresh || !run.tree.same_shape(&t) {
                         return Err(GkaError::Misplaced(
                             "unexpected tree from this member's own side",
                         ));
@@ -593,11 +591,11 @@ impl<G: Group> Tgdh<G> {
                         "blinded keys before the trees were merged",
                     ));
                 }
+                let run = self.run.as_mut().expect("checked");
                 let mut tree = run.tree.clone();
                 let sender_path = run
                     .paths
-                    .get(sender)
-                    .cloned()
+                    .get(&tree, sender)
                     .ok_or(GkaError::Misplaced("sender not in the tree"))?;
                 for (p, bk) in &bks {
                     // A node on the sender's path, or a child of one (its co-path, in a merge).

@@ -12,9 +12,9 @@
 //! below the root is stale any more.
 
 use crate::api::MemberId;
+use crate::members::MemberSet;
 use conclave_crypto::Group;
 use conclave_wire::gka::{NodePath, ShapeNode, MAX_PATH_BITS};
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// A group element kept with its encoding: a blinded key, or a GDH partial key. Received values
@@ -54,6 +54,33 @@ impl<G: Group> BkData<G> {
     }
     pub fn elem(&self) -> &G::Element {
         &self.elem
+    }
+}
+
+/// Members' paths in one tree shape. A join needs two or three, found by walking the tree; a
+/// group that forms by merging singletons hears from a sponsor at many nodes, so once lookups
+/// are many every path is indexed in one walk.
+#[derive(Clone, Default)]
+pub(crate) struct PathIndex {
+    all: Option<Arc<std::collections::HashMap<MemberId, NodePath>>>,
+    walks: u32,
+}
+
+impl PathIndex {
+    /// Walks allowed before indexing every member.
+    const WALKS: u32 = 8;
+    /// `member`'s path in `tree`, which must have the shape of every tree asked about before.
+    pub fn get<G: Group>(&mut self, tree: &Node<G>, member: &str) -> Option<NodePath> {
+        if self.all.is_none() && self.walks >= Self::WALKS {
+            self.all = Some(Arc::new(tree.paths()));
+        }
+        match &self.all {
+            Some(all) => all.get(member).cloned(),
+            None => {
+                self.walks += 1;
+                tree.find(member)
+            }
+        }
     }
 }
 
@@ -311,7 +338,7 @@ impl<G: Group> Node<G> {
     /// every node above a removed leaf is stale. Returns `None` if no leaf is kept, and the
     /// rightmost member of every unchanged subtree that moved up (whose new sibling's members
     /// may not know its blinded key).
-    pub fn prune(self, keep: &BTreeSet<MemberId>) -> (Option<Node<G>>, Vec<MemberId>) {
+    pub fn prune(self, keep: &MemberSet) -> (Option<Node<G>>, Vec<MemberId>) {
         let mut promoted = Vec::new();
         let tree = Self::prune_arc(Arc::new(self), keep, &mut promoted)
             .0
@@ -324,12 +351,12 @@ impl<G: Group> Node<G> {
     /// removed leaves.
     fn prune_arc(
         node: Arc<Node<G>>,
-        keep: &BTreeSet<MemberId>,
+        keep: &MemberSet,
         promoted: &mut Vec<MemberId>,
     ) -> (Option<Arc<Node<G>>>, bool) {
         match &*node {
             Node::Leaf { member, .. } => {
-                if keep.contains(&**member) {
+                if keep.contains(member) {
                     (Some(node), false)
                 } else {
                     (None, true)
@@ -462,42 +489,74 @@ impl<G: Group> Node<G> {
             *size = (left.size() + right.size()) as u32;
         }
     }
-    /// The shape in preorder, leaves as their indexes in `members` (the view's member list).
-    pub fn to_shape(&self, members: &[MemberId]) -> Result<Vec<ShapeNode>, &'static str> {
-        let index: std::collections::HashMap<&str, u16> = members
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (m.as_str(), i as u16))
-            .collect();
+    /// The shape in preorder, leaves as their positions in the view whose members are `members`.
+    pub fn to_shape(&self, members: &MemberSet) -> Result<Vec<ShapeNode>, &'static str> {
         let mut out = Vec::with_capacity(2 * self.size());
-        self.to_shape_inner(&index, &mut out)?;
+        self.to_shape_inner(members, &mut out)?;
         Ok(out)
     }
     fn to_shape_inner(
         &self,
-        index: &std::collections::HashMap<&str, u16>,
+        members: &MemberSet,
         out: &mut Vec<ShapeNode>,
     ) -> Result<(), &'static str> {
         match self {
             Node::Leaf { member, stale, .. } => out.push(ShapeNode::Leaf {
-                index: *index.get(&**member).ok_or("tree member outside the view")?,
+                index: members
+                    .position(member)
+                    .and_then(|i| u16::try_from(i).ok())
+                    .ok_or("tree member outside the view")?,
                 stale: *stale,
             }),
             Node::Internal {
                 left, right, stale, ..
             } => {
                 out.push(ShapeNode::Internal { stale: *stale });
-                left.to_shape_inner(index, out)?;
-                right.to_shape_inner(index, out)?;
+                left.to_shape_inner(members, out)?;
+                right.to_shape_inner(members, out)?;
             }
         }
         Ok(())
+    }
+    /// True if both trees have the same shape, members and stale nodes (what `to_shape` sends).
+    pub fn same_shape(&self, other: &Node<G>) -> bool {
+        match (self, other) {
+            (
+                Node::Leaf {
+                    member: a,
+                    stale: sa,
+                    ..
+                },
+                Node::Leaf {
+                    member: b,
+                    stale: sb,
+                    ..
+                },
+            ) => a == b && sa == sb,
+            (
+                Node::Internal {
+                    left: la,
+                    right: ra,
+                    stale: sa,
+                    size: za,
+                    ..
+                },
+                Node::Internal {
+                    left: lb,
+                    right: rb,
+                    stale: sb,
+                    size: zb,
+                    ..
+                },
+            ) => sa == sb && za == zb && la.same_shape(lb) && ra.same_shape(rb),
+            _ => false,
+        }
     }
     /// Rebuilds a tree (no key, no blinded key) from its preorder shape, checking
     /// it is exactly one well-formed tree of distinct members of `members`, no deeper than the
     /// path limit, whose stale nodes have stale ancestors.
     pub fn from_shape(nodes: &[ShapeNode], members: &[MemberId]) -> Result<Node<G>, &'static str> {
-        let mut seen = BTreeSet::new();
+        let mut seen = vec![false; members.len()];
         // Each open internal node, with its left subtree once that is complete.
         let mut stack: Vec<(bool, Option<Node<G>>)> = Vec::new();
         let mut done: Option<Node<G>> = None;
@@ -517,7 +576,7 @@ impl<G: Group> Node<G> {
                     let member = members
                         .get(*index as usize)
                         .ok_or("leaf index outside the view")?;
-                    if !seen.insert(*index) {
+                    if std::mem::replace(&mut seen[*index as usize], true) {
                         return Err("member appears twice in the tree");
                     }
                     let mut leaf = Node::leaf(member);
@@ -621,7 +680,7 @@ mod tests {
                     &Ristretto255::scalar_from_u64(5),
                 ))));
         }
-        let keep: BTreeSet<MemberId> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let keep: MemberSet = ["a", "b", "c"].into_iter().collect();
         let t = t.prune(&keep).0.unwrap();
         assert_eq!(t.size(), 3);
         assert!(t.bk().is_none());
@@ -638,9 +697,11 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let w = t.to_shape(&view).unwrap();
+        let set = MemberSet::of_view(&view).unwrap();
+        let w = t.to_shape(&set).unwrap();
         let back = N::from_shape(&w, &view).unwrap();
-        assert_eq!(back.to_shape(&view).unwrap(), w);
+        assert_eq!(back.to_shape(&set).unwrap(), w);
+        assert!(back.same_shape(&t) && !back.same_shape(&build(&["a", "b", "c", "e", "d"])));
         assert_eq!(back.leaves(), t.leaves());
         assert_eq!(back.size(), 5);
         assert!(back.settled() && back.bk().is_none());
@@ -659,7 +720,8 @@ mod tests {
         assert!(N::from_shape(&[leaf(6)], &view).is_err());
         let twice = [ShapeNode::Internal { stale: false }, leaf(1), leaf(1)];
         assert!(N::from_shape(&twice, &view).is_err());
-        assert!(t.to_shape(&view[1..]).is_err(), "a member outside the view");
+        let fewer = MemberSet::of_view(&view[1..]).unwrap();
+        assert!(t.to_shape(&fewer).is_err(), "a member outside the view");
         // A stale node must have stale ancestors (an event makes whole paths stale).
         let stale_under_settled = [
             ShapeNode::Internal { stale: false },
@@ -685,9 +747,7 @@ mod tests {
     fn pruning_names_the_subtrees_that_moved_up_and_marks_changed_nodes_stale() {
         let t = build(&["a", "b", "c", "d", "e"]);
         assert!(t.settled());
-        let keep = |names: &[&str]| -> BTreeSet<MemberId> {
-            names.iter().map(|s| s.to_string()).collect()
-        };
+        let keep = |names: &[&str]| -> MemberSet { names.iter().collect() };
         let pair_of = |t: &N, m: &str| t.find(m).unwrap();
         let rightmost_of_sibling = {
             let p = pair_of(&t, "e");
