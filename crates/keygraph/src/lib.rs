@@ -17,12 +17,14 @@ pub mod complete;
 pub mod index;
 pub mod member;
 pub mod merkle;
+pub mod register;
 pub mod seal;
 pub mod server;
 pub mod tree;
 
 pub use index::{NodeIndex, Slot};
 pub use member::{Applied, Member, MemberConfig, MemberError};
+pub use register::{RegisterError, Registered, Registrar, Registration};
 pub use server::{
     JoinAck, RekeyStats, Server, ServerConfig, ServerError, ServerEvent, Transmit, UserId,
 };

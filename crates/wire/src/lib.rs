@@ -8,6 +8,7 @@ pub mod client;
 pub mod codec;
 pub mod gcs;
 pub mod gka;
+pub mod keyserver;
 pub mod link;
 pub mod lkh;
 pub mod secure;

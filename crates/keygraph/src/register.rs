@@ -1,0 +1,342 @@
+//! The registration exchange: how a member of a key-graph group gets its individual key from the
+//! key server (docs/keygraph.md, "Registration"). Paper 001 leaves it to "an authentication
+//! exchange" (§2, §5: Keystone used one with each client); this is a signed ephemeral
+//! Diffie-Hellman exchange in three messages, both ends pure state machines.
+//!
+//! 1. The server invites a member it holds no key for, in one group view, with a fresh nonce.
+//! 2. The member answers with an ephemeral element `g^a`, signing the group, both names, the view,
+//!    the nonce and `g^a` with its identity key.
+//! 3. The server checks the member's identity in the directory and its signature, draws `b`, and
+//!    answers with `g^b`, signing the transcript hash `th` of all of the above and `g^b`.
+//!
+//! Both ends derive the individual key as HKDF(`g^ab`, `th`). What this gives, and why:
+//! - no key travels, encrypted or not: a recording of the exchange and both identity keys stolen
+//!   later do not give the individual key (the ephemerals are wiped);
+//! - each side knows whom it shares the key with: the signatures bind both names, the group and
+//!   the view, so a hello cannot be moved to another server, group or view, nor a welcome to
+//!   another member;
+//! - a replayed hello is refused: the nonce it carries is spent by its first use, or belongs to a
+//!   past view; a replayed welcome answers an element the member no longer waits on.
+//!
+//! An invite is not signed: a forged one can only make a member send a hello that the server
+//! refuses (it issued no such nonce).
+
+use conclave_crypto::{CryptoRng, Group, GroupKey, Identity, PublicIdentity, Ristretto255};
+use conclave_wire::client::GroupViewId;
+use conclave_wire::keyserver::{Exchange, RegisterMsg, ELEMENT_BYTES, NONCE_BYTES};
+use conclave_wire::{DecodeError, Writer};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+
+type Scalar = <Ristretto255 as Group>::Scalar;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegisterError {
+    #[error("malformed registration message: {0}")]
+    Decode(#[from] DecodeError),
+    #[error("a registration message of the wrong kind for this end")]
+    WrongKind,
+    #[error("registration message for another group, server or member")]
+    Misaddressed,
+    #[error("registration message from {0}, not from the member or server it names")]
+    WrongSender(String),
+    #[error("hello without a current invitation (stale, replayed or never invited)")]
+    NotInvited,
+    #[error("invitation for view {got:?}, not the current view {current:?}")]
+    StaleView {
+        got: GroupViewId,
+        current: GroupViewId,
+    },
+    #[error("welcome answering no hello this member is waiting on")]
+    NotWaiting,
+    #[error("{0} is not in the directory")]
+    UnknownIdentity(String),
+    #[error("bad signature from {0}")]
+    BadSignature(String),
+    #[error("element is not a valid group element")]
+    BadElement,
+    #[error("signing failed")]
+    Sign,
+}
+
+/// A random nonce from `rng`.
+fn nonce(rng: &mut dyn CryptoRng) -> [u8; NONCE_BYTES] {
+    let mut n = [0u8; NONCE_BYTES];
+    rng.fill_bytes(&mut n);
+    n
+}
+
+fn exchange_bytes(x: &Exchange) -> Vec<u8> {
+    let mut w = Writer::new();
+    x.write(&mut w);
+    w.into_vec()
+}
+
+/// What the member signs.
+fn hello_signed(x: &Exchange, element: &[u8]) -> Vec<u8> {
+    let mut v = b"conclave keyserver hello v1".to_vec();
+    v.extend_from_slice(&exchange_bytes(x));
+    v.extend_from_slice(element);
+    v
+}
+
+/// The transcript hash: everything both ends sent.
+fn transcript(x: &Exchange, member_element: &[u8], server_element: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"conclave keyserver transcript v1");
+    h.update(exchange_bytes(x));
+    h.update(member_element);
+    h.update(server_element);
+    h.finalize().into()
+}
+
+/// What the server signs.
+fn welcome_signed(th: &[u8; 32]) -> Vec<u8> {
+    let mut v = b"conclave keyserver welcome v1".to_vec();
+    v.extend_from_slice(th);
+    v
+}
+
+fn individual_key(shared: &<Ristretto255 as Group>::Element, th: &[u8; 32]) -> GroupKey {
+    let ikm = zeroize::Zeroizing::new(Ristretto255::encode(shared));
+    let info = conclave_crypto::kdf::info(&[b"conclave keyserver individual key v1", th]);
+    GroupKey::from_bytes(*conclave_crypto::kdf::derive::<32>(
+        b"conclave keyserver",
+        &ikm,
+        &info,
+    ))
+}
+
+fn element(bytes: &[u8; ELEMENT_BYTES]) -> Result<<Ristretto255 as Group>::Element, RegisterError> {
+    // The identity element would give a shared secret anyone knows.
+    Ristretto255::decode(bytes, false).map_err(|_| RegisterError::BadElement)
+}
+
+fn encoded(e: &<Ristretto255 as Group>::Element) -> [u8; ELEMENT_BYTES] {
+    Ristretto255::encode(e)
+        .try_into()
+        .expect("a Ristretto255 element is 32 bytes")
+}
+
+/// The server's end: invitations out, hellos in.
+pub struct Registrar {
+    group: String,
+    server: String,
+    identity: Identity,
+    /// Each invited member's view and nonce; a nonce is spent by the hello that uses it.
+    invited: HashMap<String, (GroupViewId, [u8; NONCE_BYTES])>,
+}
+
+/// A member the server has just registered.
+pub struct Registered {
+    pub member: String,
+    pub key: GroupKey,
+    /// The welcome to send the member.
+    pub welcome: Vec<u8>,
+}
+
+impl Registrar {
+    pub fn new(group: &str, server: &str, identity: Identity) -> Registrar {
+        Registrar {
+            group: group.to_owned(),
+            server: server.to_owned(),
+            identity,
+            invited: HashMap::new(),
+        }
+    }
+
+    /// An invitation for `member` in `view`, replacing any earlier one.
+    pub fn invite(&mut self, member: &str, view: GroupViewId, rng: &mut dyn CryptoRng) -> Vec<u8> {
+        let n = nonce(rng);
+        self.invited.insert(member.to_owned(), (view, n));
+        RegisterMsg::Invite(Exchange {
+            group: self.group.clone(),
+            server: self.server.clone(),
+            member: member.to_owned(),
+            view,
+            nonce: n,
+        })
+        .encode()
+    }
+
+    /// A new view: invitations of earlier views are void (their members are invited again if
+    /// they are still unregistered).
+    pub fn new_view(&mut self) {
+        self.invited.clear();
+    }
+
+    /// Members invited and not yet registered.
+    pub fn waiting(&self) -> usize {
+        self.invited.len()
+    }
+
+    /// A hello from `from` (as the daemons name the sender). `identity_of` is the directory.
+    pub fn handle_hello(
+        &mut self,
+        from: &str,
+        bytes: &[u8],
+        identity_of: &dyn Fn(&str) -> Option<PublicIdentity>,
+        rng: &mut dyn CryptoRng,
+    ) -> Result<Registered, RegisterError> {
+        let RegisterMsg::Hello {
+            exchange,
+            element: member_element,
+            signature,
+        } = RegisterMsg::decode(bytes)?
+        else {
+            return Err(RegisterError::WrongKind);
+        };
+        if exchange.group != self.group || exchange.server != self.server {
+            return Err(RegisterError::Misaddressed);
+        }
+        if exchange.member != from {
+            return Err(RegisterError::WrongSender(from.to_owned()));
+        }
+        match self.invited.get(from) {
+            Some((view, n)) if *view == exchange.view && *n == exchange.nonce => {}
+            _ => return Err(RegisterError::NotInvited),
+        }
+        let public =
+            identity_of(from).ok_or_else(|| RegisterError::UnknownIdentity(from.to_owned()))?;
+        public
+            .verify(&hello_signed(&exchange, &member_element), &signature)
+            .map_err(|_| RegisterError::BadSignature(from.to_owned()))?;
+        let theirs = element(&member_element)?;
+        self.invited.remove(from);
+        let b: Scalar = Ristretto255::random_scalar(rng);
+        let ours = encoded(&Ristretto255::exp_g(&b));
+        let th = transcript(&exchange, &member_element, &ours);
+        let key = individual_key(&Ristretto255::exp(&theirs, &b), &th);
+        let signature = self
+            .identity
+            .sign(&welcome_signed(&th))
+            .map_err(|_| RegisterError::Sign)?;
+        let welcome = RegisterMsg::Welcome {
+            exchange,
+            member_element,
+            element: ours,
+            signature,
+        }
+        .encode();
+        Ok(Registered {
+            member: from.to_owned(),
+            key,
+            welcome,
+        })
+    }
+}
+
+/// A member's end: invitations in, hellos out, the individual key from the welcome.
+pub struct Registration {
+    group: String,
+    me: String,
+    server: String,
+    identity: Identity,
+    server_identity: PublicIdentity,
+    pending: Option<Pending>,
+}
+
+struct Pending {
+    exchange: Exchange,
+    element: [u8; ELEMENT_BYTES],
+    /// Wiped when dropped (`WipedScalar`).
+    secret: Scalar,
+}
+
+impl Registration {
+    pub fn new(
+        group: &str,
+        me: &str,
+        server: &str,
+        identity: Identity,
+        server_identity: PublicIdentity,
+    ) -> Registration {
+        Registration {
+            group: group.to_owned(),
+            me: me.to_owned(),
+            server: server.to_owned(),
+            identity,
+            server_identity,
+            pending: None,
+        }
+    }
+
+    /// Whether a hello is waiting for its welcome.
+    pub fn waiting(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// An invitation from `from`, received in `view`; returns the hello to send the server.
+    pub fn handle_invite(
+        &mut self,
+        from: &str,
+        bytes: &[u8],
+        view: GroupViewId,
+        rng: &mut dyn CryptoRng,
+    ) -> Result<Vec<u8>, RegisterError> {
+        let RegisterMsg::Invite(exchange) = RegisterMsg::decode(bytes)? else {
+            return Err(RegisterError::WrongKind);
+        };
+        self.addressed(from, &exchange)?;
+        if exchange.view != view {
+            return Err(RegisterError::StaleView {
+                got: exchange.view,
+                current: view,
+            });
+        }
+        let secret: Scalar = Ristretto255::random_scalar(rng);
+        let element = encoded(&Ristretto255::exp_g(&secret));
+        let signature = self
+            .identity
+            .sign(&hello_signed(&exchange, &element))
+            .map_err(|_| RegisterError::Sign)?;
+        let hello = RegisterMsg::Hello {
+            exchange: exchange.clone(),
+            element,
+            signature,
+        }
+        .encode();
+        self.pending = Some(Pending {
+            exchange,
+            element,
+            secret,
+        });
+        Ok(hello)
+    }
+
+    /// The server's welcome: the individual key.
+    pub fn handle_welcome(&mut self, from: &str, bytes: &[u8]) -> Result<GroupKey, RegisterError> {
+        let RegisterMsg::Welcome {
+            exchange,
+            member_element,
+            element: server_element,
+            signature,
+        } = RegisterMsg::decode(bytes)?
+        else {
+            return Err(RegisterError::WrongKind);
+        };
+        self.addressed(from, &exchange)?;
+        let pending = match &self.pending {
+            Some(p) if p.exchange == exchange && p.element == member_element => p,
+            _ => return Err(RegisterError::NotWaiting),
+        };
+        let th = transcript(&exchange, &member_element, &server_element);
+        self.server_identity
+            .verify(&welcome_signed(&th), &signature)
+            .map_err(|_| RegisterError::BadSignature(from.to_owned()))?;
+        let theirs = element(&server_element)?;
+        let key = individual_key(&Ristretto255::exp(&theirs, &pending.secret), &th);
+        self.pending = None;
+        Ok(key)
+    }
+
+    fn addressed(&self, from: &str, x: &Exchange) -> Result<(), RegisterError> {
+        if from != self.server {
+            return Err(RegisterError::WrongSender(from.to_owned()));
+        }
+        if x.group != self.group || x.server != self.server || x.member != self.me {
+            return Err(RegisterError::Misaddressed);
+        }
+        Ok(())
+    }
+}
