@@ -1,5 +1,6 @@
 //! The registration decoder never panics, and what decodes re-encodes to the same bytes; both
-//! ends of the exchange fed the same bytes return an error or a result, never panic.
+//! ends of the exchange, fed the input or a genuine message altered by it, return an error or a
+//! result, never panic; and an altered message never registers anyone.
 #![no_main]
 use conclave_crypto::Identity;
 use conclave_keygraph::{Registrar, Registration};
@@ -8,6 +9,18 @@ use conclave_wire::gcs::RingId;
 use conclave_wire::keyserver::RegisterMsg;
 use libfuzzer_sys::fuzz_target;
 use rand_chacha::rand_core::SeedableRng;
+
+/// `genuine` with `data` XORed over it (and whatever of `data` is longer, appended).
+fn altered(genuine: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut out = genuine.to_vec();
+    for (i, d) in data.iter().enumerate() {
+        match out.get_mut(i) {
+            Some(b) => *b ^= d,
+            None => out.push(*d),
+        }
+    }
+    out
+}
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(msg) = RegisterMsg::decode(data) {
@@ -25,11 +38,39 @@ fuzz_target!(|data: &[u8]| {
         index: 1,
     };
     let member_public = member.public();
-    let mut registrar = Registrar::new("g", "s", server.clone());
-    let _ = registrar.invite("m", view, &mut rng);
     let lookup = |_: &str| Some(member_public.clone());
-    let _ = registrar.handle_hello("m", data, &lookup, &mut rng);
-    let mut registration = Registration::new("g", "m", "s", member, server.public());
+    let mut registrar = Registrar::new("g", "s", server.clone()).expect("names");
+    let mut registration = Registration::new("g", "m", "s", member, server.public()).expect("names");
+    let changed = data.iter().any(|&b| b != 0);
+
+    // The member side: an invite, then welcomes.
+    let invite = registrar.invite("m", view, &mut rng).expect("invite");
     let _ = registration.handle_invite("s", data, view, &mut rng);
+    if changed {
+        let bad = registration.handle_invite("s", &altered(&invite, data), view, &mut rng);
+        assert!(bad.is_err(), "an altered invite was taken");
+    }
+    let hello = registration
+        .handle_invite("s", &invite, view, &mut rng)
+        .expect("the genuine invite");
     let _ = registration.handle_welcome("s", data);
+
+    // The server side: hellos, the genuine one last.
+    let mut admit = |_: &str, _: &conclave_crypto::GroupKey| Ok(vec![1]);
+    let _ = registrar.handle_hello("m", data, &lookup, &mut admit, &mut rng);
+    if changed {
+        let bad = registrar.handle_hello("m", &altered(&hello, data), &lookup, &mut admit, &mut rng);
+        assert!(bad.is_err(), "an altered hello registered");
+    }
+    let welcome = registrar
+        .handle_hello("m", &hello, &lookup, &mut admit, &mut rng)
+        .expect("the genuine hello")
+        .welcome;
+    if changed {
+        let bad = registration.handle_welcome("s", &altered(&welcome, data));
+        assert!(bad.is_err(), "an altered welcome was taken");
+    }
+    registration
+        .handle_welcome("s", &welcome)
+        .expect("the genuine welcome");
 });

@@ -3,11 +3,14 @@
 //! exchange" (§2, §5: Keystone used one with each client); this is a signed ephemeral
 //! Diffie-Hellman exchange in three messages, both ends pure state machines.
 //!
-//! 1. The server invites a member it holds no key for, in one group view, with a fresh nonce.
+//! 1. The server invites a member it holds no key for, in one group view, with a fresh nonce,
+//!    and signs the invitation.
 //! 2. The member answers with an ephemeral element `g^a`, signing the group, both names, the view,
 //!    the nonce and `g^a` with its identity key.
-//! 3. The server checks the member's identity in the directory and its signature, draws `b`, and
-//!    answers with `g^b`, signing the transcript hash `th` of all of the above and `g^b`.
+//! 3. The server checks the member's identity in the directory and its signature, draws `b`,
+//!    admits the member to the key graph under the new key, and answers with `g^b` and the
+//!    admission (the member's place in the graph), signing the transcript hash `th` of all of the
+//!    above and `g^b`, and the admission.
 //!
 //! Both ends derive the individual key as HKDF(`g^ab`, `th`). What this gives, and why:
 //! - no key travels, encrypted or not: a recording of the exchange and both identity keys stolen
@@ -16,14 +19,17 @@
 //!   the view, so a hello cannot be moved to another server, group or view, nor a welcome to
 //!   another member;
 //! - a replayed hello is refused: the nonce it carries is spent by its first use, or belongs to a
-//!   past view; a replayed welcome answers an element the member no longer waits on.
-//!
-//! An invite is not signed: a forged one can only make a member send a hello that the server
-//! refuses (it issued no such nonce).
+//!   past view; a replayed welcome answers an element the member no longer waits on;
+//! - a replayed invite gets the hello it got the first time (the same element), so the welcome
+//!   that answers either copy still registers the member. The invite is signed so that nobody
+//!   but the server can make a member draw and keep ephemerals.
 
 use conclave_crypto::{CryptoRng, Group, GroupKey, Identity, PublicIdentity, Ristretto255};
 use conclave_wire::client::GroupViewId;
-use conclave_wire::keyserver::{Exchange, RegisterMsg, ELEMENT_BYTES, NONCE_BYTES};
+use conclave_wire::gcs::MAX_NAME_BYTES;
+use conclave_wire::keyserver::{
+    Exchange, RegisterMsg, ELEMENT_BYTES, MAX_ADMISSION_BYTES, NONCE_BYTES,
+};
 use conclave_wire::{DecodeError, Writer};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -55,6 +61,10 @@ pub enum RegisterError {
     BadSignature(String),
     #[error("element is not a valid group element")]
     BadElement,
+    #[error("the server could not admit the member: {0}")]
+    Admission(String),
+    #[error("a group, server or member name must be 1 to {MAX_NAME_BYTES} bytes")]
+    BadName,
     #[error("signing failed")]
     Sign,
 }
@@ -70,6 +80,20 @@ fn exchange_bytes(x: &Exchange) -> Vec<u8> {
     let mut w = Writer::new();
     x.write(&mut w);
     w.into_vec()
+}
+
+/// What the server signs to invite.
+fn invite_signed(x: &Exchange) -> Vec<u8> {
+    let mut v = b"conclave keyserver invite v1".to_vec();
+    v.extend_from_slice(&exchange_bytes(x));
+    v
+}
+
+fn check_name(n: &str) -> Result<(), RegisterError> {
+    if n.is_empty() || n.len() > MAX_NAME_BYTES {
+        return Err(RegisterError::BadName);
+    }
+    Ok(())
 }
 
 /// What the member signs.
@@ -91,14 +115,18 @@ fn transcript(x: &Exchange, member_element: &[u8], server_element: &[u8]) -> [u8
 }
 
 /// What the server signs.
-fn welcome_signed(th: &[u8; 32]) -> Vec<u8> {
+fn welcome_signed(th: &[u8; 32], admission: &[u8]) -> Vec<u8> {
     let mut v = b"conclave keyserver welcome v1".to_vec();
     v.extend_from_slice(th);
+    v.extend_from_slice(&(admission.len() as u32).to_be_bytes());
+    v.extend_from_slice(admission);
     v
 }
 
-fn individual_key(shared: &<Ristretto255 as Group>::Element, th: &[u8; 32]) -> GroupKey {
-    let ikm = zeroize::Zeroizing::new(Ristretto255::encode(shared));
+/// The individual key from the shared element, which is wiped.
+fn individual_key(mut shared: <Ristretto255 as Group>::Element, th: &[u8; 32]) -> GroupKey {
+    let ikm = zeroize::Zeroizing::new(Ristretto255::encode(&shared));
+    zeroize::Zeroize::zeroize(&mut shared);
     let info = conclave_crypto::kdf::info(&[b"conclave keyserver individual key v1", th]);
     GroupKey::from_bytes(*conclave_crypto::kdf::derive::<32>(
         b"conclave keyserver",
@@ -136,27 +164,43 @@ pub struct Registered {
 }
 
 impl Registrar {
-    pub fn new(group: &str, server: &str, identity: Identity) -> Registrar {
-        Registrar {
+    pub fn new(group: &str, server: &str, identity: Identity) -> Result<Registrar, RegisterError> {
+        check_name(group)?;
+        check_name(server)?;
+        Ok(Registrar {
             group: group.to_owned(),
             server: server.to_owned(),
             identity,
             invited: HashMap::new(),
-        }
+        })
     }
 
-    /// An invitation for `member` in `view`, replacing any earlier one.
-    pub fn invite(&mut self, member: &str, view: GroupViewId, rng: &mut dyn CryptoRng) -> Vec<u8> {
-        let n = nonce(rng);
-        self.invited.insert(member.to_owned(), (view, n));
-        RegisterMsg::Invite(Exchange {
+    /// A signed invitation for `member` in `view`, replacing any earlier one.
+    pub fn invite(
+        &mut self,
+        member: &str,
+        view: GroupViewId,
+        rng: &mut dyn CryptoRng,
+    ) -> Result<Vec<u8>, RegisterError> {
+        check_name(member)?;
+        let exchange = Exchange {
             group: self.group.clone(),
             server: self.server.clone(),
             member: member.to_owned(),
             view,
-            nonce: n,
-        })
-        .encode()
+            nonce: nonce(rng),
+        };
+        let signature = self
+            .identity
+            .sign(&invite_signed(&exchange))
+            .map_err(|_| RegisterError::Sign)?;
+        self.invited
+            .insert(member.to_owned(), (view, exchange.nonce));
+        Ok(RegisterMsg::Invite {
+            exchange,
+            signature,
+        }
+        .encode())
     }
 
     /// A new view: invitations of earlier views are void (their members are invited again if
@@ -170,12 +214,17 @@ impl Registrar {
         self.invited.len()
     }
 
-    /// A hello from `from` (as the daemons name the sender). `identity_of` is the directory.
+    /// A hello from `from` (as the daemons name the sender). `identity_of` is the directory;
+    /// `admit` admits the member under its new individual key and returns what the welcome tells
+    /// it (at most `MAX_ADMISSION_BYTES`). Until `admit` succeeds nothing is spent: a refused
+    /// hello leaves the invitation standing. Once it has, the invitation is spent (a replay must
+    /// not admit the member twice); should signing then fail, the caller undoes the admission.
     pub fn handle_hello(
         &mut self,
         from: &str,
         bytes: &[u8],
         identity_of: &dyn Fn(&str) -> Option<PublicIdentity>,
+        admit: &mut dyn FnMut(&str, &GroupKey) -> Result<Vec<u8>, RegisterError>,
         rng: &mut dyn CryptoRng,
     ) -> Result<Registered, RegisterError> {
         let RegisterMsg::Hello {
@@ -202,19 +251,24 @@ impl Registrar {
             .verify(&hello_signed(&exchange, &member_element), &signature)
             .map_err(|_| RegisterError::BadSignature(from.to_owned()))?;
         let theirs = element(&member_element)?;
-        self.invited.remove(from);
         let b: Scalar = Ristretto255::random_scalar(rng);
         let ours = encoded(&Ristretto255::exp_g(&b));
         let th = transcript(&exchange, &member_element, &ours);
-        let key = individual_key(&Ristretto255::exp(&theirs, &b), &th);
+        let key = individual_key(Ristretto255::exp(&theirs, &b), &th);
+        let admission = admit(from, &key)?;
+        self.invited.remove(from);
+        if admission.len() > MAX_ADMISSION_BYTES {
+            return Err(RegisterError::Admission("admission too long".into()));
+        }
         let signature = self
             .identity
-            .sign(&welcome_signed(&th))
+            .sign(&welcome_signed(&th, &admission))
             .map_err(|_| RegisterError::Sign)?;
         let welcome = RegisterMsg::Welcome {
             exchange,
             member_element,
             element: ours,
+            admission,
             signature,
         }
         .encode();
@@ -226,6 +280,13 @@ impl Registrar {
     }
 }
 
+/// What a member learns from a welcome.
+pub struct Welcomed {
+    pub key: GroupKey,
+    /// What the server told it on admitting it (signed with the rest).
+    pub admission: Vec<u8>,
+}
+
 /// A member's end: invitations in, hellos out, the individual key from the welcome.
 pub struct Registration {
     group: String,
@@ -233,12 +294,18 @@ pub struct Registration {
     server: String,
     identity: Identity,
     server_identity: PublicIdentity,
-    pending: Option<Pending>,
+    /// Hellos sent and not yet answered, newest last: the server may invite again in one view
+    /// (and a replayed invite must get the hello it got the first time).
+    pending: Vec<Pending>,
 }
+
+/// Unanswered hellos kept at once.
+const MAX_PENDING: usize = 4;
 
 struct Pending {
     exchange: Exchange,
     element: [u8; ELEMENT_BYTES],
+    hello: Vec<u8>,
     /// Wiped when dropped (`WipedScalar`).
     secret: Scalar,
 }
@@ -250,20 +317,23 @@ impl Registration {
         server: &str,
         identity: Identity,
         server_identity: PublicIdentity,
-    ) -> Registration {
-        Registration {
+    ) -> Result<Registration, RegisterError> {
+        for n in [group, me, server] {
+            check_name(n)?;
+        }
+        Ok(Registration {
             group: group.to_owned(),
             me: me.to_owned(),
             server: server.to_owned(),
             identity,
             server_identity,
-            pending: None,
-        }
+            pending: Vec::new(),
+        })
     }
 
     /// Whether a hello is waiting for its welcome.
     pub fn waiting(&self) -> bool {
-        self.pending.is_some()
+        !self.pending.is_empty()
     }
 
     /// An invitation from `from`, received in `view`; returns the hello to send the server.
@@ -274,7 +344,11 @@ impl Registration {
         view: GroupViewId,
         rng: &mut dyn CryptoRng,
     ) -> Result<Vec<u8>, RegisterError> {
-        let RegisterMsg::Invite(exchange) = RegisterMsg::decode(bytes)? else {
+        let RegisterMsg::Invite {
+            exchange,
+            signature,
+        } = RegisterMsg::decode(bytes)?
+        else {
             return Err(RegisterError::WrongKind);
         };
         self.addressed(from, &exchange)?;
@@ -283,6 +357,12 @@ impl Registration {
                 got: exchange.view,
                 current: view,
             });
+        }
+        self.server_identity
+            .verify(&invite_signed(&exchange), &signature)
+            .map_err(|_| RegisterError::BadSignature(from.to_owned()))?;
+        if let Some(p) = self.pending.iter().find(|p| p.exchange == exchange) {
+            return Ok(p.hello.clone());
         }
         let secret: Scalar = Ristretto255::random_scalar(rng);
         let element = encoded(&Ristretto255::exp_g(&secret));
@@ -296,38 +376,47 @@ impl Registration {
             signature,
         }
         .encode();
-        self.pending = Some(Pending {
+        // Hellos of past views can no longer be answered.
+        self.pending.retain(|p| p.exchange.view == view);
+        if self.pending.len() == MAX_PENDING {
+            self.pending.remove(0);
+        }
+        self.pending.push(Pending {
             exchange,
             element,
+            hello: hello.clone(),
             secret,
         });
         Ok(hello)
     }
 
-    /// The server's welcome: the individual key.
-    pub fn handle_welcome(&mut self, from: &str, bytes: &[u8]) -> Result<GroupKey, RegisterError> {
+    /// The server's welcome: the individual key and what the server told the member on admitting
+    /// it.
+    pub fn handle_welcome(&mut self, from: &str, bytes: &[u8]) -> Result<Welcomed, RegisterError> {
         let RegisterMsg::Welcome {
             exchange,
             member_element,
             element: server_element,
+            admission,
             signature,
         } = RegisterMsg::decode(bytes)?
         else {
             return Err(RegisterError::WrongKind);
         };
         self.addressed(from, &exchange)?;
-        let pending = match &self.pending {
-            Some(p) if p.exchange == exchange && p.element == member_element => p,
-            _ => return Err(RegisterError::NotWaiting),
-        };
+        let pending = self
+            .pending
+            .iter()
+            .find(|p| p.exchange == exchange && p.element == member_element)
+            .ok_or(RegisterError::NotWaiting)?;
         let th = transcript(&exchange, &member_element, &server_element);
         self.server_identity
-            .verify(&welcome_signed(&th), &signature)
+            .verify(&welcome_signed(&th, &admission), &signature)
             .map_err(|_| RegisterError::BadSignature(from.to_owned()))?;
         let theirs = element(&server_element)?;
-        let key = individual_key(&Ristretto255::exp(&theirs, &pending.secret), &th);
-        self.pending = None;
-        Ok(key)
+        let key = individual_key(Ristretto255::exp(&theirs, &pending.secret), &th);
+        self.pending.clear();
+        Ok(Welcomed { key, admission })
     }
 
     fn addressed(&self, from: &str, x: &Exchange) -> Result<(), RegisterError> {

@@ -3,10 +3,10 @@
 //! run still needs.
 
 use conclave_crypto::aead::AeadAlg;
-use conclave_crypto::{Group, Identity, PublicIdentity, Ristretto255, SigScheme};
+use conclave_crypto::{Group, GroupKey, Identity, PublicIdentity, Ristretto255, SigScheme};
 use conclave_keygraph::{
-    GraphKind, Member, MemberConfig, RegisterError, Registrar, Registration, Server, ServerConfig,
-    UserId,
+    GraphKind, JoinAck, Member, MemberConfig, RegisterError, Registrar, Registration, Server,
+    ServerConfig, Slot, UserId,
 };
 use conclave_wire::client::GroupViewId;
 use conclave_wire::gcs::RingId;
@@ -45,7 +45,7 @@ impl World {
         World {
             server_id: server.public(),
             directory: vec![(ALICE.into(), alice.public())],
-            registrar: Registrar::new(GROUP, SERVER, server),
+            registrar: Registrar::new(GROUP, SERVER, server).unwrap(),
             alice_id: alice,
             rng,
         }
@@ -58,10 +58,11 @@ impl World {
             self.alice_id.clone(),
             self.server_id.clone(),
         )
+        .unwrap()
     }
     /// Invite, then hello: returns the hello.
     fn hello(&mut self, alice: &mut Registration, v: GroupViewId) -> Vec<u8> {
-        let invite = self.registrar.invite(ALICE, v, &mut self.rng);
+        let invite = self.registrar.invite(ALICE, v, &mut self.rng).unwrap();
         alice
             .handle_invite(SERVER, &invite, v, &mut self.rng)
             .unwrap()
@@ -71,10 +72,33 @@ impl World {
         from: &str,
         hello: &[u8],
     ) -> Result<conclave_keygraph::Registered, RegisterError> {
+        self.handle_hello_admitting(from, hello, &mut |_, _| Ok(b"admitted".to_vec()))
+    }
+    fn handle_hello_admitting(
+        &mut self,
+        from: &str,
+        hello: &[u8],
+        admit: &mut dyn FnMut(&str, &GroupKey) -> Result<Vec<u8>, RegisterError>,
+    ) -> Result<conclave_keygraph::Registered, RegisterError> {
         let dir = self.directory.clone();
         let lookup = move |m: &str| dir.iter().find(|(n, _)| n == m).map(|(_, k)| k.clone());
         self.registrar
-            .handle_hello(from, hello, &lookup, &mut self.rng)
+            .handle_hello(from, hello, &lookup, admit, &mut self.rng)
+    }
+}
+
+/// A join ack as a test service would put it in the admission: user, slot, epoch.
+fn encode_ack(a: &JoinAck) -> Vec<u8> {
+    let mut v = a.user.0.to_be_bytes().to_vec();
+    v.extend_from_slice(&a.slot.0.to_be_bytes());
+    v.extend_from_slice(&a.epoch.to_be_bytes());
+    v
+}
+fn decode_ack(b: &[u8]) -> JoinAck {
+    JoinAck {
+        user: UserId(u64::from_be_bytes(b[..8].try_into().unwrap())),
+        slot: Slot(u32::from_be_bytes(b[8..12].try_into().unwrap())),
+        epoch: u64::from_be_bytes(b[12..20].try_into().unwrap()),
     }
 }
 
@@ -88,31 +112,40 @@ fn both_ends_derive_one_key_that_admits_the_member() {
     let reg = w.handle_hello(ALICE, &hello).unwrap();
     assert_eq!(reg.member, ALICE);
     assert_eq!(w.registrar.waiting(), 0);
-    let key = alice.handle_welcome(SERVER, &reg.welcome).unwrap();
-    assert_eq!(key.expose(), reg.key.expose());
+    let welcomed = alice.handle_welcome(SERVER, &reg.welcome).unwrap();
+    assert_eq!(welcomed.key.expose(), reg.key.expose());
+    assert_eq!(welcomed.admission, b"admitted");
     assert!(!alice.waiting());
 
-    // A second registration gives another key.
-    let hello = w.hello(&mut alice, view(2));
-    let again = w.handle_hello(ALICE, &hello).unwrap();
-    assert_ne!(again.key.expose(), reg.key.expose());
-    let alice_key = alice.handle_welcome(SERVER, &again.welcome).unwrap();
-    assert_eq!(alice_key.expose(), again.key.expose());
-
-    // The key admits the member: the server's join rekey opens under it.
+    // A second registration gives another key, and admits the member to a key graph: the welcome
+    // tells it its place, and the server's join rekey opens under the key.
     let mut server = Server::new(ServerConfig::new(GROUP, GraphKind::Tree { degree: 4 }), {
         let mut rng = ChaCha20Rng::seed_from_u64(6);
         Some(Identity::generate(SigScheme::Ed25519, &mut rng).unwrap())
     })
     .unwrap();
-    let ack = server.join(UserId(1), &again.key, &mut w.rng).unwrap();
+    let mut rng = ChaCha20Rng::seed_from_u64(7);
+    let hello = w.hello(&mut alice, view(2));
+    let again = w
+        .handle_hello_admitting(ALICE, &hello, &mut |_, key| {
+            let ack = server
+                .join(UserId(1), key, &mut rng)
+                .map_err(|e| RegisterError::Admission(e.to_string()))?;
+            Ok(encode_ack(&ack))
+        })
+        .unwrap();
+    assert_ne!(again.key.expose(), reg.key.expose());
+    let welcomed = alice.handle_welcome(SERVER, &again.welcome).unwrap();
+    assert_eq!(welcomed.key.expose(), again.key.expose());
+    let ack = decode_ack(&welcomed.admission);
+    assert_eq!(ack.user, UserId(1));
     let cfg = MemberConfig {
         group: GROUP.into(),
         graph: GraphKind::Tree { degree: 4 },
         aead: AeadAlg::Aes256Gcm,
         server: server.public_identity(),
     };
-    let mut member = Member::new(cfg, &ack, alice_key).unwrap();
+    let mut member = Member::new(cfg, &ack, welcomed.key).unwrap();
     while let Some(t) = server.poll_transmit() {
         member.handle_rekey(&t.bytes).unwrap();
     }
@@ -120,6 +153,44 @@ fn both_ends_derive_one_key_that_admits_the_member() {
         member.group_key().map(|(r, k)| (r, *k.expose())),
         server.group_key().map(|(r, k)| (r, *k.expose()))
     );
+}
+
+#[test]
+fn a_failed_admission_spends_nothing_and_a_done_one_cannot_be_replayed() {
+    let mut w = World::new();
+    let mut alice = w.alice();
+    let hello = w.hello(&mut alice, view(1));
+    assert_eq!(
+        w.handle_hello_admitting(ALICE, &hello, &mut |_, _| Err(RegisterError::Admission(
+            "group full".into()
+        )))
+        .err(),
+        Some(RegisterError::Admission("group full".into()))
+    );
+    // The invitation still stands.
+    let reg = w.handle_hello(ALICE, &hello).unwrap();
+    alice.handle_welcome(SERVER, &reg.welcome).unwrap();
+
+    // Once the member is admitted the invitation is spent, even if no welcome can follow (here an
+    // admission too long to send): a replayed hello must not admit it twice.
+    let hello = w.hello(&mut alice, view(2));
+    let mut admitted = 0;
+    assert!(matches!(
+        w.handle_hello_admitting(ALICE, &hello, &mut |_, _| {
+            admitted += 1;
+            Ok(vec![0; 257])
+        }),
+        Err(RegisterError::Admission(_))
+    ));
+    assert_eq!(
+        w.handle_hello_admitting(ALICE, &hello, &mut |_, _| {
+            admitted += 1;
+            Ok(vec![])
+        })
+        .err(),
+        Some(RegisterError::NotInvited)
+    );
+    assert_eq!(admitted, 1);
 }
 
 #[test]
@@ -143,10 +214,26 @@ fn the_server_refuses_replayed_stale_forged_and_unknown_hellos() {
         Some(RegisterError::NotInvited)
     );
 
-    // Never invited, or invited in another view than the hello names.
+    // Never invited.
     let mut fresh = World::new();
     assert_eq!(
         fresh.handle_hello(ALICE, &hello).err(),
+        Some(RegisterError::NotInvited)
+    );
+    // Invited in another view than the hello names, with the same nonce.
+    let invite = w.registrar.invite(ALICE, view(2), &mut w.rng).unwrap();
+    let RegisterMsg::Invite { mut exchange, .. } = RegisterMsg::decode(&invite).unwrap() else {
+        panic!("an invite")
+    };
+    exchange.view = view(3);
+    let element = Ristretto255::encode(&Ristretto255::exp_g(&Ristretto255::random_scalar(
+        &mut w.rng,
+    )))
+    .try_into()
+    .unwrap();
+    let moved = signed_hello(&w.alice_id, exchange, element);
+    assert_eq!(
+        w.handle_hello(ALICE, &moved).err(),
         Some(RegisterError::NotInvited)
     );
 
@@ -182,27 +269,43 @@ fn the_server_refuses_replayed_stale_forged_and_unknown_hellos() {
 
     // Signed by an impostor holding another identity.
     let mallory = Identity::generate(SigScheme::Ed25519, &mut w.rng).unwrap();
-    let mut impostor = Registration::new(GROUP, ALICE, SERVER, mallory, w.server_id.clone());
+    let mut impostor =
+        Registration::new(GROUP, ALICE, SERVER, mallory, w.server_id.clone()).unwrap();
     let forged = w.hello(&mut impostor, view(4));
     assert_eq!(
         w.handle_hello(ALICE, &forged).err(),
         Some(RegisterError::BadSignature(ALICE.into()))
     );
 
-    // Unknown to the directory.
-    w.directory.clear();
+    // Unknown to the directory; the invitation stands for when it is known.
+    let directory = std::mem::take(&mut w.directory);
     let hello = w.hello(&mut alice, view(5));
     assert_eq!(
         w.handle_hello(ALICE, &hello).err(),
         Some(RegisterError::UnknownIdentity(ALICE.into()))
     );
+    w.directory = directory;
+    w.handle_hello(ALICE, &hello).unwrap();
+
+    // Names the wire cannot carry are refused, not a panic.
+    assert_eq!(
+        w.registrar.invite("", view(6), &mut w.rng).err(),
+        Some(RegisterError::BadName)
+    );
+    assert_eq!(
+        w.registrar
+            .invite(&"m".repeat(65), view(6), &mut w.rng)
+            .err(),
+        Some(RegisterError::BadName)
+    );
+    assert!(Registrar::new("", SERVER, w.alice_id.clone()).is_err());
 }
 
 #[test]
 fn the_server_refuses_the_identity_element_even_signed() {
     let mut w = World::new();
-    let invite = w.registrar.invite(ALICE, view(1), &mut w.rng);
-    let RegisterMsg::Invite(exchange) = RegisterMsg::decode(&invite).unwrap() else {
+    let invite = w.registrar.invite(ALICE, view(1), &mut w.rng).unwrap();
+    let RegisterMsg::Invite { exchange, .. } = RegisterMsg::decode(&invite).unwrap() else {
         panic!("an invite")
     };
     let identity: [u8; 32] = Ristretto255::encode(&Ristretto255::exp_small(
@@ -239,7 +342,7 @@ fn the_member_refuses_foreign_stale_replayed_and_forged_messages() {
     let mut alice = w.alice();
 
     // An invitation from someone else than the server, for another view, or for someone else.
-    let invite = w.registrar.invite(ALICE, view(1), &mut w.rng);
+    let invite = w.registrar.invite(ALICE, view(1), &mut w.rng).unwrap();
     assert_eq!(
         alice
             .handle_invite("#mallory#d3", &invite, view(1), &mut w.rng)
@@ -250,7 +353,7 @@ fn the_member_refuses_foreign_stale_replayed_and_forged_messages() {
         alice.handle_invite(SERVER, &invite, view(2), &mut w.rng),
         Err(RegisterError::StaleView { .. })
     ));
-    let for_bob = w.registrar.invite("#bob#d2", view(1), &mut w.rng);
+    let for_bob = w.registrar.invite("#bob#d2", view(1), &mut w.rng).unwrap();
     assert_eq!(
         alice
             .handle_invite(SERVER, &for_bob, view(1), &mut w.rng)
@@ -267,36 +370,59 @@ fn the_member_refuses_foreign_stale_replayed_and_forged_messages() {
         }))
     );
 
-    // A welcome signed by another server identity.
+    // An invitation signed by someone else than the server, or not by the server it names.
+    let rogue_id = Identity::generate(SigScheme::Ed25519, &mut w.rng).unwrap();
+    let mut rogue = Registrar::new(GROUP, SERVER, rogue_id.clone()).unwrap();
+    let rogue_invite = rogue.invite(ALICE, view(1), &mut w.rng).unwrap();
+    assert_eq!(
+        alice
+            .handle_invite(SERVER, &rogue_invite, view(1), &mut w.rng)
+            .err(),
+        Some(RegisterError::BadSignature(SERVER.into()))
+    );
+    assert!(!alice.waiting(), "a refused invite draws no ephemeral");
+
+    // A replayed invite gets the same hello, so either copy's welcome registers.
     let hello = alice
         .handle_invite(SERVER, &invite, view(1), &mut w.rng)
         .unwrap();
-    let mut rogue = Registrar::new(
-        GROUP,
-        SERVER,
-        Identity::generate(SigScheme::Ed25519, &mut w.rng).unwrap(),
-    );
-    let rogue_invite = rogue.invite(ALICE, view(1), &mut w.rng);
-    // The rogue needs the nonce of the hello it answers: it answers a hello made for its own invite.
-    let mut alice2 = w.alice();
-    let rogue_hello = alice2
-        .handle_invite(SERVER, &rogue_invite, view(1), &mut w.rng)
-        .unwrap();
-    let lookup = |_: &str| Some(w.alice_id.public());
-    let rogue_reg = rogue
-        .handle_hello(ALICE, &rogue_hello, &lookup, &mut w.rng)
-        .unwrap();
     assert_eq!(
-        alice2.handle_welcome(SERVER, &rogue_reg.welcome).err(),
+        alice
+            .handle_invite(SERVER, &invite, view(1), &mut w.rng)
+            .unwrap(),
+        hello
+    );
+
+    // A welcome whose signature is another identity's.
+    let reg = w.handle_hello(ALICE, &hello).unwrap();
+    let RegisterMsg::Welcome {
+        exchange,
+        member_element,
+        element,
+        admission,
+        ..
+    } = RegisterMsg::decode(&reg.welcome).unwrap()
+    else {
+        panic!("a welcome")
+    };
+    let rogue_welcome = RegisterMsg::Welcome {
+        exchange,
+        member_element,
+        element,
+        admission,
+        signature: rogue_id.sign(&reg.welcome).unwrap(),
+    }
+    .encode();
+    assert_eq!(
+        alice.handle_welcome(SERVER, &rogue_welcome).err(),
         Some(RegisterError::BadSignature(SERVER.into()))
     );
     assert!(
-        alice2.waiting(),
+        alice.waiting(),
         "a refused welcome leaves the member waiting"
     );
 
     // The genuine welcome, then the same welcome again.
-    let reg = w.handle_hello(ALICE, &hello).unwrap();
     // Wrong kinds at each end.
     assert_eq!(
         alice.handle_welcome(SERVER, &invite).err(),
@@ -306,11 +432,12 @@ fn the_member_refuses_foreign_stale_replayed_and_forged_messages() {
         w.handle_hello(ALICE, &reg.welcome).err(),
         Some(RegisterError::WrongKind)
     );
-    // A welcome altered in flight.
+    // A welcome altered in flight: the server's element, or the admission.
     let RegisterMsg::Welcome {
         exchange,
         member_element,
         element,
+        admission,
         signature,
     } = RegisterMsg::decode(&reg.welcome).unwrap()
     else {
@@ -318,17 +445,22 @@ fn the_member_refuses_foreign_stale_replayed_and_forged_messages() {
     };
     let mut other = element;
     other[5] ^= 4;
-    let altered = RegisterMsg::Welcome {
-        exchange,
-        member_element,
-        element: other,
-        signature,
+    let mut other_admission = admission.clone();
+    other_admission[0] ^= 1;
+    for (element, admission) in [(other, admission), (element, other_admission)] {
+        let altered = RegisterMsg::Welcome {
+            exchange: exchange.clone(),
+            member_element,
+            element,
+            admission,
+            signature: signature.clone(),
+        }
+        .encode();
+        assert_eq!(
+            alice.handle_welcome(SERVER, &altered).err(),
+            Some(RegisterError::BadSignature(SERVER.into()))
+        );
     }
-    .encode();
-    assert_eq!(
-        alice.handle_welcome(SERVER, &altered).err(),
-        Some(RegisterError::BadSignature(SERVER.into()))
-    );
     alice.handle_welcome(SERVER, &reg.welcome).unwrap();
     assert_eq!(
         alice.handle_welcome(SERVER, &reg.welcome).err(),

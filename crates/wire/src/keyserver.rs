@@ -4,12 +4,12 @@
 //! Three messages, all sent inside the group over the daemons, each naming its group, server,
 //! member and the group view it belongs to:
 //!
-//! 1. `Invite` (server to member): a fresh 32-byte nonce. Unsigned: a forged invite can only make
-//!    a member answer the server with a hello the server refuses.
+//! 1. `Invite` (server to member): a fresh 32-byte nonce, signed by the server.
 //! 2. `Hello` (member to server): the nonce, the member's ephemeral Ristretto255 element, and the
 //!    member's signature over all of it.
-//! 3. `Welcome` (server to member): the server's ephemeral element and its signature over the
-//!    transcript (both elements and everything the hello named).
+//! 3. `Welcome` (server to member): the server's ephemeral element, what the server tells the
+//!    member on admitting it (its place in the key graph), and the server's signature over the
+//!    transcript (both elements and everything the hello named) and that admission.
 
 use crate::client::GroupViewId;
 use crate::codec::{DecodeError, Reader, Writer};
@@ -23,6 +23,8 @@ pub const NONCE_BYTES: usize = 32;
 pub const ELEMENT_BYTES: usize = 32;
 /// Largest signature (RSA-4096 is 512 bytes).
 pub const MAX_SIGNATURE_BYTES: usize = 512;
+/// Largest admission a welcome carries.
+pub const MAX_ADMISSION_BYTES: usize = 256;
 
 /// What every registration message names: the exchange it belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,7 +39,10 @@ pub struct Exchange {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RegisterMsg {
-    Invite(Exchange),
+    Invite {
+        exchange: Exchange,
+        signature: Vec<u8>,
+    },
     Hello {
         exchange: Exchange,
         element: [u8; ELEMENT_BYTES],
@@ -48,6 +53,8 @@ pub enum RegisterMsg {
         /// The member's element, echoed: the welcome answers one hello.
         member_element: [u8; ELEMENT_BYTES],
         element: [u8; ELEMENT_BYTES],
+        /// What the server tells the member on admitting it, covered by the signature.
+        admission: Vec<u8>,
         signature: Vec<u8>,
     },
 }
@@ -88,7 +95,7 @@ fn array<const N: usize>(r: &mut Reader<'_>, what: &'static str) -> Result<[u8; 
 impl RegisterMsg {
     pub fn exchange(&self) -> &Exchange {
         match self {
-            RegisterMsg::Invite(x)
+            RegisterMsg::Invite { exchange: x, .. }
             | RegisterMsg::Hello { exchange: x, .. }
             | RegisterMsg::Welcome { exchange: x, .. } => x,
         }
@@ -97,9 +104,13 @@ impl RegisterMsg {
         let mut w = Writer::new();
         w.u8(VERSION);
         match self {
-            RegisterMsg::Invite(x) => {
+            RegisterMsg::Invite {
+                exchange,
+                signature,
+            } => {
                 w.u8(INVITE);
-                x.write(&mut w);
+                exchange.write(&mut w);
+                w.bytes(signature, MAX_SIGNATURE_BYTES);
             }
             RegisterMsg::Hello {
                 exchange,
@@ -115,12 +126,14 @@ impl RegisterMsg {
                 exchange,
                 member_element,
                 element,
+                admission,
                 signature,
             } => {
                 w.u8(WELCOME);
                 exchange.write(&mut w);
                 w.raw(member_element);
                 w.raw(element);
+                w.bytes(admission, MAX_ADMISSION_BYTES);
                 w.bytes(signature, MAX_SIGNATURE_BYTES);
             }
         }
@@ -143,7 +156,10 @@ impl RegisterMsg {
             }
         };
         let msg = match tag {
-            INVITE => RegisterMsg::Invite(exchange),
+            INVITE => RegisterMsg::Invite {
+                exchange,
+                signature: signature(&mut r)?,
+            },
             HELLO => RegisterMsg::Hello {
                 exchange,
                 element: array(&mut r, "element")?,
@@ -153,6 +169,7 @@ impl RegisterMsg {
                 exchange,
                 member_element: array(&mut r, "member element")?,
                 element: array(&mut r, "element")?,
+                admission: r.bytes("admission", MAX_ADMISSION_BYTES)?.to_vec(),
                 signature: signature(&mut r)?,
             },
         };
@@ -194,7 +211,10 @@ mod tests {
     #[test]
     fn round_trips_and_refusals() {
         let msgs = [
-            RegisterMsg::Invite(exchange()),
+            RegisterMsg::Invite {
+                exchange: exchange(),
+                signature: vec![9; 64],
+            },
             RegisterMsg::Hello {
                 exchange: exchange(),
                 element: [1; 32],
@@ -204,6 +224,7 @@ mod tests {
                 exchange: exchange(),
                 member_element: [1; 32],
                 element: [3; 32],
+                admission: vec![5; 20],
                 signature: vec![4; 64],
             },
         ];
