@@ -24,7 +24,7 @@ pub mod tree;
 
 pub use index::{NodeIndex, Slot};
 pub use member::{Applied, Member, MemberConfig, MemberError};
-pub use register::{RegisterError, Registered, Registrar, Registration, Welcomed};
+pub use register::{Admit, RegisterError, Registered, Registrar, Registration, Welcomed};
 pub use server::{
     JoinAck, RekeyStats, Server, ServerConfig, ServerError, ServerEvent, Transmit, UserId,
 };

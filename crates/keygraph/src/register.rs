@@ -155,6 +155,10 @@ pub struct Registrar {
     invited: HashMap<String, (GroupViewId, [u8; NONCE_BYTES])>,
 }
 
+/// How the server admits a member to its key graph under its new individual key: returns what
+/// the welcome tells the member.
+pub type Admit<'a> = dyn FnMut(&str, &GroupKey) -> Result<Vec<u8>, RegisterError> + 'a;
+
 /// A member the server has just registered.
 pub struct Registered {
     pub member: String,
@@ -224,7 +228,7 @@ impl Registrar {
         from: &str,
         bytes: &[u8],
         identity_of: &dyn Fn(&str) -> Option<PublicIdentity>,
-        admit: &mut dyn FnMut(&str, &GroupKey) -> Result<Vec<u8>, RegisterError>,
+        admit: &mut Admit<'_>,
         rng: &mut dyn CryptoRng,
     ) -> Result<Registered, RegisterError> {
         let RegisterMsg::Hello {

@@ -3,7 +3,7 @@
 //! run still needs.
 
 use conclave_crypto::aead::AeadAlg;
-use conclave_crypto::{Group, GroupKey, Identity, PublicIdentity, Ristretto255, SigScheme};
+use conclave_crypto::{Group, Identity, PublicIdentity, Ristretto255, SigScheme};
 use conclave_keygraph::{
     GraphKind, JoinAck, Member, MemberConfig, RegisterError, Registrar, Registration, Server,
     ServerConfig, Slot, UserId,
@@ -78,7 +78,7 @@ impl World {
         &mut self,
         from: &str,
         hello: &[u8],
-        admit: &mut dyn FnMut(&str, &GroupKey) -> Result<Vec<u8>, RegisterError>,
+        admit: &mut conclave_keygraph::Admit<'_>,
     ) -> Result<conclave_keygraph::Registered, RegisterError> {
         let dir = self.directory.clone();
         let lookup = move |m: &str| dir.iter().find(|(n, _)| n == m).map(|(_, k)| k.clone());
