@@ -246,6 +246,50 @@ impl CompleteGraph {
     }
 }
 
+impl CompleteGraph {
+    /// Whether the members are exactly the slots `occupied` says, and every subset of them has
+    /// its key (what a restored graph must be before any operation).
+    pub(crate) fn consistent(&self, occupied: impl Fn(usize) -> bool) -> bool {
+        (0..MAX_COMPLETE_MEMBERS).all(|i| (self.members >> i & 1 == 1) == occupied(i))
+            && subsets(self.members).all(|s| self.keys[s as usize].live)
+    }
+
+    /// The graph as the server's saved state holds it. Secret: the caller seals it.
+    pub(crate) fn write_state(&self, w: &mut conclave_wire::Writer) {
+        w.u64(self.members);
+        w.u32(self.keys.len() as u32);
+        for e in &self.keys {
+            w.raw(&e.key);
+            w.u64(e.version);
+            w.u8(e.live as u8);
+        }
+    }
+
+    pub(crate) fn read_state(
+        r: &mut conclave_wire::Reader<'_>,
+    ) -> Result<CompleteGraph, &'static str> {
+        let bad = |_| "truncated complete graph";
+        let members = r.u64("members").map_err(bad)?;
+        let count = r.u32("keys").map_err(bad)? as usize;
+        if members >> MAX_COMPLETE_MEMBERS != 0 || count != 1 << MAX_COMPLETE_MEMBERS {
+            return Err("complete graph of a wrong size");
+        }
+        let mut keys = Vec::with_capacity(count);
+        for _ in 0..count {
+            let mut key = [0u8; 32];
+            key.copy_from_slice(r.take(32, "key").map_err(bad)?);
+            let version = r.u64("version").map_err(bad)?;
+            let live = match r.u8("live").map_err(bad)? {
+                0 => false,
+                1 => true,
+                _ => return Err("complete graph entry flag"),
+            };
+            keys.push(Entry { key, version, live });
+        }
+        Ok(CompleteGraph { members, keys })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::subsets;

@@ -17,6 +17,7 @@ pub mod complete;
 pub mod index;
 pub mod member;
 pub mod merkle;
+pub mod persist;
 pub mod register;
 pub mod seal;
 pub mod server;
@@ -24,6 +25,7 @@ pub mod tree;
 
 pub use index::{NodeIndex, Slot};
 pub use member::{Applied, Member, MemberConfig, MemberError};
+pub use persist::StateError;
 pub use register::{Admit, RegisterError, Registered, Registrar, Registration, Welcomed};
 pub use server::{
     JoinAck, RekeyStats, Server, ServerConfig, ServerError, ServerEvent, Transmit, UserId,

@@ -18,7 +18,7 @@ use conclave_crypto::{CryptoRng, GroupKey, Identity, PublicIdentity, SigError};
 use conclave_wire::lkh::{
     Auth, GraphShape, Item, KeyRef, Recipients, RekeyMessage, MAX_GROUP_NAME_BYTES, MAX_ITEMS,
 };
-use conclave_wire::Writer;
+use conclave_wire::{Reader, Writer};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 /// Most members of one tree-graph group.
@@ -31,6 +31,9 @@ pub const MAX_DEGREE: u32 = 1024;
 pub const GROWTH_ROOM_DIVISOR: usize = 8;
 /// Most requests waiting for the next batch rekey.
 pub const MAX_PENDING: usize = 1 << 20;
+
+/// The layout of the saved state (see `persist`).
+const STATE_VERSION: u8 = 1;
 
 /// A member, as the server knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -263,6 +266,250 @@ impl Server {
 
     pub fn config(&self) -> &ServerConfig {
         &self.cfg
+    }
+    pub(crate) fn identity(&self) -> Option<&Identity> {
+        self.identity.as_ref()
+    }
+
+    /// Bytes the saved state will take, or a little more.
+    pub(crate) fn state_size_hint(&self) -> usize {
+        let graph = match &self.graph {
+            Graph::Tree(t) => t.node_count() * 44 + 64,
+            Graph::Complete(_) => (1 << crate::complete::MAX_COMPLETE_MEMBERS) * 41 + 16,
+        };
+        128 + graph
+            + self.slots.len() * 8
+            + self.pending_joins.len() * 36
+            + self.pending_leaves.len() * 4
+            + self.out.iter().map(|t| t.bytes.len() + 4).sum::<usize>()
+            + self.events.len() * 20
+    }
+
+    /// Everything [`Server::read_state`] needs (see `persist`). Secret: the caller seals it.
+    pub(crate) fn write_state(&self, w: &mut Writer) {
+        w.u8(STATE_VERSION);
+        w.name(&self.cfg.group, MAX_GROUP_NAME_BYTES);
+        match self.cfg.graph {
+            GraphKind::Star => w.u8(0),
+            GraphKind::Tree { degree } => {
+                w.u8(1);
+                w.u32(degree);
+            }
+            GraphKind::Complete => w.u8(2),
+        }
+        w.u8(match self.cfg.strategy {
+            Strategy::User => 0,
+            Strategy::Key => 1,
+            Strategy::Group => 2,
+        });
+        w.u8(match self.cfg.signing {
+            Signing::None => 0,
+            Signing::PerMessage => 1,
+            Signing::Batch => 2,
+        });
+        w.u8(match self.cfg.aead {
+            AeadAlg::Aes256Gcm => 0,
+            AeadAlg::ChaCha20Poly1305 => 1,
+        });
+        w.u8(self.cfg.compact as u8);
+        w.u64(self.epoch);
+        w.u32(self.slots.len() as u32);
+        for &u in &self.slots {
+            w.u64(u);
+        }
+        match &self.graph {
+            Graph::Tree(t) => t.write_state(w),
+            Graph::Complete(c) => c.write_state(w),
+        }
+        w.u32(self.pending_leaves.len() as u32);
+        for s in &self.pending_leaves {
+            w.u32(s.0);
+        }
+        w.u32(self.pending_joins.len() as u32);
+        for (s, k) in &self.pending_joins {
+            w.u32(s.0);
+            w.raw(k);
+        }
+        w.u32(self.out.len() as u32);
+        for t in &self.out {
+            w.u32(t.bytes.len() as u32);
+            w.raw(&t.bytes);
+        }
+        w.u32(self.events.len() as u32);
+        for ServerEvent::Relocated(a) in &self.events {
+            w.u64(a.user.0);
+            w.u32(a.slot.0);
+            w.u64(a.epoch);
+        }
+    }
+
+    /// The members' slots, the queued requests and the graph agree: every later operation finds
+    /// the leaves it expects.
+    fn check_restored(&self) -> Result<(), crate::persist::StateError> {
+        use crate::persist::StateError::Damaged;
+        let occupied = |i: usize| self.slots.get(i).is_some_and(|&u| u != NO_USER);
+        let leaving: BTreeSet<u32> = self.pending_leaves.iter().map(|s| s.0).collect();
+        let joining: BTreeSet<u32> = self.pending_joins.iter().map(|s| s.0 .0).collect();
+        if leaving.len() != self.pending_leaves.len() || joining.len() != self.pending_joins.len() {
+            return Err(Damaged("a slot queued twice"));
+        }
+        match &self.graph {
+            Graph::Tree(t) => {
+                let width = t.leaf_width().max(self.slots.len());
+                for i in 0..width {
+                    let slot = i as u32;
+                    // Until the batch, a leaver keeps its leaf and a joiner has none yet.
+                    let expected =
+                        leaving.contains(&slot) || (occupied(i) && !joining.contains(&slot));
+                    if t.leaf_key(Slot(slot)).is_some() != expected {
+                        return Err(Damaged("slots and key tree disagree"));
+                    }
+                }
+                if leaving.iter().chain(&joining).any(|&s| s as usize >= width) {
+                    return Err(Damaged("a queued slot outside the tree"));
+                }
+            }
+            Graph::Complete(c) => {
+                if !leaving.is_empty() || !joining.is_empty() {
+                    return Err(Damaged("queued requests in a complete graph"));
+                }
+                if !c.consistent(occupied) {
+                    return Err(Damaged("slots and complete graph disagree"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A server from [`Server::write_state`]'s bytes, checked so that no later call can index
+    /// out of bounds or mistake one member for another.
+    pub(crate) fn read_state(
+        bytes: &[u8],
+        identity: Identity,
+    ) -> Result<Server, crate::persist::StateError> {
+        use crate::persist::StateError::Damaged;
+        let mut r = Reader::new(bytes);
+        let cut = |_| Damaged("truncated");
+        if r.u8("version").map_err(cut)? != STATE_VERSION {
+            return Err(Damaged("state format version"));
+        }
+        let group = r.name("group", MAX_GROUP_NAME_BYTES).map_err(cut)?;
+        let graph = match r.u8("graph").map_err(cut)? {
+            0 => GraphKind::Star,
+            1 => GraphKind::Tree {
+                degree: r.u32("degree").map_err(cut)?,
+            },
+            2 => GraphKind::Complete,
+            _ => return Err(Damaged("graph kind")),
+        };
+        let strategy = match r.u8("strategy").map_err(cut)? {
+            0 => Strategy::User,
+            1 => Strategy::Key,
+            2 => Strategy::Group,
+            _ => return Err(Damaged("strategy")),
+        };
+        let signing = match r.u8("signing").map_err(cut)? {
+            0 => Signing::None,
+            1 => Signing::PerMessage,
+            2 => Signing::Batch,
+            _ => return Err(Damaged("signing")),
+        };
+        let aead = match r.u8("aead").map_err(cut)? {
+            0 => AeadAlg::Aes256Gcm,
+            1 => AeadAlg::ChaCha20Poly1305,
+            _ => return Err(Damaged("aead")),
+        };
+        let compact = match r.u8("compact").map_err(cut)? {
+            0 => false,
+            1 => true,
+            _ => return Err(Damaged("compaction flag")),
+        };
+        let cfg = ServerConfig {
+            group,
+            graph,
+            strategy,
+            signing,
+            aead,
+            compact,
+        };
+        let mut s = Server::new(cfg, Some(identity))?;
+        s.epoch = r.u64("epoch").map_err(cut)?;
+        let slots = r.u32("slots").map_err(cut)? as usize;
+        if slots > s.cfg.max_members() + MAX_PENDING || r.remaining() < slots * 8 {
+            return Err(Damaged("slot count"));
+        }
+        for i in 0..slots {
+            let u = r.u64("slot").map_err(cut)?;
+            s.slots.push(u);
+            if u == NO_USER {
+                s.free.insert(i as u32);
+            } else if s.users.insert(u, i as u32).is_some() {
+                return Err(Damaged("a member in two slots"));
+            }
+        }
+        if s.slots.last() == Some(&NO_USER) {
+            return Err(Damaged("trailing hole"));
+        }
+        match &mut s.graph {
+            Graph::Tree(t) => {
+                let tree = KeyTree::read_state(&mut r, s.cfg.max_members()).map_err(Damaged)?;
+                if tree.degree() != t.degree() {
+                    return Err(Damaged("tree degree differs from the configuration's"));
+                }
+                *t = tree;
+            }
+            Graph::Complete(c) => {
+                *c = CompleteGraph::read_state(&mut r).map_err(Damaged)?;
+                if slots > MAX_COMPLETE_MEMBERS {
+                    return Err(Damaged("complete graph slots"));
+                }
+            }
+        }
+        let leaves = r.u32("pending leaves").map_err(cut)? as usize;
+        if leaves > MAX_PENDING {
+            return Err(Damaged("pending leaves"));
+        }
+        for _ in 0..leaves {
+            let slot = r.u32("slot").map_err(cut)?;
+            s.pending_leaves.push(Slot(slot));
+        }
+        let joins = r.u32("pending joins").map_err(cut)? as usize;
+        if joins + leaves > MAX_PENDING {
+            return Err(Damaged("pending joins"));
+        }
+        for _ in 0..joins {
+            let slot = r.u32("slot").map_err(cut)?;
+            let mut k = [0u8; 32];
+            k.copy_from_slice(r.take(32, "key").map_err(cut)?);
+            if s.slots.get(slot as usize).is_none_or(|&u| u == NO_USER) {
+                return Err(Damaged("a pending join in an empty slot"));
+            }
+            s.pending_joins.push((Slot(slot), k));
+        }
+        s.check_restored()?;
+        let out = r.u32("messages").map_err(cut)? as usize;
+        for _ in 0..out {
+            let len = r.u32("message length").map_err(cut)? as usize;
+            let bytes = r.take(len, "message").map_err(cut)?.to_vec();
+            let (msg, _) = RekeyMessage::decode(&bytes).map_err(|_| Damaged("saved message"))?;
+            s.out.push_back(Transmit {
+                recipients: msg.recipients,
+                bytes,
+            });
+        }
+        let events = r.u32("events").map_err(cut)? as usize;
+        if r.remaining() != events * 20 {
+            return Err(Damaged("events"));
+        }
+        for _ in 0..events {
+            s.events.push_back(ServerEvent::Relocated(JoinAck {
+                user: UserId(r.u64("user").map_err(cut)?),
+                slot: Slot(r.u32("slot").map_err(cut)?),
+                epoch: r.u64("epoch").map_err(cut)?,
+            }));
+        }
+        r.finish().map_err(|_| Damaged("trailing bytes"))?;
+        Ok(s)
     }
     pub fn epoch(&self) -> u64 {
         self.epoch

@@ -190,6 +190,14 @@ impl KeyTree {
             .filter(|c| self.get(*c).is_some())
             .collect()
     }
+    /// Leaf slots held, occupied or not.
+    pub(crate) fn leaf_width(&self) -> usize {
+        self.levels[0].len()
+    }
+    /// Nodes held, present or not.
+    pub(crate) fn node_count(&self) -> usize {
+        self.levels.iter().map(Vec::len).sum()
+    }
     pub(crate) fn leaf_key(&self, slot: Slot) -> Option<[u8; 32]> {
         self.key(NodeIndex::leaf(slot)).copied()
     }
@@ -681,5 +689,84 @@ impl KeyTree {
     /// Members below `ix` (0 if absent).
     pub(crate) fn slots_below_count(&self, ix: NodeIndex) -> u64 {
         self.get(ix).map_or(0, |n| n.users as u64)
+    }
+}
+
+/// Most levels a saved tree may have (a degree-2 tree of `MAX_MEMBERS` members has 25).
+const MAX_SAVED_LEVELS: usize = 64;
+
+impl KeyTree {
+    /// The tree as the server's saved state holds it: degree, height, then every level's nodes
+    /// (key, version, members below). Secret: the caller seals it.
+    pub(crate) fn write_state(&self, w: &mut conclave_wire::Writer) {
+        w.u32(self.degree);
+        w.u8(self.height);
+        w.u32(self.levels.len() as u32);
+        for level in &self.levels {
+            w.u32(level.len() as u32);
+            for n in level {
+                w.raw(&n.key);
+                w.u64(n.version);
+                w.u32(n.users);
+            }
+        }
+    }
+
+    /// A tree from [`KeyTree::write_state`]'s bytes, checked enough that no later operation can
+    /// index out of bounds or miscount: `height + 1` levels of at most `max_width` nodes, and
+    /// every node's member count the sum of its children's. (A level may be wider than its
+    /// occupied nodes: levels keep their length when members leave.)
+    pub(crate) fn read_state(
+        r: &mut conclave_wire::Reader<'_>,
+        max_width: usize,
+    ) -> Result<KeyTree, &'static str> {
+        let bad = |_| "truncated key tree";
+        let degree = r.u32("degree").map_err(bad)?;
+        let height = r.u8("height").map_err(bad)?;
+        let count = r.u32("levels").map_err(bad)? as usize;
+        if degree < 2 || height == 0 || count != height as usize + 1 || count > MAX_SAVED_LEVELS {
+            return Err("key tree of a wrong shape");
+        }
+        let mut t = KeyTree {
+            degree,
+            height,
+            levels: Vec::with_capacity(count),
+        };
+        for l in 0..count {
+            let width = r.u32("level width").map_err(bad)? as usize;
+            if width > max_width || r.remaining() < width * 44 {
+                return Err("key tree level too wide");
+            }
+            let mut level = Vec::with_capacity(width);
+            for _ in 0..width {
+                let mut key = [0u8; 32];
+                key.copy_from_slice(r.take(32, "key").map_err(bad)?);
+                level.push(Node {
+                    key,
+                    version: r.u64("version").map_err(bad)?,
+                    users: r.u32("users").map_err(bad)?,
+                });
+            }
+            if l > 0 {
+                let below = &t.levels[l - 1];
+                for (o, n) in level.iter().enumerate() {
+                    let node = NodeIndex {
+                        level: l as u8,
+                        offset: o as u32,
+                    };
+                    let sum: u64 = node
+                        .children(degree, below.len())
+                        .map(|c| below[c].users as u64)
+                        .sum();
+                    if sum != n.users as u64 {
+                        return Err("key tree member counts disagree");
+                    }
+                }
+            } else if level.iter().any(|n| n.users > 1) {
+                return Err("a leaf with several members");
+            }
+            t.levels.push(level);
+        }
+        Ok(t)
     }
 }
