@@ -55,6 +55,8 @@ pub enum RegisterError {
     },
     #[error("welcome answering no hello this member is waiting on")]
     NotWaiting,
+    #[error("invitation answered before and since dropped")]
+    ReplayedInvite,
     #[error("{0} is not in the directory")]
     UnknownIdentity(String),
     #[error("bad signature from {0}")]
@@ -63,6 +65,9 @@ pub enum RegisterError {
     BadElement,
     #[error("the server could not admit the member: {0}")]
     Admission(String),
+    /// The member was admitted but no welcome can be sent: the caller must undo the admission.
+    #[error("{member} was admitted but no welcome can be sent ({why}): undo the admission")]
+    AdmittedWithoutWelcome { member: String, why: &'static str },
     #[error("a group, server or member name must be 1 to {MAX_NAME_BYTES} bytes")]
     BadName,
     #[error("signing failed")]
@@ -222,7 +227,8 @@ impl Registrar {
     /// `admit` admits the member under its new individual key and returns what the welcome tells
     /// it (at most `MAX_ADMISSION_BYTES`). Until `admit` succeeds nothing is spent: a refused
     /// hello leaves the invitation standing. Once it has, the invitation is spent (a replay must
-    /// not admit the member twice); should signing then fail, the caller undoes the admission.
+    /// not admit the member twice), and any failure after it is
+    /// [`RegisterError::AdmittedWithoutWelcome`]: the caller undoes the admission.
     pub fn handle_hello(
         &mut self,
         from: &str,
@@ -261,13 +267,17 @@ impl Registrar {
         let key = individual_key(Ristretto255::exp(&theirs, &b), &th);
         let admission = admit(from, &key)?;
         self.invited.remove(from);
+        let undo = |why| RegisterError::AdmittedWithoutWelcome {
+            member: from.to_owned(),
+            why,
+        };
         if admission.len() > MAX_ADMISSION_BYTES {
-            return Err(RegisterError::Admission("admission too long".into()));
+            return Err(undo("admission too long"));
         }
         let signature = self
             .identity
             .sign(&welcome_signed(&th, &admission))
-            .map_err(|_| RegisterError::Sign)?;
+            .map_err(|_| undo("signing failed"))?;
         let welcome = RegisterMsg::Welcome {
             exchange,
             member_element,
@@ -301,6 +311,9 @@ pub struct Registration {
     /// Hellos sent and not yet answered, newest last: the server may invite again in one view
     /// (and a replayed invite must get the hello it got the first time).
     pending: Vec<Pending>,
+    /// Nonces of the view the pending hellos answer, all of those ever answered in it: a replayed
+    /// invite whose hello was dropped must not push out the one the server is answering.
+    answered: Vec<[u8; NONCE_BYTES]>,
 }
 
 /// Unanswered hellos kept at once.
@@ -332,6 +345,7 @@ impl Registration {
             identity,
             server_identity,
             pending: Vec::new(),
+            answered: Vec::new(),
         })
     }
 
@@ -368,6 +382,17 @@ impl Registration {
         if let Some(p) = self.pending.iter().find(|p| p.exchange == exchange) {
             return Ok(p.hello.clone());
         }
+        if self
+            .pending
+            .first()
+            .is_some_and(|p| p.exchange.view != view)
+        {
+            self.pending.clear();
+            self.answered.clear();
+        }
+        if self.answered.contains(&exchange.nonce) {
+            return Err(RegisterError::ReplayedInvite);
+        }
         let secret: Scalar = Ristretto255::random_scalar(rng);
         let element = encoded(&Ristretto255::exp_g(&secret));
         let signature = self
@@ -380,11 +405,10 @@ impl Registration {
             signature,
         }
         .encode();
-        // Hellos of past views can no longer be answered.
-        self.pending.retain(|p| p.exchange.view == view);
         if self.pending.len() == MAX_PENDING {
             self.pending.remove(0);
         }
+        self.answered.push(exchange.nonce);
         self.pending.push(Pending {
             exchange,
             element,
@@ -420,6 +444,7 @@ impl Registration {
         let theirs = element(&server_element)?;
         let key = individual_key(Ristretto255::exp(&theirs, &pending.secret), &th);
         self.pending.clear();
+        self.answered.clear();
         Ok(Welcomed { key, admission })
     }
 

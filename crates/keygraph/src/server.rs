@@ -274,10 +274,12 @@ impl Server {
     /// Bytes the saved state will take, or a little more.
     pub(crate) fn state_size_hint(&self) -> usize {
         let graph = match &self.graph {
-            Graph::Tree(t) => t.node_count() * 44 + 64,
+            Graph::Tree(t) => t.node_count() * 44 + 16 + 4 * (t.height() as usize + 1),
             Graph::Complete(_) => (1 << crate::complete::MAX_COMPLETE_MEMBERS) * 41 + 16,
         };
-        128 + graph
+        // Version, group name, configuration, epoch and the counts of each list.
+        128 + MAX_GROUP_NAME_BYTES
+            + graph
             + self.slots.len() * 8
             + self.pending_joins.len() * 36
             + self.pending_leaves.len() * 4
@@ -368,6 +370,13 @@ impl Server {
                 if leaving.iter().chain(&joining).any(|&s| s as usize >= width) {
                     return Err(Damaged("a queued slot outside the tree"));
                 }
+                // A queued leave frees its slot, which only a queued joiner may have taken since.
+                if leaving
+                    .iter()
+                    .any(|&s| occupied(s as usize) && !joining.contains(&s))
+                {
+                    return Err(Damaged("a queued leave from a slot still held"));
+                }
             }
             Graph::Complete(c) => {
                 if !leaving.is_empty() || !joining.is_empty() {
@@ -434,6 +443,10 @@ impl Server {
         };
         let mut s = Server::new(cfg, Some(identity))?;
         s.epoch = r.u64("epoch").map_err(cut)?;
+        if s.epoch == u64::MAX {
+            // The next rekey could not number its epoch.
+            return Err(Damaged("epoch"));
+        }
         let slots = r.u32("slots").map_err(cut)? as usize;
         if slots > s.cfg.max_members() + MAX_PENDING || r.remaining() < slots * 8 {
             return Err(Damaged("slot count"));
@@ -449,6 +462,9 @@ impl Server {
         }
         if s.slots.last() == Some(&NO_USER) {
             return Err(Damaged("trailing hole"));
+        }
+        if s.users.len() > s.cfg.max_members() {
+            return Err(Damaged("more members than the graph takes"));
         }
         match &mut s.graph {
             Graph::Tree(t) => {
@@ -1045,4 +1061,77 @@ fn split_by_subtree(
 
 fn users_at(t: &KeyTree, id: u64) -> u64 {
     NodeIndex::from_id(id).map_or(0, |ix| t.slots_below_count(ix))
+}
+
+#[cfg(test)]
+mod state_tests {
+    use super::*;
+    use rand_chacha::rand_core::SeedableRng;
+
+    fn server() -> (Server, rand_chacha::ChaCha20Rng) {
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(1);
+        let id = Identity::ed25519_from_seed(&[1; 32]).unwrap();
+        let mut s = Server::new(
+            ServerConfig::new("g", GraphKind::Tree { degree: 2 }),
+            Some(id),
+        )
+        .unwrap();
+        for u in 0..6 {
+            s.join(UserId(u), &GroupKey::from_bytes([u as u8; 32]), &mut rng)
+                .unwrap();
+        }
+        while s.poll_transmit().is_some() {}
+        (s, rng)
+    }
+
+    fn reread(s: &Server) -> Result<Server, crate::persist::StateError> {
+        let mut w = Writer::new();
+        s.write_state(&mut w);
+        Server::read_state(w.as_slice(), Identity::ed25519_from_seed(&[1; 32]).unwrap())
+    }
+
+    #[test]
+    fn states_the_server_could_not_have_reached_are_refused() {
+        let (s, _) = server();
+        assert!(reread(&s).is_ok());
+
+        // A queued leave from a slot a member still holds.
+        let (mut bad, _) = server();
+        bad.pending_leaves.push(Slot(2));
+        assert!(reread(&bad).is_err());
+
+        // The last epoch: the next rekey could not be numbered.
+        let (mut bad, _) = server();
+        bad.epoch = u64::MAX;
+        assert!(reread(&bad).is_err());
+
+        // A member in the slots whose leaf the tree does not hold, and the reverse.
+        let (mut bad, _) = server();
+        bad.slots.push(99);
+        assert!(reread(&bad).is_err());
+        let (mut bad, _) = server();
+        bad.slots[1] = NO_USER;
+        bad.free.insert(1);
+        assert!(reread(&bad).is_err());
+
+        // A tree whose leaves lost their parents, or with a second root.
+        let (mut bad, _) = server();
+        if let Graph::Tree(t) = &mut bad.graph {
+            t.orphan_leaves_for_test();
+        }
+        assert!(reread(&bad).is_err());
+        let (mut bad, _) = server();
+        if let Graph::Tree(t) = &mut bad.graph {
+            t.second_root_for_test();
+        }
+        assert!(reread(&bad).is_err());
+    }
+
+    #[test]
+    fn the_size_hint_covers_the_state() {
+        let (s, _) = server();
+        let mut w = Writer::new();
+        s.write_state(&mut w);
+        assert!(w.as_slice().len() <= s.state_size_hint());
+    }
 }

@@ -194,6 +194,21 @@ impl KeyTree {
     pub(crate) fn leaf_width(&self) -> usize {
         self.levels[0].len()
     }
+    /// Empties every level above the leaves (a state a bug could save; tests check it is
+    /// refused).
+    #[cfg(test)]
+    pub(crate) fn orphan_leaves_for_test(&mut self) {
+        for l in 1..self.levels.len() {
+            self.levels[l].clear();
+        }
+    }
+    /// Occupies a second node at the root's level.
+    #[cfg(test)]
+    pub(crate) fn second_root_for_test(&mut self) {
+        let top = self.levels.last_mut().expect("levels");
+        let root = top[0].clone();
+        top.push(root);
+    }
     /// Nodes held, present or not.
     pub(crate) fn node_count(&self) -> usize {
         self.levels.iter().map(Vec::len).sum()
@@ -713,9 +728,11 @@ impl KeyTree {
     }
 
     /// A tree from [`KeyTree::write_state`]'s bytes, checked enough that no later operation can
-    /// index out of bounds or miscount: `height + 1` levels of at most `max_width` nodes, and
-    /// every node's member count the sum of its children's. (A level may be wider than its
-    /// occupied nodes: levels keep their length when members leave.)
+    /// index out of bounds or miscount: `height + 1` levels (one below a star's root), every
+    /// node's member count the sum of its children's, every level holding as many members as the
+    /// root (so every occupied node has its parent), and only the root occupied at the top.
+    /// (Levels may be wider than their occupied nodes: they keep their length when members leave
+    /// or the tree shrinks.)
     pub(crate) fn read_state(
         r: &mut conclave_wire::Reader<'_>,
         max_width: usize,
@@ -724,7 +741,13 @@ impl KeyTree {
         let degree = r.u32("degree").map_err(bad)?;
         let height = r.u8("height").map_err(bad)?;
         let count = r.u32("levels").map_err(bad)? as usize;
-        if degree < 2 || height == 0 || count != height as usize + 1 || count > MAX_SAVED_LEVELS {
+        let star = degree == crate::index::STAR_DEGREE;
+        if degree < 2
+            || height == 0
+            || (star && height != 1)
+            || count != height as usize + 1
+            || count > MAX_SAVED_LEVELS
+        {
             return Err("key tree of a wrong shape");
         }
         let mut t = KeyTree {
@@ -732,40 +755,62 @@ impl KeyTree {
             height,
             levels: Vec::with_capacity(count),
         };
+        let mut total = None;
         for l in 0..count {
             let width = r.u32("level width").map_err(bad)? as usize;
             if width > max_width || r.remaining() < width * 44 {
                 return Err("key tree level too wide");
             }
-            let mut level = Vec::with_capacity(width);
+            // Filled in place, so that the tree's drop wipes whatever was read if a check fails.
+            t.levels.push(Vec::with_capacity(width));
             for _ in 0..width {
                 let mut key = [0u8; 32];
                 key.copy_from_slice(r.take(32, "key").map_err(bad)?);
-                level.push(Node {
+                let node = Node {
                     key,
                     version: r.u64("version").map_err(bad)?,
                     users: r.u32("users").map_err(bad)?,
-                });
+                };
+                key.zeroize();
+                t.levels[l].push(node);
             }
-            if l > 0 {
-                let below = &t.levels[l - 1];
-                for (o, n) in level.iter().enumerate() {
-                    let node = NodeIndex {
-                        level: l as u8,
-                        offset: o as u32,
-                    };
-                    let sum: u64 = node
-                        .children(degree, below.len())
-                        .map(|c| below[c].users as u64)
-                        .sum();
-                    if sum != n.users as u64 {
-                        return Err("key tree member counts disagree");
+            let (below, level) = match l {
+                0 => (None, &t.levels[0]),
+                _ => (Some(&t.levels[l - 1]), &t.levels[l]),
+            };
+            match below {
+                None if level.iter().any(|n| n.users > 1) => {
+                    return Err("a leaf with several members")
+                }
+                None => {}
+                Some(below) => {
+                    for (o, n) in level.iter().enumerate() {
+                        let node = NodeIndex {
+                            level: l as u8,
+                            offset: o as u32,
+                        };
+                        let sum: u64 = node
+                            .children(degree, below.len())
+                            .map(|c| below[c].users as u64)
+                            .sum();
+                        if sum != n.users as u64 {
+                            return Err("key tree member counts disagree");
+                        }
                     }
                 }
-            } else if level.iter().any(|n| n.users > 1) {
-                return Err("a leaf with several members");
             }
-            t.levels.push(level);
+            // Every occupied node has a parent: each level holds all the members.
+            let members: u64 = level.iter().map(|n| n.users as u64).sum();
+            if *total.get_or_insert(members) != members {
+                return Err("a key tree level misses members");
+            }
+        }
+        if t.levels[height as usize]
+            .iter()
+            .skip(1)
+            .any(|n| n.users > 0)
+        {
+            return Err("a second root");
         }
         Ok(t)
     }

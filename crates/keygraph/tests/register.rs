@@ -180,7 +180,7 @@ fn a_failed_admission_spends_nothing_and_a_done_one_cannot_be_replayed() {
             admitted += 1;
             Ok(vec![0; 257])
         }),
-        Err(RegisterError::Admission(_))
+        Err(RegisterError::AdmittedWithoutWelcome { ref member, .. }) if member == ALICE
     ));
     assert_eq!(
         w.handle_hello_admitting(ALICE, &hello, &mut |_, _| {
@@ -466,4 +466,29 @@ fn the_member_refuses_foreign_stale_replayed_and_forged_messages() {
         alice.handle_welcome(SERVER, &reg.welcome).err(),
         Some(RegisterError::NotWaiting)
     );
+}
+
+#[test]
+fn a_replayed_invite_cannot_push_out_the_exchange_the_server_answers() {
+    let mut w = World::new();
+    let mut alice = w.alice();
+    // The server invites five times in one view; only its last invitation stands.
+    let invites: Vec<Vec<u8>> = (0..5)
+        .map(|_| w.registrar.invite(ALICE, view(1), &mut w.rng).unwrap())
+        .collect();
+    let hellos: Vec<Vec<u8>> = invites
+        .iter()
+        .map(|i| alice.handle_invite(SERVER, i, view(1), &mut w.rng).unwrap())
+        .collect();
+    // The first hello was dropped to make room; replaying its invite draws nothing new.
+    for _ in 0..5 {
+        assert_eq!(
+            alice
+                .handle_invite(SERVER, &invites[0], view(1), &mut w.rng)
+                .err(),
+            Some(RegisterError::ReplayedInvite)
+        );
+    }
+    let reg = w.handle_hello(ALICE, &hellos[4]).unwrap();
+    alice.handle_welcome(SERVER, &reg.welcome).unwrap();
 }
