@@ -63,6 +63,7 @@ impl MemberSet {
     }
 }
 
+#[cfg(test)]
 impl<S: AsRef<str>> FromIterator<S> for MemberSet {
     /// Members in the order given, as if they were a view.
     fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {

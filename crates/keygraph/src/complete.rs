@@ -274,19 +274,29 @@ impl CompleteGraph {
         if members >> MAX_COMPLETE_MEMBERS != 0 || count != 1 << MAX_COMPLETE_MEMBERS {
             return Err("complete graph of a wrong size");
         }
-        let mut keys = Vec::with_capacity(count);
+        // Filled in place, so that the graph's drop wipes whatever was read if a check fails.
+        let mut g = CompleteGraph {
+            members,
+            keys: Vec::with_capacity(count),
+        };
         for _ in 0..count {
             let mut key = [0u8; 32];
             key.copy_from_slice(r.take(32, "key").map_err(bad)?);
+            let entry_key = key;
+            key.zeroize();
             let version = r.u64("version").map_err(bad)?;
             let live = match r.u8("live").map_err(bad)? {
                 0 => false,
                 1 => true,
                 _ => return Err("complete graph entry flag"),
             };
-            keys.push(Entry { key, version, live });
+            g.keys.push(Entry {
+                key: entry_key,
+                version,
+                live,
+            });
         }
-        Ok(CompleteGraph { members, keys })
+        Ok(g)
     }
 }
 

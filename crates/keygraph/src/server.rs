@@ -170,6 +170,15 @@ pub struct Server {
     last: Option<RekeyStats>,
 }
 
+/// The individual keys of queued joiners are secrets too (the graph wipes its own keys).
+impl Drop for Server {
+    fn drop(&mut self) {
+        for (_, k) in &mut self.pending_joins {
+            zeroize::Zeroize::zeroize(k);
+        }
+    }
+}
+
 impl core::fmt::Debug for Server {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(
