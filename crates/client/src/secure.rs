@@ -413,7 +413,7 @@ impl Driver {
                     // The keys are asked for before the join, so that the first view has its key.
                     let asked = match g.key_source() {
                         KeySource::Daemons => self.client.sender.keys(&group).await,
-                        KeySource::Agreement => Ok(()),
+                        KeySource::Agreement | KeySource::KeyGraph => Ok(()),
                     };
                     asked
                         .map(|()| {

@@ -75,6 +75,7 @@ fn architecture(keys: KeySource) -> &'static str {
     match keys {
         KeySource::Agreement => "layered",
         KeySource::Daemons => "integrated",
+        KeySource::KeyGraph => "key-graph",
     }
 }
 

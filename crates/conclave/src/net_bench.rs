@@ -398,6 +398,7 @@ pub(crate) async fn throughput_once(
                 (conclave_client::secure::KeySource::Agreement, _) => json!(format!("{p:?}")),
                 (conclave_client::secure::KeySource::Daemons, false) => json!("daemons"),
                 (conclave_client::secure::KeySource::Daemons, true) => json!("daemons-evs"),
+                (conclave_client::secure::KeySource::KeyGraph, _) => json!("key-graph"),
             };
             row
         }

@@ -94,8 +94,10 @@ pub struct SecureArgs {
     #[arg(long)]
     pub secure: bool,
     /// Where the groups' keys come from: `agreement` (the members agree each view's key; needs
-    /// --identity and --directory) or `daemons` (the daemons derive it from their own key and
-    /// hand it over with the view: the integrated architecture, docs/integrated.md).
+    /// --identity and --directory), `daemons` (the daemons derive it from their own key and
+    /// hand it over with the view: the integrated architecture, docs/integrated.md) or
+    /// `key-graph` (a key server, `conclave keyserver`, registers the members and rekeys the
+    /// group: needs --key-server, --identity and --directory; docs/keygraph.md).
     #[arg(long, default_value = "agreement", requires = "secure")]
     pub keys: conclave_client::secure::KeySource,
     /// With --keys daemons: EVS groups (no flush before a view change) whose messages the
@@ -103,6 +105,10 @@ pub struct SecureArgs {
     /// EVS, docs/integrated.md).
     #[arg(long, requires = "secure")]
     pub evs: bool,
+    /// With --keys key-graph: the key server's name, as views list it (its identity is the
+    /// directory's entry under that name).
+    #[arg(long, requires = "secure")]
+    pub key_server: Option<String>,
     /// The key agreement protocol a group this client creates uses: gdh, ckd, tgdh, str or bd.
     #[arg(long, default_value = "tgdh")]
     pub protocol: String,
@@ -231,6 +237,9 @@ pub async fn secure_user(
     if args.evs && args.keys != KeySource::Daemons {
         bail!("--evs takes --keys daemons: members that agree their keys need VS");
     }
+    if (args.keys == KeySource::KeyGraph) != args.key_server.is_some() {
+        bail!("--keys key-graph and --key-server NAME go together");
+    }
     let (identity, directory) = match (args.keys, &args.identity, &args.directory) {
         (_, Some(id_path), Some(dir_path)) => {
             let identity = read_identity(id_path)?;
@@ -252,6 +261,9 @@ pub async fn secure_user(
         ),
         (KeySource::Agreement, _, _) => {
             bail!("--secure with keys agreed by the members needs --identity and --directory")
+        }
+        (KeySource::KeyGraph, _, _) => {
+            bail!("--keys key-graph needs --identity and --directory")
         }
         (KeySource::Daemons, _, _) => {
             bail!("--keys daemons takes neither --identity nor --directory, or both")
@@ -281,6 +293,11 @@ pub async fn secure_user(
             KeySource::Daemons => format!(
                 "connected as {} (secure, keys from the daemons)",
                 client.name()
+            ),
+            KeySource::KeyGraph => format!(
+                "connected as {} (secure, keys from the key server {})",
+                client.name(),
+                args.key_server.as_deref().unwrap_or_default()
             ),
         },
     );
@@ -313,7 +330,7 @@ pub async fn secure_user(
                 let r = match parse_line(&line) {
                     Err(e) => Err(e),
                     Ok(Line::Join(g, _)) => s
-                        .join_secure(&g, SecureConfig { keys: args.keys, protocol, evs: args.evs, ..SecureConfig::default() })
+                        .join_secure(&g, SecureConfig { keys: args.keys, protocol, evs: args.evs, key_server: args.key_server.clone(), ..SecureConfig::default() })
                         .await
                         .map_err(Into::into),
                     Ok(Line::Leave(g)) => s.leave(&g).await.map_err(Into::into),

@@ -21,7 +21,9 @@ use conclave_wire::{Reader, Writer};
 use zeroize::Zeroizing;
 
 const MAGIC: &[u8; 8] = b"CKSSTATE";
-const VERSION: u8 = 1;
+/// Version 2 added the annex: what the caller keeps beside the server (a service's names of its
+/// members), sealed with it.
+const VERSION: u8 = 2;
 const SALT_BYTES: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,15 +77,26 @@ impl Server {
     /// The server's whole state, sealed: what [`Server::restore`] takes back. Save after every
     /// rekey and before sending its messages (see the module doc).
     pub fn save(&self, rng: &mut dyn CryptoRng) -> Result<Vec<u8>, StateError> {
+        self.save_with(rng, &[])
+    }
+
+    /// As [`Server::save`], with `annex`, the caller's own bytes, sealed beside the server's
+    /// state: [`Server::restore_with`] gives them back.
+    pub fn save_with(&self, rng: &mut dyn CryptoRng, annex: &[u8]) -> Result<Vec<u8>, StateError> {
         let identity = self.identity().ok_or(StateError::NoIdentity)?;
         let mut salt = [0u8; SALT_BYTES];
         rng.fill_bytes(&mut salt);
         let group = &self.config().group;
         let mut out = header(group, &salt);
         // Sized up front so that growing the buffer leaves no copies of keys behind.
-        let mut w = Writer::with_capacity(self.state_size_hint());
+        let mut w = Writer::with_capacity(4 + self.state_size_hint() + annex.len());
+        w.u32(0);
         self.write_state(&mut w);
-        let plain = Zeroizing::new(w.into_vec());
+        let mut plain = w.into_vec();
+        let len = (plain.len() - 4) as u32;
+        plain[..4].copy_from_slice(&len.to_be_bytes());
+        plain.extend_from_slice(annex);
+        let plain = Zeroizing::new(plain);
         let key = state_key(identity, group, &salt)?;
         let aead = Aead::new(AeadAlg::ChaCha20Poly1305, &key);
         let sealed = aead.seal(
@@ -102,6 +115,15 @@ impl Server {
         identity: Identity,
         group: Option<&str>,
     ) -> Result<Server, StateError> {
+        Server::restore_with(bytes, identity, group).map(|(s, _)| s)
+    }
+
+    /// As [`Server::restore`], with the annex the state was saved with.
+    pub fn restore_with(
+        bytes: &[u8],
+        identity: Identity,
+        group: Option<&str>,
+    ) -> Result<(Server, Zeroizing<Vec<u8>>), StateError> {
         let mut r = Reader::new(bytes);
         if r.take(MAGIC.len(), "magic").ok() != Some(&MAGIC[..]) {
             return Err(StateError::NotState);
@@ -130,11 +152,19 @@ impl Server {
             )
             .map_err(|_| StateError::Open)?,
         );
-        let server = Server::read_state(&plain, identity)?;
+        let mut inner = Reader::new(&plain);
+        let len = inner
+            .u32("state length")
+            .map_err(|_| StateError::Damaged("truncated"))? as usize;
+        let state = inner
+            .take(len, "state")
+            .map_err(|_| StateError::Damaged("truncated"))?;
+        let server = Server::read_state(state, identity)?;
         if server.config().group != saved_group {
             return Err(StateError::Damaged("group differs from the header's"));
         }
-        Ok(server)
+        let annex = Zeroizing::new(plain[4 + len..].to_vec());
+        Ok((server, annex))
     }
 }
 

@@ -200,3 +200,23 @@ fn an_rsa_identity_finds_its_state_again() {
         Some(StateError::Open)
     );
 }
+
+#[test]
+fn the_annex_is_sealed_with_the_state_and_given_back() {
+    let mut rng = ChaCha20Rng::seed_from_u64(8);
+    let s = busy_server(GraphKind::Tree { degree: 4 }, Strategy::Key, &mut rng);
+    let annex = b"the names of the members, say".to_vec();
+    let saved = s.save_with(&mut rng, &annex).unwrap();
+    assert!(!saved.windows(annex.len()).any(|w| w == annex));
+    let (r, back) = Server::restore_with(&saved, identity(1), Some("feed")).unwrap();
+    assert_eq!(back.as_slice(), annex.as_slice());
+    assert_eq!(keys(&r, 101), keys(&s, 101));
+    // A state saved without an annex gives an empty one.
+    let (_, none) = Server::restore_with(&s.save(&mut rng).unwrap(), identity(1), None).unwrap();
+    assert!(none.is_empty());
+    // Altering the annex's bytes breaks the seal like any other.
+    let mut bad = saved.clone();
+    let last = bad.len() - 20;
+    bad[last] ^= 1;
+    assert!(Server::restore_with(&bad, identity(1), None).is_err());
+}

@@ -17,11 +17,19 @@
 //! daemon for the group's keys before it joins, and each view's key comes with the view
 //! ([`ClientEvent::ViewKey`]). What is sealed, buffered and flushed is the same.
 //!
+//! A group may also take its keys from a key-graph server (paper 001; [`KeySource::KeyGraph`],
+//! docs/keygraph.md): the server registers each member, multicasts the rekey messages, and binds
+//! each view to a group key with a signed view key. A view whose key holders are those of the
+//! last keyed view, all come through together (the server's own coming or going aside), keeps
+//! that view's group key without waiting for the server: a server's crash and restart does not
+//! stop the group, and no key goes to anyone who lacked it.
+//!
 //! Departures from the papers: a unicast of the key agreement goes to the whole group and names
 //! its recipient (the daemons have no private groups); a group's protocol is fixed by its first
 //! member, and a newcomer whose protocol differs leaves with a typed error; a view with a member
 //! the trust directory does not know gets no key at all.
 
+use crate::keygraph_member::{KeyGraphMember, Outcome};
 use crate::seal::{ReplayWindow, SenderKey};
 use crate::SecureError;
 use bytes::Bytes;
@@ -48,6 +56,10 @@ pub enum KeySource {
     /// to the view's members (Integrated VS): no agreement among the members, at the price of
     /// trusting every daemon of the ring with the group's keys (docs/integrated.md).
     Daemons,
+    /// A key-graph server (paper 001) registers each member and rekeys the group on every join
+    /// and leave ([`SecureConfig::key_server`] names it): for large one-to-many groups, at the
+    /// price of trusting the server with the group's keys (docs/keygraph.md).
+    KeyGraph,
 }
 
 impl std::str::FromStr for KeySource {
@@ -57,7 +69,10 @@ impl std::str::FromStr for KeySource {
         match s {
             "agreement" | "layered" => Ok(KeySource::Agreement),
             "daemons" | "integrated" => Ok(KeySource::Daemons),
-            _ => Err(format!("unknown key source {s:?} (agreement or daemons)")),
+            "key-graph" | "keygraph" => Ok(KeySource::KeyGraph),
+            _ => Err(format!(
+                "unknown key source {s:?} (agreement, daemons or key-graph)"
+            )),
         }
     }
 }
@@ -67,6 +82,7 @@ impl std::fmt::Display for KeySource {
         f.write_str(match self {
             KeySource::Agreement => "agreement",
             KeySource::Daemons => "daemons",
+            KeySource::KeyGraph => "key-graph",
         })
     }
 }
@@ -93,6 +109,9 @@ pub struct SecureConfig {
     /// key's (Optimized EVS, paper 002 §V-B3). Ignored when the members agree the keys, which
     /// takes VS.
     pub evs: bool,
+    /// With keys from a key-graph server: the server's name, as views list it (the trust
+    /// directory holds its identity under that name).
+    pub key_server: Option<String>,
 }
 
 impl Default for SecureConfig {
@@ -106,6 +125,7 @@ impl Default for SecureConfig {
             max_early: 4096,
             max_early_bytes: 16 << 20,
             evs: false,
+            key_server: None,
         }
     }
 }
@@ -366,6 +386,8 @@ pub struct SecureGroup {
     commands: VecDeque<ClientCommand>,
     events: VecDeque<SecureEvent>,
     consumed: VecDeque<Consumed>,
+    /// The member's end of a key-graph group ([`KeySource::KeyGraph`]).
+    keygraph: Option<KeyGraphMember>,
 }
 
 impl SecureGroup {
@@ -419,7 +441,21 @@ impl SecureGroup {
             commands: VecDeque::new(),
             events: VecDeque::new(),
             consumed: VecDeque::new(),
+            keygraph: None,
         };
+        if g.cfg.keys == KeySource::KeyGraph {
+            let Some(server) = g.cfg.key_server.clone() else {
+                // Nothing is joined: there is no server to take keys from.
+                g.left = true;
+                g.told_left = true;
+                g.events.push_back(SecureEvent::Left {
+                    group: group.to_owned(),
+                    reason: "a key-graph group needs its key server's name".into(),
+                });
+                return g;
+            };
+            g.keygraph = Some(KeyGraphMember::new(group, me, &server, g.directory.clone()));
+        }
         let vs = !g.optimized_evs();
         g.commands.push_back(ClientCommand::Join {
             group: group.to_owned(),
@@ -592,10 +628,23 @@ impl SecureGroup {
         let Some(mut view) = View::from_event(&ev) else {
             return;
         };
+        self.views_seen += 1;
         if self.cfg.keys == KeySource::Daemons {
             // The view's key follows the view; until it is here, nothing is sealed or opened.
-            self.views_seen += 1;
             self.enter_view(view.view_id, view.members, view.transitional);
+            return;
+        }
+        if self.cfg.keys == KeySource::KeyGraph {
+            let kept = self.keyed.take().filter(|k| self.same_holders(k, &view));
+            self.enter_view(view.view_id, view.members, view.transitional);
+            if let Some(k) = kept {
+                let members = self
+                    .view
+                    .as_ref()
+                    .map(|v| v.members.clone())
+                    .unwrap_or_default();
+                self.install_key(view.view_id, members, k.info.epoch, k.key);
+            }
             return;
         }
         let came_along: Vec<String> = match &self.came_along {
@@ -680,9 +729,19 @@ impl SecureGroup {
         };
         let current = self.view.as_ref().map(|v| v.id);
         match msg {
-            SecureMessage::KeyAgreement { .. } if self.cfg.keys == KeySource::Daemons => {
+            SecureMessage::KeyAgreement { .. } if self.cfg.keys != KeySource::Agreement => {
                 if sender != self.me && current == Some(at) {
                     self.on_key_source_mismatch(sender);
+                }
+            }
+            SecureMessage::KeyGraph(_) if self.cfg.keys != KeySource::KeyGraph => {
+                if sender != self.me && current == Some(at) {
+                    self.on_key_source_mismatch(sender);
+                }
+            }
+            SecureMessage::KeyGraph(body) => {
+                if sender != self.me && current == Some(at) {
+                    self.on_key_graph(&sender, body, at);
                 }
             }
             SecureMessage::KeyAgreement { to, envelope } => {
@@ -961,6 +1020,62 @@ impl SecureGroup {
         self.handed += 1;
         let key = GroupKey::from_bytes(key.0);
         self.install_key(view, members, self.handed, key);
+    }
+
+    /// Whether the new daemon view `view` keeps the key of `k`, the last view's: its members,
+    /// the server aside, are the key's holders, and all of them came through from that view.
+    fn same_holders(&self, k: &Keyed, view: &View) -> bool {
+        let Some(server) = self.keygraph.as_ref().map(|g| g.server()) else {
+            return false;
+        };
+        let mut now: Vec<&String> = view.members.iter().filter(|m| *m != server).collect();
+        let mut then: Vec<&String> = k.info.members.iter().filter(|m| *m != server).collect();
+        now.sort();
+        then.sort();
+        now == then && now.iter().all(|m| view.transitional.contains(m))
+    }
+
+    /// A message of the key-graph service from a member of the current view `at`.
+    fn on_key_graph(&mut self, sender: &str, body: &[u8], at: GroupViewId) {
+        let Some(kg) = self.keygraph.as_mut() else {
+            return;
+        };
+        match kg.handle(sender, body, at, &self.identity, &mut *self.rng) {
+            Ok(Outcome::Nothing) => {}
+            Ok(Outcome::Send(b)) => {
+                if self.flushed || self.left {
+                    return;
+                }
+                self.commands.push_back(ClientCommand::Multicast {
+                    service: ServiceType::Agreed,
+                    groups: vec![self.group.clone()],
+                    payload: SecureMessage::KeyGraph(&b).encode().into(),
+                });
+                self.inflight.push_back(Inflight::Protocol(at));
+            }
+            Ok(Outcome::Key {
+                epoch,
+                excluded,
+                key,
+            }) => {
+                if self.keyed.is_some() {
+                    return;
+                }
+                let members: Vec<String> = self
+                    .view
+                    .as_ref()
+                    .map(|v| {
+                        v.members
+                            .iter()
+                            .filter(|m| !excluded.contains(m))
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                self.install_key(at, members, epoch, key);
+            }
+            Err(e) => self.refused(sender.to_owned(), SecureError::KeyGraph(e)),
+        }
     }
 
     /// A member runs a key agreement in a group whose keys this member takes from the daemons:

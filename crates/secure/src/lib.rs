@@ -7,9 +7,13 @@
 
 pub mod files;
 mod group;
+mod keygraph_member;
+pub mod keyserver;
 mod seal;
 
 pub use seal::{reseal, sealed_view, ResealError, Resealing};
+
+pub use keyserver::{KeyServerConfig, KeyServerEvent, KeyServerNode, KeyServerOutput};
 
 pub use group::{
     Consumed, KeySource, SecureConfig, SecureEvent, SecureGroup, SecureViewInfo, ViewKey,
@@ -17,6 +21,7 @@ pub use group::{
 };
 
 use conclave_gka::{GkaError, ProtocolId};
+use conclave_keygraph::{MemberError, RegisterError, ServerError, StateError};
 use conclave_wire::client::GroupViewId;
 use conclave_wire::DecodeError;
 
@@ -56,6 +61,54 @@ pub enum SecureError {
     /// or the other way round.
     #[error("the group's members take their keys from different places (this member: {mine})")]
     KeySourceMismatch { mine: KeySource },
+    #[error("key graph: {0}")]
+    KeyGraph(KeyGraphError),
+}
+
+/// Why a key-graph group's member or server refused a message of the service.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyGraphError {
+    #[error("malformed service message: {0}")]
+    Malformed(DecodeError),
+    #[error("registration: {0}")]
+    Register(RegisterError),
+    #[error("rekey message: {0}")]
+    Rekey(MemberError),
+    /// A message only the group's key server sends, from someone else.
+    #[error("{0} is not the group's key server")]
+    NotServer(String),
+    #[error("the key server {0} is not in the directory")]
+    UnknownServer(String),
+    #[error("view key: {0}")]
+    ViewKey(&'static str),
+    #[error("key server: {0}")]
+    Server(ServerError),
+    #[error("saved state: {0}")]
+    State(StateError),
+}
+
+impl KeyGraphError {
+    /// A short name of the kind of error, for records and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            KeyGraphError::Malformed(_) => "malformed",
+            KeyGraphError::Register(RegisterError::UnknownIdentity(_)) => "unknown_identity",
+            KeyGraphError::Register(RegisterError::NotInvited) => "not_invited",
+            KeyGraphError::Register(RegisterError::BadSignature(_)) => "bad_signature",
+            KeyGraphError::Register(_) => "registration",
+            KeyGraphError::Rekey(MemberError::Stale { .. }) => "stale_rekey",
+            KeyGraphError::Rekey(MemberError::BadSignature | MemberError::BadAuthPath) => {
+                "forged_rekey"
+            }
+            KeyGraphError::Rekey(_) => "rekey",
+            KeyGraphError::NotServer(_) => "not_server",
+            KeyGraphError::UnknownServer(_) => "unknown_server",
+            KeyGraphError::ViewKey(_) => "view_key",
+            KeyGraphError::Server(_) => "server",
+            KeyGraphError::State(_) => "state",
+        }
+    }
 }
 
 impl SecureError {
@@ -74,6 +127,7 @@ impl SecureError {
             SecureError::KeyAgreement(_) => "key_agreement",
             SecureError::ProtocolMismatch { .. } => "protocol_mismatch",
             SecureError::KeySourceMismatch { .. } => "key_source_mismatch",
+            SecureError::KeyGraph(e) => e.kind(),
         }
     }
 }

@@ -10,6 +10,21 @@
 //! 3. `Welcome` (server to member): the server's ephemeral element, what the server tells the
 //!    member on admitting it (its place in the key graph), and the server's signature over the
 //!    transcript (both elements and everything the hello named) and that admission.
+//!
+//! Around the exchange, the service's messages ([`ServiceMsg`]): the registration messages, the
+//! rekey messages (`lkh::RekeyMessage`, which authenticate themselves), the server's signed
+//! binding of a group view to the group key its members seal under ([`ViewKeyMsg`]), and a
+//! member's knock (it lacks its keys and asks to register again).
+//!
+//! ```text
+//! service message: version u8 = 1 | kind u8 | body
+//!   1 registration: a RegisterMsg         2 rekey: an lkh RekeyMessage
+//!   3 view key: group | server | view id | epoch u64 | key id u64 | key version u64
+//!               | count u32 | names | signature (u32 length, bytes)
+//!   4 knock: view id
+//! admission (in a welcome): version u8 = 1 | user u64 | slot u32 | epoch u64
+//!   | graph u8 (0 star, 1 tree) | degree u32 | aead u8 (0 AES-256-GCM, 1 ChaCha20-Poly1305)
+//! ```
 
 use crate::client::GroupViewId;
 use crate::codec::{DecodeError, Reader, Writer};
@@ -178,6 +193,214 @@ impl RegisterMsg {
     }
 }
 
+/// A message of the key-graph service, inside a secure group's `KeyGraph` message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServiceMsg<'a> {
+    /// A registration message, undecoded ([`RegisterMsg`]).
+    Register(&'a [u8]),
+    /// A rekey message, undecoded (`lkh::RekeyMessage`).
+    Rekey(&'a [u8]),
+    ViewKey(ViewKeyMsg),
+    /// A member that lacks its keys asks, in `view`, to register again.
+    Knock {
+        view: GroupViewId,
+    },
+}
+
+/// The server's word that the members of `view` seal under the group key of `epoch` (the key
+/// `key_id`, `key_version` of the graph); `excluded` names the view's members that hold no keys
+/// (not registered), which members must not count as holders.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ViewKeyMsg {
+    pub group: String,
+    pub server: String,
+    pub view: GroupViewId,
+    pub epoch: u64,
+    pub key_id: u64,
+    pub key_version: u64,
+    pub excluded: Vec<String>,
+    pub signature: Vec<u8>,
+}
+
+const SERVICE_REGISTER: u8 = 1;
+const SERVICE_REKEY: u8 = 2;
+const SERVICE_VIEW_KEY: u8 = 3;
+const SERVICE_KNOCK: u8 = 4;
+
+impl ViewKeyMsg {
+    /// What the server signs: everything but the signature, after a domain label.
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.raw(b"conclave keyserver view key v1");
+        self.write_body(&mut w);
+        w.into_vec()
+    }
+    fn write_body(&self, w: &mut Writer) {
+        w.name(&self.group, MAX_NAME_BYTES);
+        w.name(&self.server, MAX_NAME_BYTES);
+        crate::client::write_view(w, &self.view);
+        w.u64(self.epoch);
+        w.u64(self.key_id);
+        w.u64(self.key_version);
+        w.count(self.excluded.len(), u32::MAX as usize);
+        for n in &self.excluded {
+            w.name(n, MAX_NAME_BYTES);
+        }
+    }
+}
+
+impl<'a> ServiceMsg<'a> {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u8(VERSION);
+        match self {
+            ServiceMsg::Register(b) => {
+                w.u8(SERVICE_REGISTER);
+                w.raw(b);
+            }
+            ServiceMsg::Rekey(b) => {
+                w.u8(SERVICE_REKEY);
+                w.raw(b);
+            }
+            ServiceMsg::ViewKey(v) => {
+                w.u8(SERVICE_VIEW_KEY);
+                v.write_body(&mut w);
+                w.bytes(&v.signature, MAX_SIGNATURE_BYTES);
+            }
+            ServiceMsg::Knock { view } => {
+                w.u8(SERVICE_KNOCK);
+                crate::client::write_view(&mut w, view);
+            }
+        }
+        w.into_vec()
+    }
+
+    pub fn decode(buf: &'a [u8]) -> Result<ServiceMsg<'a>, DecodeError> {
+        let mut r = Reader::new(buf);
+        let v = r.u8("version")?;
+        if v != VERSION {
+            return Err(DecodeError::BadVersion(v));
+        }
+        let msg = match r.u8("service message kind")? {
+            tag @ (SERVICE_REGISTER | SERVICE_REKEY) => {
+                let body = r.take(r.remaining(), "service message body")?;
+                if body.is_empty() {
+                    return Err(DecodeError::Empty {
+                        what: "service message body",
+                    });
+                }
+                match tag {
+                    SERVICE_REGISTER => ServiceMsg::Register(body),
+                    _ => ServiceMsg::Rekey(body),
+                }
+            }
+            SERVICE_VIEW_KEY => {
+                let group = r.name("group", MAX_NAME_BYTES)?;
+                let server = r.name("server", MAX_NAME_BYTES)?;
+                let view = crate::client::read_view(&mut r)?;
+                let epoch = r.u64("epoch")?;
+                let key_id = r.u64("key id")?;
+                let key_version = r.u64("key version")?;
+                let n = r.u32("excluded count")? as usize;
+                // Each name takes at least two bytes: a count past that is a lie.
+                if n > r.remaining() / 2 {
+                    return Err(DecodeError::TooLong {
+                        what: "excluded count",
+                        len: n,
+                        max: r.remaining() / 2,
+                    });
+                }
+                let mut excluded = Vec::with_capacity(n);
+                for _ in 0..n {
+                    excluded.push(r.name("excluded member", MAX_NAME_BYTES)?);
+                }
+                let signature = signature(&mut r)?;
+                ServiceMsg::ViewKey(ViewKeyMsg {
+                    group,
+                    server,
+                    view,
+                    epoch,
+                    key_id,
+                    key_version,
+                    excluded,
+                    signature,
+                })
+            }
+            SERVICE_KNOCK => ServiceMsg::Knock {
+                view: crate::client::read_view(&mut r)?,
+            },
+            tag => {
+                return Err(DecodeError::BadTag {
+                    what: "service message kind",
+                    tag,
+                })
+            }
+        };
+        r.finish()?;
+        Ok(msg)
+    }
+}
+
+/// What a welcome tells a member on admitting it: its place in the key graph, the epoch whose
+/// rekey carries its first keys, and how the graph is built (so a member needs no configuration
+/// of its own for it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admission {
+    pub user: u64,
+    pub slot: u32,
+    pub epoch: u64,
+    /// `None`: a star; `Some(d)`: a tree of degree `d`.
+    pub degree: Option<u32>,
+    /// 0: AES-256-GCM, 1: ChaCha20-Poly1305.
+    pub aead: u8,
+}
+
+impl Admission {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u8(VERSION);
+        w.u64(self.user);
+        w.u32(self.slot);
+        w.u64(self.epoch);
+        w.u8(u8::from(self.degree.is_some()));
+        w.u32(self.degree.unwrap_or(0));
+        w.u8(self.aead);
+        w.into_vec()
+    }
+    pub fn decode(buf: &[u8]) -> Result<Admission, DecodeError> {
+        let mut r = Reader::new(buf);
+        let v = r.u8("version")?;
+        if v != VERSION {
+            return Err(DecodeError::BadVersion(v));
+        }
+        let user = r.u64("user")?;
+        let slot = r.u32("slot")?;
+        let epoch = r.u64("epoch")?;
+        let tree = r.u8("graph")?;
+        let degree = r.u32("degree")?;
+        let degree = match tree {
+            0 if degree == 0 => None,
+            1 => Some(degree),
+            tag => return Err(DecodeError::BadTag { what: "graph", tag }),
+        };
+        let aead = r.u8("aead")?;
+        if aead > 1 {
+            return Err(DecodeError::BadTag {
+                what: "aead",
+                tag: aead,
+            });
+        }
+        r.finish()?;
+        Ok(Admission {
+            user,
+            slot,
+            epoch,
+            degree,
+            aead,
+        })
+    }
+}
+
 fn signature(r: &mut Reader<'_>) -> Result<Vec<u8>, DecodeError> {
     let s = r.bytes("signature", MAX_SIGNATURE_BYTES)?;
     if s.is_empty() {
@@ -256,5 +479,95 @@ mod tests {
             RegisterMsg::decode(&empty_sig.encode()),
             Err(DecodeError::Empty { what: "signature" })
         );
+    }
+
+    #[test]
+    fn service_messages_round_trip_and_refuse_cuts() {
+        let view_key = ViewKeyMsg {
+            group: "feed".into(),
+            server: "#ks#d1".into(),
+            view: exchange().view,
+            epoch: 12,
+            key_id: 1,
+            key_version: 40,
+            excluded: vec!["#x#d2".into(), "#y#d3".into()],
+            signature: vec![6; 64],
+        };
+        let register = RegisterMsg::Invite {
+            exchange: exchange(),
+            signature: vec![9; 64],
+        }
+        .encode();
+        let msgs = [
+            ServiceMsg::Register(&register),
+            ServiceMsg::Rekey(&[1, 2, 3]),
+            ServiceMsg::ViewKey(view_key.clone()),
+            ServiceMsg::Knock {
+                view: exchange().view,
+            },
+        ];
+        for m in &msgs {
+            let b = m.encode();
+            assert_eq!(&ServiceMsg::decode(&b).unwrap(), m);
+            for cut in 0..2 {
+                assert!(ServiceMsg::decode(&b[..cut]).is_err());
+            }
+        }
+        // Fixed-layout kinds refuse every cut and any trailing byte.
+        for m in &msgs[2..] {
+            let b = m.encode();
+            for cut in 0..b.len() {
+                assert!(ServiceMsg::decode(&b[..cut]).is_err(), "cut at {cut}");
+            }
+            let mut long = b.clone();
+            long.push(0);
+            assert_eq!(ServiceMsg::decode(&long), Err(DecodeError::Trailing(1)));
+        }
+        // The signature covers every field but itself.
+        let mut other = view_key.clone();
+        other.signature = vec![1; 64];
+        assert_eq!(other.signed_bytes(), view_key.signed_bytes());
+        other.excluded.pop();
+        assert_ne!(other.signed_bytes(), view_key.signed_bytes());
+        // A count of names the bytes cannot hold is refused before anything is allocated.
+        let mut b = ServiceMsg::ViewKey(view_key).encode();
+        let at = b.len() - 64 - 4 - 2 * 6 - 4;
+        b[at..at + 4].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(
+            ServiceMsg::decode(&b),
+            Err(DecodeError::TooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn admissions_round_trip_and_refuse_bad_fields() {
+        for degree in [None, Some(4)] {
+            let a = Admission {
+                user: 7,
+                slot: 3,
+                epoch: 9,
+                degree,
+                aead: 1,
+            };
+            let b = a.encode();
+            assert_eq!(Admission::decode(&b), Ok(a));
+            for cut in 0..b.len() {
+                assert!(Admission::decode(&b[..cut]).is_err());
+            }
+        }
+        let mut b = Admission {
+            user: 1,
+            slot: 0,
+            epoch: 1,
+            degree: None,
+            aead: 0,
+        }
+        .encode();
+        let last = b.len() - 1;
+        b[last] = 2;
+        assert!(Admission::decode(&b).is_err());
+        b[last] = 0;
+        b[21] = 2;
+        assert!(Admission::decode(&b).is_err());
     }
 }

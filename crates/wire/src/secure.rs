@@ -7,6 +7,8 @@
 //! data:           version u8 = 1 | tag u8 = 2 | view id (24 bytes) | counter u64 | sealed
 //! resealed:       version u8 = 1 | tag u8 = 3 | view id (24 bytes) | counter u64
 //!                 | daemon (name) | sealed
+//! key graph:      version u8 = 1 | tag u8 = 4 | a key-graph service message
+//!                 (`keyserver::ServiceMsg`: registration, rekey, view key or knock)
 //! ```
 //!
 //! The view id of a data message names the key that sealed it (paper 002's Key_id, in the
@@ -36,6 +38,7 @@ pub const MAX_PLAINTEXT_BYTES: usize = MAX_PAYLOAD_BYTES - DATA_OVERHEAD;
 const TAG_KEY_AGREEMENT: u8 = 1;
 const TAG_DATA: u8 = 2;
 const TAG_RESEALED: u8 = 3;
+const TAG_KEY_GRAPH: u8 = 4;
 
 fn header(tag: u8, view: &GroupViewId, counter: u64) -> Vec<u8> {
     let mut w = Writer::with_capacity(DATA_OVERHEAD);
@@ -69,6 +72,8 @@ pub enum SecureMessage<'a> {
         daemon: String,
         sealed: &'a [u8],
     },
+    /// A message of a key-graph group's server or member (`keyserver::ServiceMsg`), undecoded.
+    KeyGraph(&'a [u8]),
 }
 
 impl<'a> SecureMessage<'a> {
@@ -107,6 +112,13 @@ impl<'a> SecureMessage<'a> {
                 let mut w = Writer::with_capacity(sealed.len() + DATA_OVERHEAD + 20);
                 w.raw(&Self::resealed_header(view, *counter, daemon));
                 w.raw(sealed);
+                w.into_vec()
+            }
+            SecureMessage::KeyGraph(body) => {
+                let mut w = Writer::with_capacity(body.len() + 2);
+                w.u8(VERSION);
+                w.u8(TAG_KEY_GRAPH);
+                w.raw(body);
                 w.into_vec()
             }
         }
@@ -178,6 +190,15 @@ impl<'a> SecureMessage<'a> {
                         sealed,
                     },
                 })
+            }
+            TAG_KEY_GRAPH => {
+                let body = r.take(r.remaining(), "key graph message")?;
+                if body.is_empty() {
+                    return Err(DecodeError::Empty {
+                        what: "key graph message",
+                    });
+                }
+                Ok(SecureMessage::KeyGraph(body))
             }
             tag => Err(DecodeError::BadTag {
                 what: "secure message",

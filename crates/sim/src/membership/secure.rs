@@ -111,7 +111,7 @@ impl World {
         // The keys are asked for before the join goes, so that the first view has its key.
         let asked = match g.key_source() {
             KeySource::Daemons => c.core.keys(&group).ok(),
-            KeySource::Agreement => None,
+            KeySource::Agreement | KeySource::KeyGraph => None,
         };
         c.secure.insert(group.clone(), g);
         if let (Some(bytes), Some(sid)) = (asked, c.session) {

@@ -1,0 +1,225 @@
+//! A member's end of a key-graph group (paper 001 through the key server, docs/keygraph.md,
+//! "Running the server"): it answers the server's invitation with the registration exchange,
+//! keeps the keys of its path in the graph from the rekey messages, and learns from the server's
+//! signed view key which group key the members of a view seal under.
+//!
+//! Departure from paper 001: the paper's members learn the group key and use it; here a group key
+//! counts for a view only once the server has bound it to the view (or the view has the same
+//! holders as the last keyed one, see `SecureGroup`), so that data is sealed per view as in the
+//! layered architecture and a rekey that arrives mid-view never splits the members.
+
+use crate::KeyGraphError;
+use conclave_crypto::aead::AeadAlg;
+use conclave_crypto::{CryptoRng, GroupKey, PublicIdentity};
+use conclave_gka::SharedDirectory;
+use conclave_keygraph::{GraphKind, JoinAck, Member, MemberConfig, MemberError, Registration};
+use conclave_keygraph::{Slot, UserId};
+use conclave_wire::client::GroupViewId;
+use conclave_wire::keyserver::{Admission, RegisterMsg, ServiceMsg, ViewKeyMsg};
+
+/// What a service message asks of the member's group.
+pub(crate) enum Outcome {
+    Nothing,
+    /// A service message to multicast to the group.
+    Send(Vec<u8>),
+    /// The server's key for the current view: its holders are the view's members but `excluded`.
+    Key {
+        epoch: u64,
+        excluded: Vec<String>,
+        key: GroupKey,
+    },
+}
+
+pub(crate) struct KeyGraphMember {
+    group: String,
+    me: String,
+    server: String,
+    directory: SharedDirectory,
+    registration: Option<Registration>,
+    member: Option<Member>,
+    /// The view this member last knocked in: one knock per view.
+    knocked: Option<GroupViewId>,
+}
+
+impl KeyGraphMember {
+    pub fn new(group: &str, me: &str, server: &str, directory: SharedDirectory) -> Self {
+        KeyGraphMember {
+            group: group.to_owned(),
+            me: me.to_owned(),
+            server: server.to_owned(),
+            directory,
+            registration: None,
+            member: None,
+            knocked: None,
+        }
+    }
+
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    fn server_identity(&self) -> Result<PublicIdentity, KeyGraphError> {
+        let dir = self.directory.read().unwrap_or_else(|p| p.into_inner());
+        dir.get(&self.server)
+            .cloned()
+            .ok_or_else(|| KeyGraphError::UnknownServer(self.server.clone()))
+    }
+
+    /// A service message `from` a member of the current `view` (the daemons name the sender).
+    pub fn handle(
+        &mut self,
+        from: &str,
+        body: &[u8],
+        view: GroupViewId,
+        identity: &conclave_crypto::Identity,
+        rng: &mut dyn CryptoRng,
+    ) -> Result<Outcome, KeyGraphError> {
+        let msg = ServiceMsg::decode(body).map_err(KeyGraphError::Malformed)?;
+        if let ServiceMsg::Knock { .. } = msg {
+            // Other members' knocks are for the server.
+            return Ok(Outcome::Nothing);
+        }
+        if let ServiceMsg::Register(b) = msg {
+            let reg = RegisterMsg::decode(b).map_err(|e| KeyGraphError::Register(e.into()))?;
+            // Others' exchanges, and hellos (for the server), are not this member's business.
+            if reg.exchange().member != self.me || matches!(reg, RegisterMsg::Hello { .. }) {
+                return Ok(Outcome::Nothing);
+            }
+        }
+        if from != self.server {
+            return Err(KeyGraphError::NotServer(from.to_owned()));
+        }
+        match msg {
+            ServiceMsg::Register(b) => self.on_register(from, b, view, identity, rng),
+            ServiceMsg::Rekey(b) => self.on_rekey(b, view),
+            ServiceMsg::ViewKey(v) => self.on_view_key(v, view),
+            ServiceMsg::Knock { .. } => Ok(Outcome::Nothing),
+        }
+    }
+
+    fn on_register(
+        &mut self,
+        from: &str,
+        bytes: &[u8],
+        view: GroupViewId,
+        identity: &conclave_crypto::Identity,
+        rng: &mut dyn CryptoRng,
+    ) -> Result<Outcome, KeyGraphError> {
+        let reg = KeyGraphError::Register;
+        match RegisterMsg::decode(bytes).map_err(|e| reg(e.into()))? {
+            RegisterMsg::Invite { .. } => {
+                if self.registration.is_none() {
+                    let server = self.server_identity()?;
+                    self.registration = Some(
+                        Registration::new(
+                            &self.group,
+                            &self.me,
+                            &self.server,
+                            identity.clone(),
+                            server,
+                        )
+                        .map_err(reg)?,
+                    );
+                }
+                let r = self.registration.as_mut().expect("made above");
+                let hello = r.handle_invite(from, bytes, view, rng).map_err(reg)?;
+                Ok(Outcome::Send(ServiceMsg::Register(&hello).encode()))
+            }
+            RegisterMsg::Welcome { .. } => {
+                let r = self
+                    .registration
+                    .as_mut()
+                    .ok_or(reg(conclave_keygraph::RegisterError::NotWaiting))?;
+                let welcomed = r.handle_welcome(from, bytes).map_err(reg)?;
+                let a = Admission::decode(&welcomed.admission)
+                    .map_err(|e| reg(conclave_keygraph::RegisterError::Decode(e)))?;
+                let cfg = MemberConfig {
+                    group: self.group.clone(),
+                    graph: match a.degree {
+                        None => GraphKind::Star,
+                        Some(degree) => GraphKind::Tree { degree },
+                    },
+                    aead: match a.aead {
+                        0 => AeadAlg::Aes256Gcm,
+                        _ => AeadAlg::ChaCha20Poly1305,
+                    },
+                    server: Some(self.server_identity()?),
+                };
+                let ack = JoinAck {
+                    user: UserId(a.user),
+                    slot: Slot(a.slot),
+                    epoch: a.epoch,
+                };
+                // A member registered again starts over: the old keys are of no use.
+                self.member =
+                    Some(Member::new(cfg, &ack, welcomed.key).map_err(KeyGraphError::Rekey)?);
+                Ok(Outcome::Nothing)
+            }
+            RegisterMsg::Hello { .. } => Ok(Outcome::Nothing),
+        }
+    }
+
+    fn on_rekey(&mut self, bytes: &[u8], view: GroupViewId) -> Result<Outcome, KeyGraphError> {
+        let Some(m) = self.member.as_mut() else {
+            // Not registered yet: the rekeys before this member's welcome are not for it.
+            return Ok(Outcome::Nothing);
+        };
+        match m.handle_rekey(bytes) {
+            Ok(_) | Err(MemberError::NotForMe) => Ok(Outcome::Nothing),
+            // The other messages of the epoch just applied (each set of members gets its own).
+            Err(MemberError::Stale { epoch, expected }) if epoch + 1 == expected => {
+                Ok(Outcome::Nothing)
+            }
+            Err(MemberError::Gap { .. }) => {
+                // Keys were missed: only a new registration gives them back.
+                self.member = None;
+                Ok(self.knock(view))
+            }
+            Err(e) => Err(KeyGraphError::Rekey(e)),
+        }
+    }
+
+    fn knock(&mut self, view: GroupViewId) -> Outcome {
+        if self.knocked == Some(view) {
+            return Outcome::Nothing;
+        }
+        self.knocked = Some(view);
+        Outcome::Send(ServiceMsg::Knock { view }.encode())
+    }
+
+    fn on_view_key(&mut self, v: ViewKeyMsg, view: GroupViewId) -> Result<Outcome, KeyGraphError> {
+        if v.group != self.group || v.server != self.server {
+            return Err(KeyGraphError::ViewKey("for another group or server"));
+        }
+        self.server_identity()?
+            .verify(&v.signed_bytes(), &v.signature)
+            .map_err(|_| KeyGraphError::ViewKey("bad signature"))?;
+        if v.view != view {
+            return Err(KeyGraphError::ViewKey(
+                "for another view (stale or replayed)",
+            ));
+        }
+        if v.excluded.contains(&self.me) {
+            // Not registered in time: the server invites again in the next view.
+            return Ok(Outcome::Nothing);
+        }
+        let held = self.member.as_ref().and_then(|m| {
+            let (r, k) = m.group_key()?;
+            (m.epoch() == Some(v.epoch) && r.id == v.key_id && r.version == v.key_version)
+                .then(|| k.clone())
+        });
+        match held {
+            Some(key) => Ok(Outcome::Key {
+                epoch: v.epoch,
+                excluded: v.excluded,
+                key,
+            }),
+            // The server counts this member as a holder but it lacks the key (it missed a rekey,
+            // or it is a new incarnation under an old name).
+            None => {
+                self.member = None;
+                Ok(self.knock(view))
+            }
+        }
+    }
+}
