@@ -1,4 +1,4 @@
-//! `conclave`: the one binary. Subcommands: `demo`, `daemon`, `admin`, `user`, `keygen`, `gka run`, `sim`,
+//! `conclave`: the one binary. Subcommands: `demo`, `daemon`, `admin`, `user`, `keygen`, `keyserver`, `gka run`, `sim`,
 //! `check`, `bench gka`, `bench keygraph`.
 
 mod bench_cmd;
@@ -8,6 +8,7 @@ mod demo;
 mod gka_cmd;
 mod integrated_bench;
 mod keys_demo;
+mod keyserver_cmd;
 mod net_bench;
 mod sealed_bench;
 mod secure_bench;
@@ -52,6 +53,9 @@ enum Command {
     /// Make an identity (an Ed25519 key, private to its owner): a member's, added to a trust
     /// directory, or a daemon's, named by its `key` in the configuration.
     Keygen(secure_cmd::KeygenArgs),
+    /// Run a key-graph server for one group (docs/keygraph.md): it registers the group's members
+    /// and rekeys the group on every join and leave; members join with --keys key-graph.
+    Keyserver(keyserver_cmd::KeyserverArgs),
     /// Group key agreement tools.
     Gka {
         #[command(subcommand)]
@@ -76,6 +80,7 @@ fn main() -> Result<()> {
         Command::Admin(args) => daemon_cmd::run_admin(args),
         Command::User(args) => user_cmd::run_user(args),
         Command::Keygen(args) => secure_cmd::run_keygen(args),
+        Command::Keyserver(args) => keyserver_cmd::run_keyserver(args),
         Command::Gka { command } => gka_cmd::run(command),
         Command::Bench { command } => bench_cmd::run(command),
         Command::Check(args) => check_cmd::run(args),

@@ -977,3 +977,221 @@ fn bench_throughput_runs_a_secure_group() {
     assert_eq!(rows[0]["delivered_min"], rows[0]["messages"], "{out}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Starts `conclave keyserver` for group "feed"; its JSON lines go to a channel.
+fn spawn_keyserver(
+    addr: &str,
+    dir: &std::path::Path,
+    directory: &std::path::Path,
+) -> (
+    std::process::Child,
+    std::sync::mpsc::Receiver<serde_json::Value>,
+) {
+    use std::io::BufRead;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .args(["keyserver", "--daemon", addr, "--group", "feed", "--json"])
+        .arg("--identity")
+        .arg(dir.join("keyserver.id"))
+        .arg("--directory")
+        .arg(directory)
+        .arg("--state")
+        .arg(dir.join("feed.state"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = c.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str(&line) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    (c, rx)
+}
+
+/// The server's lines until one satisfies `want` (panics after 20 s, showing what came).
+fn wait_line(
+    rx: &std::sync::mpsc::Receiver<serde_json::Value>,
+    want: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let mut seen = Vec::new();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while let Some(left) = end.checked_duration_since(std::time::Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(v) if want(&v) => return v,
+            Ok(v) => seen.push(v),
+            Err(_) => break,
+        }
+    }
+    panic!("the key server never said it: {seen:?}");
+}
+
+#[test]
+fn keyserver_keys_a_group_of_secure_users_and_restarts_from_its_state() {
+    let (path, cfg) = one_daemon_config("keyserver");
+    let dir = std::env::temp_dir().join(format!("conclave-keyserver-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let directory = dir.join("directory.toml");
+    for n in ["keyserver", "ann", "ben", "eve"] {
+        let out = dir.join(format!("{n}.id"));
+        let mut args = vec!["keygen", "--name", n, "--out", out.to_str().unwrap()];
+        if n != "eve" {
+            args.extend(["--directory", directory.to_str().unwrap()]);
+        }
+        let (ok, _, err) = conclave(&args, None);
+        assert!(ok, "{err}");
+    }
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .args(["daemon", "--log", "warn", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let cfg_arg = path.to_str().unwrap();
+    for _ in 0..200 {
+        let (ok, out, _) = conclave(&["admin", "--config", cfg_arg, "status"], None);
+        if ok && out.contains("\"ready\":true") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let addr = cfg.daemon[0].client.unwrap().to_string();
+
+    // Refused up front: a server the directory does not list under the name it gets.
+    let (ok, _, err) = conclave(
+        &[
+            "keyserver",
+            "--daemon",
+            &addr,
+            "--name",
+            "someone",
+            "--group",
+            "feed",
+            "--identity",
+            dir.join("keyserver.id").to_str().unwrap(),
+            "--directory",
+            directory.to_str().unwrap(),
+            "--state",
+            dir.join("other.state").to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(!ok && err.contains("directory"), "{err}");
+    // And a member asking for the key-graph mode without naming the server.
+    let (ok, _, err) = conclave(
+        &[
+            "user",
+            "--daemon",
+            &addr,
+            "--secure",
+            "--keys",
+            "key-graph",
+            "--identity",
+            dir.join("ann.id").to_str().unwrap(),
+            "--directory",
+            directory.to_str().unwrap(),
+        ],
+        Some(""),
+    );
+    assert!(!ok && err.contains("--key-server"), "{err}");
+
+    let (mut server, lines) = spawn_keyserver(&addr, &dir, &directory);
+    let hello = wait_line(&lines, |l| l["ev"] == "connected");
+    assert_eq!(hello["restored"], false);
+    let server_name = hello["name"].as_str().unwrap().to_owned();
+
+    let user = |name: &str, script: &str| {
+        let id = dir.join(format!("{name}.id"));
+        let mut c = Command::new(env!("CARGO_BIN_EXE_conclave"))
+            .args(["user", "--daemon", &addr, "--name", name, "--json"])
+            .args([
+                "--secure",
+                "--keys",
+                "key-graph",
+                "--key-server",
+                &server_name,
+            ])
+            .arg("--identity")
+            .arg(&id)
+            .arg("--directory")
+            .arg(&directory)
+            .args(["--linger", "1500"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        c
+    };
+    let ann = user("ann", "join feed\nsleep 1500\nsend feed from ann\n");
+    let ben = user("ben", "sleep 300\njoin feed\n");
+    let eve = user("eve", "sleep 600\njoin feed\n");
+    let outputs: Vec<Vec<serde_json::Value>> = [ann, ben, eve]
+        .into_iter()
+        .map(|c| {
+            json_lines(&String::from_utf8_lossy(
+                &c.wait_with_output().unwrap().stdout,
+            ))
+        })
+        .collect();
+    let key_with = |lines: &[serde_json::Value], n: usize| {
+        lines
+            .iter()
+            .rev()
+            .find(|l| l["ev"] == "secure_view" && l["members"].as_array().unwrap().len() == n)
+            .map(|l| l["key"].clone())
+    };
+    // ann, ben and the server hold the key; eve, not in the directory, is left out of it.
+    let k = key_with(&outputs[0], 3);
+    assert!(k.is_some(), "{:?}", outputs[0]);
+    assert_eq!(k, key_with(&outputs[1], 3), "{:?}", outputs[1]);
+    assert!(
+        outputs[1]
+            .iter()
+            .any(|l| l["ev"] == "message" && l["payload"] == "from ann"),
+        "{:?}",
+        outputs[1]
+    );
+    assert!(
+        !outputs[2]
+            .iter()
+            .any(|l| l["ev"] == "secure_view" || l["ev"] == "message"),
+        "{:?}",
+        outputs[2]
+    );
+    wait_line(&lines, |l| {
+        l["ev"] == "refused" && l["kind"] == "unknown_identity"
+    });
+    let before = wait_line(&lines, |l| l["ev"] == "rekeyed");
+    assert!(before["stats"]["epoch"].as_u64().unwrap() >= 1);
+
+    // A crash: the state on disk brings the server back where it was.
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert!(dir.join("feed.state").exists());
+    let (mut server, lines) = spawn_keyserver(&addr, &dir, &directory);
+    let hello = wait_line(&lines, |l| l["ev"] == "connected");
+    assert_eq!(hello["restored"], true, "{hello}");
+    assert!(hello["epoch"].as_u64().unwrap() >= 1, "{hello}");
+    // Its members left while it was down: it rekeys them out from its saved tree.
+    let after = wait_line(&lines, |l| l["ev"] == "rekeyed");
+    assert!(after["stats"]["leaves"].as_u64().unwrap() >= 1, "{after}");
+    let _ = server.kill();
+    let _ = server.wait();
+
+    let (ok, out, _) = conclave(&["admin", "--config", cfg_arg, "shutdown"], None);
+    assert!(ok, "{out}");
+    assert!(daemon.wait().unwrap().success());
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_dir_all(dir);
+}
