@@ -47,8 +47,8 @@ pub struct SimArgs {
     /// each seed draws.
     #[arg(long, requires = "secure")]
     pub protocol: Option<String>,
-    /// Secure runs: where the groups' keys come from (agreement or daemons) instead of the
-    /// seed's draw (the daemons one seed in three).
+    /// Secure runs: where the groups' keys come from (agreement, daemons or key-graph) instead of the
+    /// seed's draw (the daemons one seed in three, a key-graph server a third of the rest).
     #[arg(long, requires = "secure")]
     pub keys: Option<conclave_secure::KeySource>,
     /// Secure runs with keys from the daemons: EVS groups resealed by the daemons (Optimized
@@ -146,11 +146,27 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
             for x in v.iter().take(5) {
                 eprint!("seed {seed}: {x}");
             }
-            let kind = if args.ordering {
+            let mut kind = if args.ordering {
                 format!("--ordering --messages {}", args.messages)
             } else {
                 format!("--clients {}", args.clients)
             };
+            // The same run needs the same choices the seed did not make itself.
+            if args.secure {
+                kind += " --secure";
+            }
+            if let Some(p) = &args.protocol {
+                kind += &format!(" --protocol {p}");
+            }
+            if let Some(k) = args.keys {
+                kind += &format!(" --keys {k}");
+            }
+            if let Some(e) = args.evs {
+                kind += &format!(" --evs {e}");
+            }
+            if let Some(sp) = args.spread {
+                kind += &format!(" --spread {sp}");
+            }
             eprintln!(
                 "replay: conclave sim --seeds {seed} --daemons {} {kind} --faults {} --history seed-{seed}.jsonl",
                 args.daemons, args.faults,

@@ -481,6 +481,7 @@ async fn connect_secure(
                         ),
                         members: v.members,
                         key: v.fingerprint.to_string(),
+                        without: v.without,
                     });
                     seen.records.push(r);
                 }

@@ -105,9 +105,17 @@ pub enum Event {
     SecureView {
         group: String,
         view: ViewId,
+        /// The key's holders: the view's members but `without`.
         members: Vec<String>,
         key: String,
+        /// Members of the view that hold no key of it (a key-graph group's members the server
+        /// could not register in time).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        without: Vec<String>,
     },
+    /// The process serves the keys of `group` from a key graph (a key server): it is in the
+    /// group's views but is not one of its secure members.
+    KeyServer { group: String },
     /// The secure layer refused input from `sender` (`error`: what kind of refusal).
     SecureRefused {
         group: String,
@@ -229,7 +237,8 @@ impl Record {
             | Event::SecureSend { group, .. }
             | Event::SecureDeliver { group, .. }
             | Event::SecureConsumed { group, .. }
-            | Event::GroupKey { group, .. } => Some(group),
+            | Event::GroupKey { group, .. }
+            | Event::KeyServer { group } => Some(group),
             Event::Crash | Event::Stable { .. } | Event::Hostile { .. } => None,
         }
     }

@@ -58,6 +58,7 @@ pub fn secure_event(ev: &SecureEvent, view: &dyn Fn(GroupViewId) -> ViewId) -> O
             view: view(v.view),
             members: v.members.clone(),
             key: v.fingerprint.to_string(),
+            without: v.without.clone(),
         },
         SecureEvent::Message {
             group,

@@ -19,10 +19,10 @@
 //!
 //! A group may also take its keys from a key-graph server (paper 001; [`KeySource::KeyGraph`],
 //! docs/keygraph.md): the server registers each member, multicasts the rekey messages, and binds
-//! each view to a group key with a signed view key. A view whose key holders are those of the
-//! last keyed view, all come through together (the server's own coming or going aside), keeps
-//! that view's group key without waiting for the server: a server's crash and restart does not
-//! stop the group, and no key goes to anyone who lacked it.
+//! each view to a group key with a signed view key. A view without the server whose members are
+//! the holders of the last keyed view's key, all come through together, keeps that view's group
+//! key without waiting for the server: a server's crash does not stop the group, and no key goes
+//! to anyone who lacked it.
 //!
 //! Departures from the papers: a unicast of the key agreement goes to the whole group and names
 //! its recipient (the daemons have no private groups); a group's protocol is fixed by its first
@@ -136,7 +136,11 @@ pub struct SecureViewInfo {
     pub group: String,
     /// The daemons' id of the view this key belongs to.
     pub view: GroupViewId,
+    /// The key's holders.
     pub members: Vec<String>,
+    /// Members of the view that hold no key of it (a key-graph group's members the server could
+    /// not register in time); empty in the other modes, where such a view gets no key at all.
+    pub without: Vec<String>,
     /// This member's count of keys in the group (see `conclave_gka::SecureView::epoch`).
     pub epoch: u64,
     /// A public short name of the key, equal at every member of the view.
@@ -637,13 +641,14 @@ impl SecureGroup {
         if self.cfg.keys == KeySource::KeyGraph {
             let kept = self.keyed.take().filter(|k| self.same_holders(k, &view));
             self.enter_view(view.view_id, view.members, view.transitional);
-            if let Some(k) = kept {
+            let key = kept.and_then(|_| self.keygraph.as_ref()?.keep(view.view_id));
+            if let Some((epoch, key)) = key {
                 let members = self
                     .view
                     .as_ref()
                     .map(|v| v.members.clone())
                     .unwrap_or_default();
-                self.install_key(view.view_id, members, k.info.epoch, k.key);
+                self.install_key(view.view_id, members, epoch, key);
             }
             return;
         }
@@ -1022,12 +1027,16 @@ impl SecureGroup {
         self.install_key(view, members, self.handed, key);
     }
 
-    /// Whether the new daemon view `view` keeps the key of `k`, the last view's: its members,
-    /// the server aside, are the key's holders, and all of them came through from that view.
+    /// Whether the new daemon view `view` keeps the key of `k`, the last view's: the server is
+    /// not in it (with the server, its view key decides: the server may have registered members
+    /// again), its members are the key's holders, and all of them came through from that view.
     fn same_holders(&self, k: &Keyed, view: &View) -> bool {
         let Some(server) = self.keygraph.as_ref().map(|g| g.server()) else {
             return false;
         };
+        if view.members.iter().any(|m| m == server) {
+            return false;
+        }
         let mut now: Vec<&String> = view.members.iter().filter(|m| *m != server).collect();
         let mut then: Vec<&String> = k.info.members.iter().filter(|m| *m != server).collect();
         now.sort();
@@ -1183,10 +1192,23 @@ impl SecureGroup {
     }
 
     fn install_key(&mut self, view: GroupViewId, members: Vec<String>, epoch: u64, key: GroupKey) {
+        let without = self
+            .view
+            .as_ref()
+            .filter(|v| v.id == view)
+            .map(|v| {
+                v.members
+                    .iter()
+                    .filter(|m| !members.contains(m))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
         let info = SecureViewInfo {
             group: self.group.clone(),
             view,
             members,
+            without,
             epoch,
             fingerprint: key.fingerprint(),
         };

@@ -9,13 +9,14 @@
 //! layered architecture and a rekey that arrives mid-view never splits the members.
 
 use crate::KeyGraphError;
+use conclave_crypto::aead::Aead;
 use conclave_crypto::aead::AeadAlg;
 use conclave_crypto::{CryptoRng, GroupKey, PublicIdentity};
 use conclave_gka::SharedDirectory;
 use conclave_keygraph::{GraphKind, JoinAck, Member, MemberConfig, MemberError, Registration};
 use conclave_keygraph::{Slot, UserId};
 use conclave_wire::client::GroupViewId;
-use conclave_wire::keyserver::{Admission, RegisterMsg, ServiceMsg, ViewKeyMsg};
+use conclave_wire::keyserver::{Admission, LateKeyMsg, RegisterMsg, ServiceMsg, ViewKeyMsg};
 
 /// What a service message asks of the member's group.
 pub(crate) enum Outcome {
@@ -39,6 +40,38 @@ pub(crate) struct KeyGraphMember {
     member: Option<Member>,
     /// The view this member last knocked in: one knock per view.
     knocked: Option<GroupViewId>,
+    /// The graph's group key the last keyed view was bound to, and its epoch.
+    bound: Option<(u64, GroupKey)>,
+    /// The individual key of this member's last registration (a late key is sealed under it).
+    individual: Option<GroupKey>,
+}
+
+/// The key that seals a late key for the member whose individual key is `individual`.
+pub(crate) fn late_sealing(individual: &GroupKey, msg: &LateKeyMsg) -> Aead {
+    let key = conclave_crypto::kdf::derive::<32>(
+        b"conclave keyserver late key",
+        individual.expose(),
+        &msg.sealing_aad(),
+    );
+    Aead::new(AeadAlg::ChaCha20Poly1305, &key)
+}
+
+/// A view's key from the graph's group key it is bound to: each view gets a key of its own (a
+/// view that keeps the last one's group key still seals under a new key), which the server can
+/// compute too.
+pub(crate) fn view_key(
+    group: &str,
+    graph_key: &GroupKey,
+    view: GroupViewId,
+    epoch: u64,
+) -> GroupKey {
+    let v = view.to_bytes();
+    let e = epoch.to_be_bytes();
+    GroupKey::from_bytes(*conclave_crypto::kdf::derive::<32>(
+        b"conclave key graph view key",
+        graph_key.expose(),
+        &conclave_crypto::kdf::info(&[group.as_bytes(), &v, &e]),
+    ))
 }
 
 impl KeyGraphMember {
@@ -51,11 +84,25 @@ impl KeyGraphMember {
             registration: None,
             member: None,
             knocked: None,
+            bound: None,
+            individual: None,
         }
     }
 
     pub fn server(&self) -> &str {
         &self.server
+    }
+
+    /// The key of `view` from the group key the last keyed view was bound to, with its epoch
+    /// (for a view with the same holders: see `SecureGroup`).
+    /// Not if a rekey came since (a member registered again in that view): the server binds the
+    /// next view to the new group key, and a member that had only the new one would differ.
+    pub fn keep(&self, view: GroupViewId) -> Option<(u64, GroupKey)> {
+        let (epoch, graph_key) = self.bound.as_ref()?;
+        if self.member.as_ref()?.epoch() != Some(*epoch) {
+            return None;
+        }
+        Some((*epoch, view_key(&self.group, graph_key, view, *epoch)))
     }
 
     fn server_identity(&self) -> Result<PublicIdentity, KeyGraphError> {
@@ -75,9 +122,11 @@ impl KeyGraphMember {
         rng: &mut dyn CryptoRng,
     ) -> Result<Outcome, KeyGraphError> {
         let msg = ServiceMsg::decode(body).map_err(KeyGraphError::Malformed)?;
-        if let ServiceMsg::Knock { .. } = msg {
-            // Other members' knocks are for the server.
-            return Ok(Outcome::Nothing);
+        match &msg {
+            // Other members' knocks are for the server, and others' late keys for them.
+            ServiceMsg::Knock { .. } => return Ok(Outcome::Nothing),
+            ServiceMsg::LateKey(l) if l.member != self.me => return Ok(Outcome::Nothing),
+            _ => {}
         }
         if let ServiceMsg::Register(b) = msg {
             let reg = RegisterMsg::decode(b).map_err(|e| KeyGraphError::Register(e.into()))?;
@@ -93,6 +142,7 @@ impl KeyGraphMember {
             ServiceMsg::Register(b) => self.on_register(from, b, view, identity, rng),
             ServiceMsg::Rekey(b) => self.on_rekey(b, view),
             ServiceMsg::ViewKey(v) => self.on_view_key(v, view),
+            ServiceMsg::LateKey(l) => self.on_late_key(l, view),
             ServiceMsg::Knock { .. } => Ok(Outcome::Nothing),
         }
     }
@@ -151,6 +201,7 @@ impl KeyGraphMember {
                     epoch: a.epoch,
                 };
                 // A member registered again starts over: the old keys are of no use.
+                self.individual = Some(welcomed.key.clone());
                 self.member =
                     Some(Member::new(cfg, &ack, welcomed.key).map_err(KeyGraphError::Rekey)?);
                 Ok(Outcome::Nothing)
@@ -179,12 +230,60 @@ impl KeyGraphMember {
         }
     }
 
+    /// The key of the current view, for this member registered after it was announced.
+    fn on_late_key(&mut self, l: LateKeyMsg, view: GroupViewId) -> Result<Outcome, KeyGraphError> {
+        if l.group != self.group || l.server != self.server {
+            return Err(KeyGraphError::ViewKey(
+                "late key for another group or server",
+            ));
+        }
+        self.server_identity()?
+            .verify(&l.signed_bytes(), &l.signature)
+            .map_err(|_| KeyGraphError::ViewKey("bad signature on a late key"))?;
+        if l.view != view {
+            return Err(KeyGraphError::ViewKey(
+                "late key for another view (stale or replayed)",
+            ));
+        }
+        let individual = self
+            .individual
+            .as_ref()
+            .ok_or(KeyGraphError::ViewKey("late key before any registration"))?;
+        let plain = late_sealing(individual, &l)
+            .open(
+                [0; conclave_crypto::aead::NONCE_BYTES],
+                &l.sealing_aad(),
+                &l.sealed,
+            )
+            .map_err(|_| KeyGraphError::ViewKey("late key does not open"))?;
+        let plain = zeroize::Zeroizing::new(plain);
+        let bytes: [u8; 32] = plain
+            .as_slice()
+            .try_into()
+            .map_err(|_| KeyGraphError::ViewKey("late key of the wrong length"))?;
+        let graph_key = GroupKey::from_bytes(bytes);
+        let key = view_key(&self.group, &graph_key, view, l.epoch);
+        self.bound = Some((l.epoch, graph_key));
+        let excluded = l.excluded.into_iter().filter(|m| *m != self.me).collect();
+        Ok(Outcome::Key {
+            epoch: l.epoch,
+            excluded,
+            key,
+        })
+    }
+
     fn knock(&mut self, view: GroupViewId) -> Outcome {
         if self.knocked == Some(view) {
             return Outcome::Nothing;
         }
         self.knocked = Some(view);
-        Outcome::Send(ServiceMsg::Knock { view }.encode())
+        Outcome::Send(
+            ServiceMsg::Knock {
+                group: self.group.clone(),
+                view,
+            }
+            .encode(),
+        )
     }
 
     fn on_view_key(&mut self, v: ViewKeyMsg, view: GroupViewId) -> Result<Outcome, KeyGraphError> {
@@ -209,11 +308,15 @@ impl KeyGraphMember {
                 .then(|| k.clone())
         });
         match held {
-            Some(key) => Ok(Outcome::Key {
-                epoch: v.epoch,
-                excluded: v.excluded,
-                key,
-            }),
+            Some(graph_key) => {
+                let key = view_key(&self.group, &graph_key, view, v.epoch);
+                self.bound = Some((v.epoch, graph_key));
+                Ok(Outcome::Key {
+                    epoch: v.epoch,
+                    excluded: v.excluded,
+                    key,
+                })
+            }
             // The server counts this member as a holder but it lacks the key (it missed a rekey,
             // or it is a new incarnation under an old name).
             None => {

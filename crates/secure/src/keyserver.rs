@@ -29,7 +29,7 @@ use conclave_keygraph::{
 };
 use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId};
 use conclave_wire::gcs::{ServiceType, MAX_NAME_BYTES};
-use conclave_wire::keyserver::{Admission, RegisterMsg, ServiceMsg, ViewKeyMsg};
+use conclave_wire::keyserver::{Admission, LateKeyMsg, RegisterMsg, ServiceMsg, ViewKeyMsg};
 use conclave_wire::secure::SecureMessage;
 use conclave_wire::{Reader, Writer};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -107,6 +107,11 @@ struct CurrentView {
     /// When the view's changes may be rekeyed (`batch_ms` after the first).
     batch_at: Option<u64>,
     announced: bool,
+    /// The group key the view is bound to once announced, and its epoch: what a member
+    /// registered later in the view gets ([`LateKeyMsg`]).
+    bound: Option<(u64, GroupKey)>,
+    /// The view's members the announcement named as holding no key.
+    excluded: Vec<String>,
     knocked: BTreeSet<String>,
 }
 
@@ -122,8 +127,9 @@ pub struct KeyServerNode {
     names: BTreeMap<String, u64>,
     next_user: u64,
     view: Option<CurrentView>,
-    /// Rekey messages of a restored state, sent again in the first view.
-    resend: bool,
+    /// Restored and no view yet: the saved registrations are trusted in the first view, where
+    /// nobody comes through with the server.
+    restored: bool,
     out: VecDeque<KeyServerOutput>,
     events: VecDeque<KeyServerEvent>,
 }
@@ -147,8 +153,10 @@ impl KeyServerNode {
         Self::with_server(cfg, server, identity, directory, rng, BTreeMap::new(), 0)
     }
 
-    /// A server from the state it saved (its identity must be the one that saved it); it sends
-    /// again the rekey messages the state holds, and goes on from its tree.
+    /// A server from the state it saved (its identity must be the one that saved it); it goes
+    /// on from its tree. The rekey messages the state holds are not sent again: they may have
+    /// gone out before the crash, and a copy would be a second message with the same bytes. A
+    /// member that missed them knocks and registers again.
     pub fn restore(
         cfg: KeyServerConfig,
         state: &[u8],
@@ -167,8 +175,10 @@ impl KeyServerNode {
                 conclave_keygraph::StateError::Damaged("member names differ from the graph's"),
             ));
         }
+        let mut server = server;
+        while server.poll_transmit().is_some() {}
         let mut node = Self::with_server(cfg, server, identity, directory, rng, names, next_user)?;
-        node.resend = true;
+        node.restored = true;
         Ok(node)
     }
 
@@ -193,7 +203,7 @@ impl KeyServerNode {
             names,
             next_user,
             view: None,
-            resend: false,
+            restored: false,
             out: VecDeque::new(),
             events: VecDeque::new(),
         };
@@ -229,14 +239,13 @@ impl KeyServerNode {
     /// When [`KeyServerNode::tick`] has something to do, if ever.
     pub fn next_deadline(&self) -> Option<u64> {
         let v = self.view.as_ref()?;
-        if v.announced && v.batch_at.is_none() {
-            return None;
+        let waiting = (!v.awaiting.is_empty()).then_some(v.deadline);
+        match (v.batch_at, waiting) {
+            (Some(b), Some(w)) => Some(b.max(w)),
+            (Some(b), None) => Some(b),
+            (None, Some(w)) if !v.announced => Some(w),
+            _ => None,
         }
-        let mut at = v.batch_at.unwrap_or(0);
-        if !v.awaiting.is_empty() {
-            at = at.max(v.deadline);
-        }
-        Some(at)
     }
 
     /// Time passed: rekeys and announces what is due.
@@ -252,7 +261,7 @@ impl KeyServerNode {
         match ev {
             ClientEvent::View { .. } => {
                 if let Some(v) = conclave_gka::View::from_event(&ev) {
-                    self.on_view(v.view_id, v.members, now);
+                    self.on_view(v.view_id, v.members, &v.transitional, now);
                 }
             }
             ClientEvent::FlushRequest { view, .. } => {
@@ -292,18 +301,22 @@ impl KeyServerNode {
         });
     }
 
-    fn on_view(&mut self, id: GroupViewId, members: Vec<String>, now: u64) {
+    fn on_view(
+        &mut self,
+        id: GroupViewId,
+        members: Vec<String>,
+        transitional: &[String],
+        now: u64,
+    ) {
         self.registrar.new_view();
-        if std::mem::take(&mut self.resend) {
-            while let Some(t) = self.server.poll_transmit() {
-                self.multicast(ServiceMsg::Rekey(&t.bytes));
-            }
-        }
         let present: BTreeSet<&String> = members.iter().collect();
+        let trusted = std::mem::take(&mut self.restored);
+        // A member that did not come through from the server's last view may be a new process
+        // under an old name, without the old one's keys: it registers again.
         let gone: Vec<String> = self
             .names
             .keys()
-            .filter(|n| !present.contains(n))
+            .filter(|n| !present.contains(n) || !(trusted || transitional.contains(n)))
             .cloned()
             .collect();
         let mut changed = false;
@@ -318,6 +331,8 @@ impl KeyServerNode {
             // Changes queued in the last view are still to rekey.
             batch_at: self.view.as_ref().and_then(|v| v.batch_at),
             announced: false,
+            bound: None,
+            excluded: Vec::new(),
             knocked: BTreeSet::new(),
         };
         for m in &members {
@@ -381,9 +396,14 @@ impl KeyServerNode {
         };
         match msg {
             ServiceMsg::Register(b) => self.on_register(&sender, b, now),
-            ServiceMsg::Knock { view } => self.on_knock(&sender, view, now),
+            ServiceMsg::Knock { group, view } if group == self.cfg.group => {
+                self.on_knock(&sender, view, now)
+            }
+            ServiceMsg::Knock { .. } => {
+                self.refused(&sender, KeyGraphError::ViewKey("knock for another group"))
+            }
             // Only the server sends these.
-            ServiceMsg::Rekey(_) | ServiceMsg::ViewKey(_) => {
+            ServiceMsg::Rekey(_) | ServiceMsg::ViewKey(_) | ServiceMsg::LateKey(_) => {
                 self.refused(&sender, KeyGraphError::NotServer(sender.clone()))
             }
         }
@@ -432,6 +452,7 @@ impl KeyServerNode {
                     v.awaiting.remove(&r.member);
                 }
                 self.multicast(ServiceMsg::Register(&r.welcome));
+                self.late_key(&r.member, &r.key);
                 self.events
                     .push_back(KeyServerEvent::Registered { member: r.member });
                 self.changed(now);
@@ -472,11 +493,15 @@ impl KeyServerNode {
     }
 
     fn try_rekey(&mut self, now: u64) {
-        let Some(v) = self.view.as_ref() else {
+        let Some(v) = self.view.as_mut() else {
             return;
         };
-        if !v.awaiting.is_empty() && now < v.deadline {
-            return;
+        if !v.awaiting.is_empty() {
+            if now < v.deadline {
+                return;
+            }
+            // Those who did not answer in time go without a key in this view.
+            v.awaiting.clear();
         }
         if let Some(at) = v.batch_at {
             if now < at {
@@ -512,6 +537,41 @@ impl KeyServerNode {
         self.announce();
     }
 
+    /// A member registered after the view's key was announced gets the group key the view is
+    /// bound to, sealed for it alone: the view keeps one key, and the member had been counted
+    /// a holder (or it registers late in a view it is a member of).
+    fn late_key(&mut self, member: &str, individual: &GroupKey) {
+        let Some(v) = self.view.as_ref() else {
+            return;
+        };
+        let Some((epoch, graph_key)) = v.bound.as_ref() else {
+            return;
+        };
+        let mut msg = LateKeyMsg {
+            group: self.cfg.group.clone(),
+            server: self.cfg.name.clone(),
+            member: member.to_owned(),
+            view: v.id,
+            epoch: *epoch,
+            excluded: v.excluded.clone(),
+            sealed: Vec::new(),
+            signature: Vec::new(),
+        };
+        msg.sealed = crate::keygraph_member::late_sealing(individual, &msg).seal(
+            [0; conclave_crypto::aead::NONCE_BYTES],
+            &msg.sealing_aad(),
+            graph_key.expose(),
+        );
+        match self.identity.sign(&msg.signed_bytes()) {
+            Ok(sig) => msg.signature = sig,
+            Err(_) => {
+                let name = self.cfg.name.clone();
+                return self.refused(&name, KeyGraphError::Register(RegisterError::Sign));
+            }
+        }
+        self.multicast(ServiceMsg::LateKey(msg));
+    }
+
     /// Binds the current view to the group key, once per view.
     fn announce(&mut self) {
         let Some(v) = self.view.as_ref() else {
@@ -520,7 +580,7 @@ impl KeyServerNode {
         if v.announced {
             return;
         }
-        let Some((r, _)) = self.server.group_key() else {
+        let Some((r, graph_key)) = self.server.group_key() else {
             // Nobody holds keys yet.
             return;
         };
@@ -551,6 +611,8 @@ impl KeyServerNode {
         self.multicast(ServiceMsg::ViewKey(msg));
         if let Some(v) = self.view.as_mut() {
             v.announced = true;
+            v.bound = Some((epoch, graph_key));
+            v.excluded = excluded.clone();
         }
         self.events.push_back(KeyServerEvent::Announced {
             view,

@@ -426,10 +426,15 @@ fn a_server_crash_does_not_stop_the_group_and_the_restarted_server_goes_on() {
     let fp = w.fingerprint("a");
     let epoch = w.sg("a").secure_view().unwrap().epoch;
 
-    // The server crashes: the holders are the same, so the members keep their key and talk.
+    // The server crashes: the holders are the same, so the members keep their group key (the
+    // epoch) and talk; the new view still has a key of its own.
     w.crash(ks);
     w.settle(&["a", "b", "c"], false);
-    assert_eq!(w.fingerprint("b"), fp);
+    let down = w.fingerprint("b");
+    assert_ne!(down, fp);
+    assert_eq!(w.fingerprint("a"), down);
+    assert_eq!(w.fingerprint("c"), down);
+    assert_eq!(w.sg("b").secure_view().unwrap().epoch, epoch);
     w.send("b", "while the server is down");
     w.run_until("the message at a and c", |w| {
         w.messages("a").len() == 1 && w.messages("c").len() == 1
@@ -445,7 +450,9 @@ fn a_server_crash_does_not_stop_the_group_and_the_restarted_server_goes_on() {
     let before = registrations(&w);
     w.start_server(0);
     w.settle(&["a", "b", "c"], true);
-    assert_eq!(w.fingerprint("c"), fp);
+    assert_eq!(w.fingerprint("c"), w.fingerprint("a"));
+    assert!(![fp, down].contains(&w.fingerprint("c")));
+    assert_eq!(w.sg("c").secure_view().unwrap().epoch, epoch);
     assert_eq!(registrations(&w), before);
 
     // And it rekeys from its saved tree: c's leave gives a and b a new key of the next epoch.
@@ -590,4 +597,54 @@ fn unknown_identities_forgeries_and_replays_are_refused_and_counted() {
         w.messages("b").len() == 1 && w.messages("c").len() == 1
     });
     assert!(w.messages("x").is_empty());
+}
+
+#[test]
+fn a_new_process_under_a_registered_name_gets_the_views_key_late() {
+    let mut w = World::new(2, 5);
+    let ks = w.start_server(0);
+    w.join(0, "a", true);
+    w.join(1, "b", true);
+    w.settle(&["a", "b"], true);
+
+    // While the server is down, b's process is replaced by a new one under the same name.
+    w.crash(ks);
+    let b = w.client("b");
+    w.crash(b);
+    let identity = Identity::generate(SigScheme::Ed25519, &mut w.rng).unwrap();
+    w.directory
+        .write()
+        .unwrap()
+        .insert("b#d2".into(), identity.public());
+    let cfg = SecureConfig {
+        keys: KeySource::KeyGraph,
+        key_server: Some(SERVER.to_owned()),
+        ..SecureConfig::default()
+    };
+    let rng = Box::new(ChaCha20Rng::seed_from_u64(99));
+    let sg = SecureGroup::join("g", "b#d2", identity, w.directory.clone(), cfg, rng);
+    w.connect(1, "b#d2", Role::Member(Box::new(sg)));
+
+    // The restarted server trusts its saved registrations in its first view: the new b lacks
+    // the key it is counted a holder of, knocks, registers again and gets that view's key.
+    w.start_server(0);
+    w.settle(&["a", "b"], true);
+    assert_eq!(w.fingerprint("a"), w.fingerprint("b"));
+    assert!(w.server_events.iter().any(|e| matches!(
+        e,
+        KeyServerEvent::Registered { member } if member == "b#d2"
+    )));
+    let late = w
+        .server_sent
+        .iter()
+        .any(|p| match SecureMessage::decode(p) {
+            Ok(SecureMessage::KeyGraph(b)) => {
+                matches!(ServiceMsg::decode(b), Ok(ServiceMsg::LateKey(_)))
+            }
+            _ => false,
+        });
+    assert!(late, "the new b got its key late, in the view");
+    w.send("b", "from the new b");
+    w.run_until("a has it", |w| w.messages("a").len() == 1);
+    assert!(w.refusals("a").iter().all(|e| e.kind() == "stale_rekey"));
 }

@@ -296,6 +296,36 @@ fn secure_swarm_seeds() {
     );
 }
 
+/// Key-graph runs: a key server keys every group, crashing and restarting from its saved state
+/// (with the workload's disconnects and its daemon's crashes); the members' key properties hold,
+/// every run ends with secure views, and the server does restart in some of them.
+#[test]
+fn key_graph_swarm_seeds() {
+    use conclave_history::Event;
+    let mut restarts = 0;
+    for seed in 0..60 {
+        let r = full_run_passes(seed, |m| {
+            m.secure = true;
+            m.keys = Some(conclave_secure::KeySource::KeyGraph);
+        });
+        assert!(
+            r.history
+                .iter()
+                .any(|rec| matches!(rec.ev, Event::SecureView { .. })),
+            "key-graph seed {seed} installed no key"
+        );
+        let mut incs: Vec<u32> = r
+            .history
+            .iter()
+            .filter(|rec| matches!(rec.ev, Event::KeyServer { .. }))
+            .map(|rec| rec.inc)
+            .collect();
+        incs.dedup();
+        restarts += incs.len().saturating_sub(1);
+    }
+    assert!(restarts > 20, "the key server restarted {restarts} times");
+}
+
 /// An attacker on the wire replays, alters, forges and makes up datagrams, and sends some from
 /// an address no daemon has: with links sealed or authenticated, every one is refused before the
 /// core, and the runs stay clean and converge.

@@ -21,7 +21,9 @@
 //!   1 registration: a RegisterMsg         2 rekey: an lkh RekeyMessage
 //!   3 view key: group | server | view id | epoch u64 | key id u64 | key version u64
 //!               | count u32 | names | signature (u32 length, bytes)
-//!   4 knock: view id
+//!   4 knock: group | view id
+//!   5 late key: group | server | member | view id | epoch u64 | count u32 | names
+//!               | sealed (u32 length, bytes) | signature (u32 length, bytes)
 //! admission (in a welcome): version u8 = 1 | user u64 | slot u32 | epoch u64
 //!   | graph u8 (0 star, 1 tree) | degree u32 | aead u8 (0 AES-256-GCM, 1 ChaCha20-Poly1305)
 //! ```
@@ -201,10 +203,83 @@ pub enum ServiceMsg<'a> {
     /// A rekey message, undecoded (`lkh::RekeyMessage`).
     Rekey(&'a [u8]),
     ViewKey(ViewKeyMsg),
-    /// A member that lacks its keys asks, in `view`, to register again.
+    /// A member that lacks its keys asks, in `view` of `group`, to register again.
     Knock {
+        group: String,
         view: GroupViewId,
     },
+    LateKey(LateKeyMsg),
+}
+
+/// The group key a view is bound to, for one member registered after the view's key was
+/// announced: sealed under a key from that member's individual key, and signed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LateKeyMsg {
+    pub group: String,
+    pub server: String,
+    pub member: String,
+    pub view: GroupViewId,
+    pub epoch: u64,
+    /// As the view key named them.
+    pub excluded: Vec<String>,
+    pub sealed: Vec<u8>,
+    pub signature: Vec<u8>,
+}
+
+/// Bytes of a sealed group key (the key and the AEAD tag).
+pub const LATE_SEALED_BYTES: usize = 48;
+
+impl LateKeyMsg {
+    /// What the server signs: everything but the signature, after a domain label.
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.raw(b"conclave keyserver late key v1");
+        self.write_body(&mut w);
+        w.into_vec()
+    }
+    /// What the sealing binds: the group, the member, the view and the epoch.
+    pub fn sealing_aad(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.raw(b"conclave keyserver late key sealing v1");
+        w.name(&self.group, MAX_NAME_BYTES);
+        w.name(&self.member, MAX_NAME_BYTES);
+        crate::client::write_view(&mut w, &self.view);
+        w.u64(self.epoch);
+        w.into_vec()
+    }
+    fn write_body(&self, w: &mut Writer) {
+        w.name(&self.group, MAX_NAME_BYTES);
+        w.name(&self.server, MAX_NAME_BYTES);
+        w.name(&self.member, MAX_NAME_BYTES);
+        crate::client::write_view(w, &self.view);
+        w.u64(self.epoch);
+        write_names(w, &self.excluded);
+        w.bytes(&self.sealed, LATE_SEALED_BYTES);
+    }
+}
+
+fn write_names(w: &mut Writer, names: &[String]) {
+    w.count(names.len(), u32::MAX as usize);
+    for n in names {
+        w.name(n, MAX_NAME_BYTES);
+    }
+}
+
+fn read_names(r: &mut Reader<'_>) -> Result<Vec<String>, DecodeError> {
+    let n = r.u32("excluded count")? as usize;
+    // Each name takes at least two bytes: a count past that is a lie.
+    if n > r.remaining() / 2 {
+        return Err(DecodeError::TooLong {
+            what: "excluded count",
+            len: n,
+            max: r.remaining() / 2,
+        });
+    }
+    let mut names = Vec::with_capacity(n);
+    for _ in 0..n {
+        names.push(r.name("excluded member", MAX_NAME_BYTES)?);
+    }
+    Ok(names)
 }
 
 /// The server's word that the members of `view` seal under the group key of `epoch` (the key
@@ -226,6 +301,7 @@ const SERVICE_REGISTER: u8 = 1;
 const SERVICE_REKEY: u8 = 2;
 const SERVICE_VIEW_KEY: u8 = 3;
 const SERVICE_KNOCK: u8 = 4;
+const SERVICE_LATE_KEY: u8 = 5;
 
 impl ViewKeyMsg {
     /// What the server signs: everything but the signature, after a domain label.
@@ -242,10 +318,7 @@ impl ViewKeyMsg {
         w.u64(self.epoch);
         w.u64(self.key_id);
         w.u64(self.key_version);
-        w.count(self.excluded.len(), u32::MAX as usize);
-        for n in &self.excluded {
-            w.name(n, MAX_NAME_BYTES);
-        }
+        write_names(w, &self.excluded);
     }
 }
 
@@ -267,9 +340,15 @@ impl<'a> ServiceMsg<'a> {
                 v.write_body(&mut w);
                 w.bytes(&v.signature, MAX_SIGNATURE_BYTES);
             }
-            ServiceMsg::Knock { view } => {
+            ServiceMsg::Knock { group, view } => {
                 w.u8(SERVICE_KNOCK);
+                w.name(group, MAX_NAME_BYTES);
                 crate::client::write_view(&mut w, view);
+            }
+            ServiceMsg::LateKey(l) => {
+                w.u8(SERVICE_LATE_KEY);
+                l.write_body(&mut w);
+                w.bytes(&l.signature, MAX_SIGNATURE_BYTES);
             }
         }
         w.into_vec()
@@ -301,19 +380,7 @@ impl<'a> ServiceMsg<'a> {
                 let epoch = r.u64("epoch")?;
                 let key_id = r.u64("key id")?;
                 let key_version = r.u64("key version")?;
-                let n = r.u32("excluded count")? as usize;
-                // Each name takes at least two bytes: a count past that is a lie.
-                if n > r.remaining() / 2 {
-                    return Err(DecodeError::TooLong {
-                        what: "excluded count",
-                        len: n,
-                        max: r.remaining() / 2,
-                    });
-                }
-                let mut excluded = Vec::with_capacity(n);
-                for _ in 0..n {
-                    excluded.push(r.name("excluded member", MAX_NAME_BYTES)?);
-                }
+                let excluded = read_names(&mut r)?;
                 let signature = signature(&mut r)?;
                 ServiceMsg::ViewKey(ViewKeyMsg {
                     group,
@@ -326,7 +393,28 @@ impl<'a> ServiceMsg<'a> {
                     signature,
                 })
             }
+            SERVICE_LATE_KEY => {
+                let group = r.name("group", MAX_NAME_BYTES)?;
+                let server = r.name("server", MAX_NAME_BYTES)?;
+                let member = r.name("member", MAX_NAME_BYTES)?;
+                let view = crate::client::read_view(&mut r)?;
+                let epoch = r.u64("epoch")?;
+                let excluded = read_names(&mut r)?;
+                let sealed = r.bytes("sealed key", LATE_SEALED_BYTES)?.to_vec();
+                let signature = signature(&mut r)?;
+                ServiceMsg::LateKey(LateKeyMsg {
+                    group,
+                    server,
+                    member,
+                    view,
+                    epoch,
+                    excluded,
+                    sealed,
+                    signature,
+                })
+            }
             SERVICE_KNOCK => ServiceMsg::Knock {
+                group: r.name("group", MAX_NAME_BYTES)?,
                 view: crate::client::read_view(&mut r)?,
             },
             tag => {
@@ -503,8 +591,19 @@ mod tests {
             ServiceMsg::Rekey(&[1, 2, 3]),
             ServiceMsg::ViewKey(view_key.clone()),
             ServiceMsg::Knock {
+                group: "feed".into(),
                 view: exchange().view,
             },
+            ServiceMsg::LateKey(LateKeyMsg {
+                group: "feed".into(),
+                server: "#ks#d1".into(),
+                member: "#m7#d2".into(),
+                view: exchange().view,
+                epoch: 3,
+                excluded: vec!["#x#d2".into()],
+                sealed: vec![8; LATE_SEALED_BYTES],
+                signature: vec![6; 64],
+            }),
         ];
         for m in &msgs {
             let b = m.encode();

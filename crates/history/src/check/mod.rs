@@ -212,7 +212,8 @@ fn gather(records: &[Record], rep: &mut Report<'_>) -> Facts {
             | Event::SecureSend { .. }
             | Event::SecureDeliver { .. }
             | Event::SecureConsumed { .. }
-            | Event::GroupKey { .. } => {}
+            | Event::GroupKey { .. }
+            | Event::KeyServer { .. } => {}
             Event::Join { group, vs } => {
                 if *vs {
                     f.vs.insert((proc.clone(), group.clone()));

@@ -72,6 +72,8 @@ pub(super) fn secure(records: &[Record], f: &Facts, rep: &mut Report<'_>) {
     // (process, group, view) -> its members and record.
     let mut installed: HashMap<(Proc, &str, &ViewId), (&[String], usize)> = HashMap::new();
     let mut left: HashMap<(Proc, &str), usize> = HashMap::new();
+    // Key servers of groups: in the views, not secure members.
+    let mut servers: HashSet<(Proc, &str)> = HashSet::new();
     let mut last_secure: HashMap<(Proc, &str), (&ViewId, usize)> = HashMap::new();
     let mut keys = KeysSeen::default();
     let mut secure_groups: HashSet<&str> = HashSet::new();
@@ -96,11 +98,15 @@ pub(super) fn secure(records: &[Record], f: &Facts, rep: &mut Report<'_>) {
             Event::Leave { group } => {
                 left.insert((proc, group), i);
             }
+            Event::KeyServer { group } => {
+                servers.insert((proc, group));
+            }
             Event::SecureView {
                 group,
                 view,
                 members,
                 key,
+                without,
             } => {
                 secure_groups.insert(group);
                 if !members.contains(&r.p) {
@@ -113,8 +119,13 @@ pub(super) fn secure(records: &[Record], f: &Facts, rep: &mut Report<'_>) {
                         &[i],
                     );
                 }
+                // The view's members, less those it names as holding no key, in their order.
+                let holders = |m: &[String]| {
+                    without.iter().all(|w| m.contains(w))
+                        && m.iter().filter(|x| !without.contains(x)).eq(members.iter())
+                };
                 match installed.get(&(proc.clone(), group.as_str(), view)) {
-                    Some((m, _)) if *m == members.as_slice() => {}
+                    Some((m, _)) if holders(m) => {}
                     Some((_, vrec)) => rep.add(
                         "K2",
                         format!("{}'s secure view {view} of {group} has other members", r.p),
@@ -248,6 +259,7 @@ pub(super) fn secure(records: &[Record], f: &Facts, rep: &mut Report<'_>) {
             || last_inc.get(proc.0.as_str()) != Some(&proc.1)
             || !secure_groups.contains(group)
             || left.contains_key(&(proc.clone(), *group))
+            || servers.contains(&(proc.clone(), *group))
             || f.crashed.contains_key(proc)
         {
             continue;
@@ -302,6 +314,7 @@ pub(super) fn daemons_key(records: &[Record], rep: &mut Report<'_>) {
             view,
             members,
             key,
+            ..
         } = &r.ev
         else {
             continue;
@@ -433,6 +446,7 @@ mod tests {
             view: ViewId(n, "d1".into()),
             members: members.iter().map(|m| m.to_string()).collect(),
             key: key.into(),
+            without: Vec::new(),
         }
     }
 
@@ -619,6 +633,47 @@ mod tests {
         assert_eq!(properties(&stuck), ["K6"]);
     }
 
+    /// A key-graph view names who holds no key: the holders must be the view's members but
+    /// those, in order; a key server in the views is no secure member (K6 passes it by).
+    #[test]
+    fn views_with_members_that_hold_no_key_and_key_servers() {
+        let partial = |without: &[&str]| {
+            let mut h = good();
+            let mut ev = secure(1, &["a"], "k1");
+            if let Event::SecureView { without: w, .. } = &mut ev {
+                *w = without.iter().map(|m| m.to_string()).collect();
+            }
+            h[4] = rec(4, "a", ev);
+            h.remove(5);
+            h
+        };
+        assert!(properties(&partial(&["b"])).is_empty());
+        assert_eq!(properties(&partial(&[])), ["K2"]);
+        assert_eq!(properties(&partial(&["b", "z"])), ["K2"]);
+
+        let mut served = good();
+        served.insert(
+            0,
+            rec(
+                0,
+                "s",
+                Event::Join {
+                    group: "g".into(),
+                    vs: true,
+                },
+            ),
+        );
+        served.insert(1, rec(0, "s", Event::KeyServer { group: "g".into() }));
+        let n = served.len();
+        served.insert(n - 1, rec(6, "s", view(2, &["a", "s"])));
+        if let Event::Stable { processes } = &mut served[n].ev {
+            processes.push("s".into());
+        }
+        assert!(properties(&served).is_empty(), "{:?}", properties(&served));
+        served.remove(1);
+        assert_eq!(properties(&served), ["K6"]);
+    }
+
     /// A daemons' key is judged against the ring its view belongs to: one held with a daemon
     /// that is not in that ring (or of a ring nobody installed) is caught.
     #[test]
@@ -644,6 +699,7 @@ mod tests {
                     view: ViewId(seq << 32 | 1, "d1.0".into()),
                     members: members.iter().map(|m| m.to_string()).collect(),
                     key: "ks".into(),
+                    without: Vec::new(),
                 },
             )
         };

@@ -101,6 +101,8 @@ impl SimClient {
 
 pub(super) struct World {
     pub(super) multi_group: bool,
+    /// Groups the workload draws from (`g0`, `g1`, ...).
+    pub(super) groups: usize,
     pub(super) cfg: Config,
     /// The daemons' identities (drawn from the seed).
     pub(super) identities: Identities,
@@ -254,6 +256,11 @@ impl World {
                 }
             }
         }
+        if self.is_key_server(ci) {
+            // Its nodes join their groups once the session has its name.
+            self.key_server_start(ci);
+            out.extend(self.key_server_pump(ci));
+        }
         (!out.is_empty()).then_some(out)
     }
 
@@ -320,6 +327,7 @@ impl World {
 
     /// The client's connection ended (the daemon recorded the end of its incarnation).
     pub(super) fn client_gone(&mut self, ci: usize) {
+        self.key_server_gone(ci);
         let c = &mut self.clients[ci];
         c.session = None;
         c.inc = None;

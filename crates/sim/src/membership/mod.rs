@@ -286,6 +286,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             .unwrap_or(ChaCha20Rng::seed_from_u64(cfg.seed ^ 0x7370_7264).next_u32() % 2 == 0);
     let mut w = World {
         multi_group: cfg.multi_group,
+        groups: cfg.groups,
         cfg: config,
         identities,
         secret_seed: cfg.seed ^ 0x7365_6372_6574,
@@ -334,9 +335,26 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         let protocol = cfg.protocol.unwrap_or(all[(prng.next_u32() % 5) as usize]);
         let keys = cfg.keys.unwrap_or(if prng.next_u32() % 3 == 0 {
             conclave_secure::KeySource::Daemons
+        } else if prng.next_u32() % 3 == 0 {
+            conclave_secure::KeySource::KeyGraph
         } else {
             conclave_secure::KeySource::Agreement
         });
+        if keys == conclave_secure::KeySource::KeyGraph {
+            let private = secure::KEY_SERVER.to_owned();
+            w.clients.push(SimClient {
+                daemon: 0,
+                name: format!("{private}#{}", name(1)),
+                private,
+                session: None,
+                inc: None,
+                core: SessionCore::new(WINDOW),
+                sent: 0,
+                secure: BTreeMap::new(),
+                pending: Default::default(),
+                spread: None,
+            });
+        }
         let evs = keys == conclave_secure::KeySource::Daemons
             && cfg.evs.unwrap_or(prng.next_u32() % 2 == 0);
         w.security = Some(secure::Security::new(
@@ -465,6 +483,8 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         };
         let acting = converged_at.is_none_or(|c| next_act < c + 500_000);
         let next_action = acting.then_some(next_act);
+        // A paused daemon's clients wait for it too.
+        let next_key_server = w.key_server_deadline().map(|t| t.max(wire.paused_until[0]));
         let next_step = match cfg.script.get(step) {
             Some((Trigger::At(ms), _)) if faulty => Some((ms * 1000).max(now)),
             _ => None,
@@ -475,6 +495,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             next_topology,
             next_action,
             next_step,
+            next_key_server,
         ]
         .into_iter()
         .flatten()
@@ -490,6 +511,13 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 if !alive[i] {
                     restart(i, &mut w, &mut alive, &mut armed);
                     touched.push(i);
+                }
+            }
+            // The key server is back for the calm (the groups need it to key their views).
+            if let Some(ci) = (0..w.clients.len()).find(|&ci| w.is_key_server(ci)) {
+                if !w.clients[ci].connected() {
+                    w.connect(ci);
+                    touched.push(w.clients[ci].daemon);
                 }
             }
             stable_at = Some(now);
@@ -558,6 +586,11 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 }
                 _ => {}
             }
+            continue;
+        }
+        if next_key_server == Some(t) && alive[0] {
+            w.key_server_tick();
+            touched.push(0);
             continue;
         }
         if next_action == Some(t) {

@@ -5,6 +5,22 @@ use super::*;
 use cluster::SpreadRequest;
 
 impl World {
+    /// The key server's workload: it restarts when it is down (calm or not: the group needs it),
+    /// and crashes now and then.
+    fn key_server_act(&mut self, ci: usize, rng: &mut ChaCha20Rng, calm: bool, crashes: bool) {
+        if !self.clients[ci].connected() {
+            return self.connect(ci);
+        }
+        if !calm && crashes && rng.next_u32() % 100 < 4 {
+            let d = self.clients[ci].daemon;
+            if let Some(sid) = self.clients[ci].session {
+                self.sessions.remove(&sid);
+                self.nodes[d].close_session(Time::from_micros(self.now), sid);
+                self.client_gone(ci);
+            }
+        }
+    }
+
     /// One step of client `ci`'s workload.
     pub(super) fn act(
         &mut self,
@@ -16,6 +32,9 @@ impl World {
     ) {
         let d = self.clients[ci].daemon;
         let now = Time::from_micros(self.now);
+        if self.is_key_server(ci) {
+            return self.key_server_act(ci, rng, calm, disconnects);
+        }
         if !self.clients[ci].connected() {
             if !calm {
                 self.connect(ci);
