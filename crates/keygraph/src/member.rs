@@ -78,6 +78,9 @@ pub struct Member {
     group_key: Option<KeyRef>,
     /// A move announced by the server, taken once a message of its epoch applies.
     relocation: Option<JoinAck>,
+    /// The last batch root whose signature verified (leaf count, root): the other messages of
+    /// the batch need only their path checked.
+    verified_root: Option<(u32, [u8; 32])>,
 }
 
 impl core::fmt::Debug for Member {
@@ -131,6 +134,7 @@ impl Member {
             shape: None,
             group_key: None,
             relocation: None,
+            verified_root: None,
         })
     }
 
@@ -158,6 +162,7 @@ impl Member {
             shape: Some(shape),
             group_key,
             relocation: None,
+            verified_root: None,
         };
         if let GraphShape::Complete { members } = shape {
             m.group_key = m.keys.get(&members).map(|(v, _)| KeyRef {
@@ -207,7 +212,7 @@ impl Member {
             .collect()
     }
 
-    fn check_auth(&self, msg: &RekeyMessage, body: &[u8]) -> Result<(), MemberError> {
+    fn check_auth(&mut self, msg: &RekeyMessage, body: &[u8]) -> Result<(), MemberError> {
         let Some(server) = &self.cfg.server else {
             return Ok(());
         };
@@ -224,9 +229,14 @@ impl Member {
             } => {
                 let root = root_from_path(digest_of(msg, body), *leaf_index, *leaf_count, path)
                     .ok_or(MemberError::BadAuthPath)?;
+                if self.verified_root == Some((*leaf_count, root)) {
+                    return Ok(());
+                }
                 server
                     .verify(&signed_root(*leaf_count, &root), signature)
-                    .map_err(|_| MemberError::BadSignature)
+                    .map_err(|_| MemberError::BadSignature)?;
+                self.verified_root = Some((*leaf_count, root));
+                Ok(())
             }
         }
     }
@@ -260,11 +270,34 @@ impl Member {
         }
     }
 
+    /// Whether the message is for this member (at the slot it has in the message's epoch).
+    fn addressed(&self, msg: &RekeyMessage) -> bool {
+        let slot = self
+            .relocation
+            .filter(|a| a.epoch == msg.epoch)
+            .map_or(self.slot, |a| a.slot);
+        let holds = |id: u64| match msg.shape {
+            GraphShape::Complete { .. } => id & (1 << slot.0) != 0,
+            _ => self.wanted(msg.shape, slot, id),
+        };
+        match msg.recipients {
+            Recipients::All => true,
+            Recipients::Holders(a) => holds(a),
+            Recipients::HoldersExcept(a, b) => holds(a) && !holds(b),
+        }
+    }
+
     /// Verifies and applies one rekey message.
     pub fn handle_rekey(&mut self, bytes: &[u8]) -> Result<Applied, MemberError> {
         let (msg, body_len) = RekeyMessage::decode(bytes)?;
         if msg.group != self.cfg.group {
             return Err(MemberError::WrongGroup(msg.group));
+        }
+        // A message of this epoch for other members is dropped before its signature is checked:
+        // it would change nothing here, and with one message per set of members most are not
+        // this member's (checked again below, once it is authentic).
+        if msg.epoch == self.expected && !self.addressed(&msg) {
+            return Err(MemberError::NotForMe);
         }
         self.check_auth(&msg, &bytes[..body_len])?;
         if msg.epoch < self.expected {
@@ -285,16 +318,7 @@ impl Member {
         if !self.shape_fits(msg.shape, slot, msg.group_key) {
             return Err(MemberError::WrongShape(msg.shape));
         }
-        let holds = |id: u64| match msg.shape {
-            GraphShape::Complete { .. } => id & (1 << slot.0) != 0,
-            _ => self.wanted(msg.shape, slot, id),
-        };
-        let addressed = match msg.recipients {
-            Recipients::All => true,
-            Recipients::Holders(a) => holds(a),
-            Recipients::HoldersExcept(a, b) => holds(a) && !holds(b),
-        };
-        if !addressed {
+        if !self.addressed(&msg) {
             return Err(MemberError::NotForMe);
         }
         // Staged: nothing changes unless the whole message applies.
