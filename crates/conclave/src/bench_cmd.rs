@@ -28,6 +28,10 @@ pub enum BenchCommand {
     /// E7: agreed throughput against message size, 1 and 5 senders, for data in the clear,
     /// links authenticated, links sealed, and sealed by the members (layered and Integrated VS).
     Sealed(crate::sealed_bench::SealedArgs),
+    /// E5 over real daemons: a key server and a key-graph group's members as clients of daemons
+    /// in this process; time from a leave and from a batch of joins and leaves to the new key at
+    /// every member, and the server's cost per rekey.
+    Keyserver(crate::keyserver_bench::KeyserverArgs),
     /// E1: computation cost of GDH, CKD, TGDH, STR and BD per event (join, leave, merge,
     /// partition) against group size, next to paper 000's Tables I and II.
     Gka {
@@ -305,6 +309,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Secure(a) => crate::secure_bench::run(a),
         BenchCommand::Integrated(a) => crate::integrated_bench::run(a),
         BenchCommand::Sealed(a) => crate::sealed_bench::run(a),
+        BenchCommand::Keyserver(a) => crate::keyserver_bench::run(a),
         BenchCommand::Keygraph {
             n,
             sizes,

@@ -8,6 +8,7 @@ mod demo;
 mod gka_cmd;
 mod integrated_bench;
 mod keys_demo;
+mod keyserver_bench;
 mod keyserver_cmd;
 mod net_bench;
 mod sealed_bench;

@@ -1195,3 +1195,37 @@ fn keyserver_keys_a_group_of_secure_users_and_restarts_from_its_state() {
     let _ = std::fs::remove_file(path);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn bench_keyserver_times_leaves_and_a_batch_over_real_daemons() {
+    let (ok, out, err) = conclave(
+        &[
+            "bench",
+            "keyserver",
+            "--daemons",
+            "2",
+            "--members",
+            "6",
+            "--batch",
+            "4",
+            "--repeat",
+            "2",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 1, "{out}");
+    let r = &rows[0];
+    assert!(r.get("error").is_none(), "{r}");
+    assert_eq!(r["members"], 6);
+    assert!(r["leave"]["time_max_ms"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(r["leave"]["all_max_ms"].as_array().unwrap().len(), 2, "{r}");
+    let rekeyed: u64 = r["batch"]["server"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["joins"].as_u64().unwrap() + s["leaves"].as_u64().unwrap())
+        .sum();
+    assert_eq!(rekeyed, 4, "every change of the batch rekeyed: {r}");
+}
