@@ -296,8 +296,15 @@ impl Member {
         // A message of this epoch for other members is dropped before its signature is checked:
         // it would change nothing here, and with one message per set of members most are not
         // this member's (checked again below, once it is authentic).
-        if msg.epoch == self.expected && !self.addressed(&msg) {
-            return Err(MemberError::NotForMe);
+        if msg.epoch == self.expected {
+            let slot = self
+                .relocation
+                .filter(|a| a.epoch == msg.epoch)
+                .map_or(self.slot, |a| a.slot);
+            // Only a shape that fits this member's graph is read before the signature.
+            if self.shape_fits(msg.shape, slot, msg.group_key) && !self.addressed(&msg) {
+                return Err(MemberError::NotForMe);
+            }
         }
         self.check_auth(&msg, &bytes[..body_len])?;
         if msg.epoch < self.expected {

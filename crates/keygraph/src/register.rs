@@ -28,7 +28,8 @@ use conclave_crypto::{CryptoRng, Group, GroupKey, Identity, PublicIdentity, Rist
 use conclave_wire::client::GroupViewId;
 use conclave_wire::gcs::MAX_NAME_BYTES;
 use conclave_wire::keyserver::{
-    Exchange, RegisterMsg, ELEMENT_BYTES, MAX_ADMISSION_BYTES, NONCE_BYTES,
+    Exchange, InvitationsMsg, RegisterMsg, ELEMENT_BYTES, MAX_ADMISSION_BYTES, MAX_INVITED,
+    NONCE_BYTES,
 };
 use conclave_wire::{DecodeError, Writer};
 use sha2::{Digest, Sha256};
@@ -212,6 +213,39 @@ impl Registrar {
         .encode())
     }
 
+    /// Signed invitations for `members` in `view` (replacing any earlier ones), at most
+    /// `MAX_INVITED` to a message: a view with many new members costs a few messages.
+    pub fn invite_many(
+        &mut self,
+        members: &[String],
+        view: GroupViewId,
+        rng: &mut dyn CryptoRng,
+    ) -> Result<Vec<InvitationsMsg>, RegisterError> {
+        let mut out = Vec::new();
+        for chunk in members.chunks(MAX_INVITED) {
+            let mut msg = InvitationsMsg {
+                group: self.group.clone(),
+                server: self.server.clone(),
+                view,
+                invited: Vec::with_capacity(chunk.len()),
+                signature: Vec::new(),
+            };
+            for m in chunk {
+                check_name(m)?;
+                msg.invited.push((m.clone(), nonce(rng)));
+            }
+            msg.signature = self
+                .identity
+                .sign(&msg.signed_bytes())
+                .map_err(|_| RegisterError::Sign)?;
+            for (m, n) in &msg.invited {
+                self.invited.insert(m.clone(), (view, *n));
+            }
+            out.push(msg);
+        }
+        Ok(out)
+    }
+
     /// A new view: invitations of earlier views are void (their members are invited again if
     /// they are still unregistered).
     pub fn new_view(&mut self) {
@@ -379,6 +413,41 @@ impl Registration {
         self.server_identity
             .verify(&invite_signed(&exchange), &signature)
             .map_err(|_| RegisterError::BadSignature(from.to_owned()))?;
+        self.answer(exchange, view, rng)
+    }
+
+    /// Invitations from `from`, received in `view`: the hello to send the server if they invite
+    /// this member (`None` if they do not name it).
+    pub fn handle_invitations(
+        &mut self,
+        from: &str,
+        msg: &InvitationsMsg,
+        view: GroupViewId,
+        rng: &mut dyn CryptoRng,
+    ) -> Result<Option<Vec<u8>>, RegisterError> {
+        let Some(exchange) = msg.exchange(&self.me) else {
+            return Ok(None);
+        };
+        self.addressed(from, &exchange)?;
+        if exchange.view != view {
+            return Err(RegisterError::StaleView {
+                got: exchange.view,
+                current: view,
+            });
+        }
+        self.server_identity
+            .verify(&msg.signed_bytes(), &msg.signature)
+            .map_err(|_| RegisterError::BadSignature(from.to_owned()))?;
+        self.answer(exchange, view, rng).map(Some)
+    }
+
+    /// The hello that answers an authentic invitation (the same one for the same invitation).
+    fn answer(
+        &mut self,
+        exchange: Exchange,
+        view: GroupViewId,
+        rng: &mut dyn CryptoRng,
+    ) -> Result<Vec<u8>, RegisterError> {
         if let Some(p) = self.pending.iter().find(|p| p.exchange == exchange) {
             return Ok(p.hello.clone());
         }

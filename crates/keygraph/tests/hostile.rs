@@ -273,3 +273,45 @@ fn members_refuse_slots_their_graph_cannot_have() {
         Err(MemberError::BadSlot(_))
     ));
 }
+
+/// A message of the member's epoch is read before its signature only if its shape fits the
+/// member's graph: a forged shape (degree 0, or a complete graph to a tree member) with
+/// recipients that would make the reading divide by zero or shift past 64 bits is refused, never
+/// a panic.
+#[test]
+fn forged_shapes_are_refused_before_they_are_read() {
+    use conclave_wire::lkh::{GraphShape, Recipients};
+    let mut s = setup(Signing::Batch, Strategy::Key);
+    let genuine = message_for_member_0(&mut s);
+    let (msg, _) = RekeyMessage::decode(&genuine).unwrap();
+    let level1 = conclave_keygraph::NodeIndex::ancestor(conclave_keygraph::Slot(0), 4, 1).id();
+    let forged = [
+        (
+            GraphShape::Tree {
+                degree: 0,
+                height: 3,
+            },
+            Recipients::Holders(level1),
+        ),
+        (
+            GraphShape::Tree {
+                degree: 1,
+                height: 3,
+            },
+            Recipients::Holders(level1),
+        ),
+        (
+            GraphShape::Complete { members: u64::MAX },
+            Recipients::Holders(1 << 63),
+        ),
+    ];
+    for (shape, recipients) in forged {
+        let mut m = msg.clone();
+        m.shape = shape;
+        m.recipients = recipients;
+        let before = snapshot(&s.members[0]);
+        assert!(s.members[0].handle_rekey(&m.encode()).is_err());
+        assert_eq!(snapshot(&s.members[0]), before);
+    }
+    s.members[0].handle_rekey(&genuine).unwrap();
+}

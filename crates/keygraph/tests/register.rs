@@ -492,3 +492,57 @@ fn a_replayed_invite_cannot_push_out_the_exchange_the_server_answers() {
     let reg = w.handle_hello(ALICE, &hellos[4]).unwrap();
     alice.handle_welcome(SERVER, &reg.welcome).unwrap();
 }
+
+/// Many members invited under one signature: each finds its own invitation, the exchange goes on
+/// as with a single one, and an altered list or a list without the member gives nothing.
+#[test]
+fn invitations_for_many_members_register_each() {
+    let mut w = World::new();
+    let mut alice = w.alice();
+    let others: Vec<String> = (0..1500).map(|i| format!("#m{i}#d3")).collect();
+    let mut names = others.clone();
+    names.insert(700, ALICE.into());
+    let msgs = w
+        .registrar
+        .invite_many(&names, view(1), &mut w.rng)
+        .unwrap();
+    assert_eq!(msgs.len(), 2, "at most MAX_INVITED to a message");
+    assert_eq!(w.registrar.waiting(), names.len());
+    // The message that does not name alice is not hers.
+    assert_eq!(
+        alice
+            .handle_invitations(SERVER, &msgs[1], view(1), &mut w.rng)
+            .unwrap(),
+        None
+    );
+    // Altered: another nonce for alice breaks the signature.
+    let mut bad = msgs[0].clone();
+    let at = bad.invited.iter().position(|(m, _)| m == ALICE).unwrap();
+    bad.invited[at].1[0] ^= 1;
+    assert!(matches!(
+        alice.handle_invitations(SERVER, &bad, view(1), &mut w.rng),
+        Err(RegisterError::BadSignature(_))
+    ));
+    // From someone else, or of another view.
+    assert!(alice
+        .handle_invitations(ALICE, &msgs[0], view(1), &mut w.rng)
+        .is_err());
+    assert!(matches!(
+        alice.handle_invitations(SERVER, &msgs[0], view(2), &mut w.rng),
+        Err(RegisterError::StaleView { .. })
+    ));
+    let hello = alice
+        .handle_invitations(SERVER, &msgs[0], view(1), &mut w.rng)
+        .unwrap()
+        .unwrap();
+    // The same invitations again give the same hello.
+    let again = alice
+        .handle_invitations(SERVER, &msgs[0], view(1), &mut w.rng)
+        .unwrap()
+        .unwrap();
+    assert_eq!(hello, again);
+    let reg = w.handle_hello(ALICE, &hello).unwrap();
+    let welcomed = alice.handle_welcome(SERVER, &reg.welcome).unwrap();
+    assert_eq!(welcomed.key.expose(), reg.key.expose());
+    assert_eq!(w.registrar.waiting(), names.len() - 1);
+}

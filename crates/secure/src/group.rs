@@ -1096,7 +1096,10 @@ impl SecureGroup {
         let error = SecureError::KeySourceMismatch {
             mine: self.cfg.keys,
         };
-        let newcomer = self.views_seen == 1
+        // In a key-graph group the server decides who is in: a member that runs something else
+        // is refused, and nobody leaves for it (any member could make newcomers leave).
+        let newcomer = self.cfg.keys != KeySource::KeyGraph
+            && self.views_seen == 1
             && self
                 .view
                 .as_ref()

@@ -16,7 +16,9 @@ use conclave_gka::SharedDirectory;
 use conclave_keygraph::{GraphKind, JoinAck, Member, MemberConfig, MemberError, Registration};
 use conclave_keygraph::{Slot, UserId};
 use conclave_wire::client::GroupViewId;
-use conclave_wire::keyserver::{Admission, LateKeyMsg, RegisterMsg, ServiceMsg, ViewKeyMsg};
+use conclave_wire::keyserver::{
+    Admission, InvitationsMsg, LateKeyMsg, RegisterMsg, ServiceMsg, ViewKeyMsg,
+};
 
 /// What a service message asks of the member's group.
 pub(crate) enum Outcome {
@@ -44,6 +46,11 @@ pub(crate) struct KeyGraphMember {
     bound: Option<(u64, GroupKey)>,
     /// The individual key of this member's last registration (a late key is sealed under it).
     individual: Option<GroupKey>,
+    /// A rekey past the bound epoch, or a knock, came in the view since the key was bound: the
+    /// next view waits for the server. Decided on what the view delivered, so the same at every
+    /// member that comes through with this one (a member that applied part of a batch and one
+    /// that applied none of it decide alike).
+    no_keep: bool,
 }
 
 /// The key that seals a late key for the member whose individual key is `individual`.
@@ -86,6 +93,7 @@ impl KeyGraphMember {
             knocked: None,
             bound: None,
             individual: None,
+            no_keep: false,
         }
     }
 
@@ -99,7 +107,7 @@ impl KeyGraphMember {
     /// next view to the new group key, and a member that had only the new one would differ.
     pub fn keep(&self, view: GroupViewId) -> Option<(u64, GroupKey)> {
         let (epoch, graph_key) = self.bound.as_ref()?;
-        if self.member.as_ref()?.epoch() != Some(*epoch) {
+        if self.no_keep || self.member.as_ref()?.epoch() != Some(*epoch) {
             return None;
         }
         Some((*epoch, view_key(&self.group, graph_key, view, *epoch)))
@@ -123,9 +131,16 @@ impl KeyGraphMember {
     ) -> Result<Outcome, KeyGraphError> {
         let msg = ServiceMsg::decode(body).map_err(KeyGraphError::Malformed)?;
         match &msg {
-            // Other members' knocks are for the server, and others' late keys for them.
-            ServiceMsg::Knock { .. } => return Ok(Outcome::Nothing),
+            // Other members' knocks are for the server (but the server answers them with a
+            // rekey: the next view waits for its view key), and others' late keys for them.
+            ServiceMsg::Knock { .. } => {
+                self.no_keep = true;
+                return Ok(Outcome::Nothing);
+            }
             ServiceMsg::LateKey(l) if l.member != self.me => return Ok(Outcome::Nothing),
+            ServiceMsg::Invitations(i) if i.exchange(&self.me).is_none() => {
+                return Ok(Outcome::Nothing)
+            }
             _ => {}
         }
         if let ServiceMsg::Register(b) = msg {
@@ -143,7 +158,46 @@ impl KeyGraphMember {
             ServiceMsg::Rekey(b) => self.on_rekey(b, view),
             ServiceMsg::ViewKey(v) => self.on_view_key(v, view),
             ServiceMsg::LateKey(l) => self.on_late_key(l, view),
+            ServiceMsg::Invitations(i) => self.on_invitations(from, &i, view, identity, rng),
             ServiceMsg::Knock { .. } => Ok(Outcome::Nothing),
+        }
+    }
+
+    fn registration(
+        &mut self,
+        identity: &conclave_crypto::Identity,
+    ) -> Result<&mut Registration, KeyGraphError> {
+        if self.registration.is_none() {
+            let server = self.server_identity()?;
+            self.registration = Some(
+                Registration::new(
+                    &self.group,
+                    &self.me,
+                    &self.server,
+                    identity.clone(),
+                    server,
+                )
+                .map_err(KeyGraphError::Register)?,
+            );
+        }
+        Ok(self.registration.as_mut().expect("made above"))
+    }
+
+    fn on_invitations(
+        &mut self,
+        from: &str,
+        msg: &InvitationsMsg,
+        view: GroupViewId,
+        identity: &conclave_crypto::Identity,
+        rng: &mut dyn CryptoRng,
+    ) -> Result<Outcome, KeyGraphError> {
+        let r = self.registration(identity)?;
+        match r
+            .handle_invitations(from, msg, view, rng)
+            .map_err(KeyGraphError::Register)?
+        {
+            Some(hello) => Ok(Outcome::Send(ServiceMsg::Register(&hello).encode())),
+            None => Ok(Outcome::Nothing),
         }
     }
 
@@ -158,20 +212,7 @@ impl KeyGraphMember {
         let reg = KeyGraphError::Register;
         match RegisterMsg::decode(bytes).map_err(|e| reg(e.into()))? {
             RegisterMsg::Invite { .. } => {
-                if self.registration.is_none() {
-                    let server = self.server_identity()?;
-                    self.registration = Some(
-                        Registration::new(
-                            &self.group,
-                            &self.me,
-                            &self.server,
-                            identity.clone(),
-                            server,
-                        )
-                        .map_err(reg)?,
-                    );
-                }
-                let r = self.registration.as_mut().expect("made above");
+                let r = self.registration(identity)?;
                 let hello = r.handle_invite(from, bytes, view, rng).map_err(reg)?;
                 Ok(Outcome::Send(ServiceMsg::Register(&hello).encode()))
             }
@@ -183,6 +224,13 @@ impl KeyGraphMember {
                 let welcomed = r.handle_welcome(from, bytes).map_err(reg)?;
                 let a = Admission::decode(&welcomed.admission)
                     .map_err(|e| reg(conclave_keygraph::RegisterError::Decode(e)))?;
+                if a.degree
+                    .is_some_and(|d| !(2..=conclave_keygraph::server::MAX_DEGREE).contains(&d))
+                {
+                    return Err(reg(conclave_keygraph::RegisterError::Admission(
+                        "a tree degree outside 2..=1024".into(),
+                    )));
+                }
                 let cfg = MemberConfig {
                     group: self.group.clone(),
                     graph: match a.degree {
@@ -211,6 +259,13 @@ impl KeyGraphMember {
     }
 
     fn on_rekey(&mut self, bytes: &[u8], view: GroupViewId) -> Result<Outcome, KeyGraphError> {
+        // From the server's name (checked by the caller), even one not for this member.
+        let epoch = conclave_wire::lkh::RekeyMessage::decode(bytes).map(|(m, _)| m.epoch);
+        if let (Ok(e), Some((bound, _))) = (epoch, &self.bound) {
+            if e > *bound {
+                self.no_keep = true;
+            }
+        }
         let Some(m) = self.member.as_mut() else {
             // Not registered yet: the rekeys before this member's welcome are not for it.
             return Ok(Outcome::Nothing);
@@ -261,9 +316,11 @@ impl KeyGraphMember {
             .as_slice()
             .try_into()
             .map_err(|_| KeyGraphError::ViewKey("late key of the wrong length"))?;
-        let graph_key = GroupKey::from_bytes(bytes);
-        let key = view_key(&self.group, &graph_key, view, l.epoch);
-        self.bound = Some((l.epoch, graph_key));
+        // The view's key itself, not the group key it comes from: a late member gets no key of
+        // the views before this one. It keeps nothing into the next view (its registration
+        // brings a rekey), so no group key is bound here.
+        let key = GroupKey::from_bytes(bytes);
+        self.bound = None;
         let excluded = l.excluded.into_iter().filter(|m| *m != self.me).collect();
         Ok(Outcome::Key {
             epoch: l.epoch,
@@ -311,6 +368,7 @@ impl KeyGraphMember {
             Some(graph_key) => {
                 let key = view_key(&self.group, &graph_key, view, v.epoch);
                 self.bound = Some((v.epoch, graph_key));
+                self.no_keep = false;
                 Ok(Outcome::Key {
                     epoch: v.epoch,
                     excluded: v.excluded,

@@ -166,6 +166,16 @@ impl KeyServerNode {
     ) -> Result<KeyServerNode, KeyGraphError> {
         let (server, annex) = Server::restore_with(state, identity.clone(), Some(&cfg.group))
             .map_err(KeyGraphError::State)?;
+        // The service runs uncompacted, batch-signed trees: another state is not the service's.
+        let sc = server.config();
+        if !matches!(sc.graph, GraphKind::Tree { .. })
+            || sc.compact
+            || sc.signing != conclave_keygraph::Signing::Batch
+        {
+            return Err(KeyGraphError::State(
+                conclave_keygraph::StateError::Damaged("not a key server service's state"),
+            ));
+        }
         let (names, next_user) = read_annex(&annex).ok_or(KeyGraphError::State(
             conclave_keygraph::StateError::Damaged("member names"),
         ))?;
@@ -342,9 +352,7 @@ impl KeyServerNode {
         }
         let invite: Vec<String> = v.awaiting.iter().cloned().collect();
         self.view = Some(v);
-        for m in invite {
-            self.invite(&m, id);
-        }
+        self.invite(&invite, id);
         if changed {
             self.changed(now);
         }
@@ -353,25 +361,42 @@ impl KeyServerNode {
 
     /// Queues `name`'s leave; whether it held keys.
     fn remove(&mut self, name: &str) -> bool {
-        let Some(uid) = self.names.remove(name) else {
+        let Some(&uid) = self.names.get(name) else {
             return false;
         };
+        // The name goes with the graph's leave, or not at all (the two must agree).
         if let Err(e) = self.server.queue_leave(UserId(uid)) {
             self.refused(name, KeyGraphError::Server(e));
+            return false;
         }
+        self.names.remove(name);
         self.events.push_back(KeyServerEvent::Removed {
             member: name.to_owned(),
         });
         true
     }
 
-    fn invite(&mut self, member: &str, view: GroupViewId) {
-        if member.is_empty() || member.len() > MAX_NAME_BYTES {
+    /// Invites `members` to register in `view`: one signed message for many.
+    fn invite(&mut self, members: &[String], view: GroupViewId) {
+        // Names the wire cannot carry are the daemons' to refuse, never the server's to send.
+        let members: Vec<String> = members
+            .iter()
+            .filter(|m| !m.is_empty() && m.len() <= MAX_NAME_BYTES)
+            .cloned()
+            .collect();
+        if members.is_empty() {
             return;
         }
-        match self.registrar.invite(member, view, &mut *self.rng) {
-            Ok(b) => self.multicast(ServiceMsg::Register(&b)),
-            Err(e) => self.refused(member, KeyGraphError::Register(e)),
+        match self.registrar.invite_many(&members, view, &mut *self.rng) {
+            Ok(msgs) => {
+                for m in msgs {
+                    self.multicast(ServiceMsg::Invitations(m));
+                }
+            }
+            Err(e) => {
+                let name = self.cfg.name.clone();
+                self.refused(&name, KeyGraphError::Register(e));
+            }
         }
     }
 
@@ -403,7 +428,10 @@ impl KeyServerNode {
                 self.refused(&sender, KeyGraphError::ViewKey("knock for another group"))
             }
             // Only the server sends these.
-            ServiceMsg::Rekey(_) | ServiceMsg::ViewKey(_) | ServiceMsg::LateKey(_) => {
+            ServiceMsg::Rekey(_)
+            | ServiceMsg::ViewKey(_)
+            | ServiceMsg::LateKey(_)
+            | ServiceMsg::Invitations(_) => {
                 self.refused(&sender, KeyGraphError::NotServer(sender.clone()))
             }
         }
@@ -418,7 +446,12 @@ impl KeyServerNode {
             Err(e) => return self.refused(sender, KeyGraphError::Register(e.into())),
         }
         let uid = self.next_user;
-        let (degree, aead) = (self.cfg.degree, self.cfg.aead);
+        // The graph's own configuration (a restored one's is the saved one's).
+        let degree = match self.server.config().graph {
+            GraphKind::Tree { degree } => degree,
+            _ => self.cfg.degree,
+        };
+        let aead = self.server.config().aead;
         let server = &mut self.server;
         let mut admit = |_: &str, key: &GroupKey| {
             let ack = server
@@ -485,11 +518,13 @@ impl KeyServerNode {
         if !v.knocked.insert(sender.to_owned()) {
             return;
         }
+        // Its hello is worth waiting for, in one rekey with its leave.
+        v.deadline = now + self.cfg.register_timeout_ms;
         v.awaiting.insert(sender.to_owned());
         if self.remove(sender) {
             self.changed(now);
         }
-        self.invite(sender, view);
+        self.invite(&[sender.to_owned()], view);
     }
 
     fn try_rekey(&mut self, now: u64) {
@@ -529,8 +564,9 @@ impl KeyServerNode {
                 }
                 Ok(false) => {}
                 Err(e) => {
+                    // No view key on the old group key, which leavers hold.
                     let name = self.cfg.name.clone();
-                    self.refused(&name, KeyGraphError::Server(e));
+                    return self.refused(&name, KeyGraphError::Server(e));
                 }
             }
         }
@@ -547,6 +583,13 @@ impl KeyServerNode {
         let Some((epoch, graph_key)) = v.bound.as_ref() else {
             return;
         };
+        // A member the view key named as holding none registered too late for this view: it
+        // gets the next view's key (a late key would tell the others' applications wrong).
+        if v.excluded.iter().any(|m| m == member) {
+            return;
+        }
+        // The view's key, never the group key it comes from: that would open earlier views.
+        let key = crate::keygraph_member::view_key(&self.cfg.group, graph_key, v.id, *epoch);
         let mut msg = LateKeyMsg {
             group: self.cfg.group.clone(),
             server: self.cfg.name.clone(),
@@ -560,7 +603,7 @@ impl KeyServerNode {
         msg.sealed = crate::keygraph_member::late_sealing(individual, &msg).seal(
             [0; conclave_crypto::aead::NONCE_BYTES],
             &msg.sealing_aad(),
-            graph_key.expose(),
+            key.expose(),
         );
         match self.identity.sign(&msg.signed_bytes()) {
             Ok(sig) => msg.signature = sig,

@@ -24,6 +24,8 @@
 //!   4 knock: group | view id
 //!   5 late key: group | server | member | view id | epoch u64 | count u32 | names
 //!               | sealed (u32 length, bytes) | signature (u32 length, bytes)
+//!   6 invitations: group | server | view id | count u32 | (member | nonce) each
+//!               | signature (u32 length, bytes): one signed message inviting many members
 //! admission (in a welcome): version u8 = 1 | user u64 | slot u32 | epoch u64
 //!   | graph u8 (0 star, 1 tree) | degree u32 | aead u8 (0 AES-256-GCM, 1 ChaCha20-Poly1305)
 //! ```
@@ -209,6 +211,53 @@ pub enum ServiceMsg<'a> {
         view: GroupViewId,
     },
     LateKey(LateKeyMsg),
+    Invitations(InvitationsMsg),
+}
+
+/// Many members invited to register in one view, under one signature (a view with many new
+/// members costs one message, not one per member).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvitationsMsg {
+    pub group: String,
+    pub server: String,
+    pub view: GroupViewId,
+    /// Each member and its nonce.
+    pub invited: Vec<(String, [u8; NONCE_BYTES])>,
+    pub signature: Vec<u8>,
+}
+
+/// Members one invitations message names at most (it stays under the daemons' payload limit).
+pub const MAX_INVITED: usize = 1_000;
+
+impl InvitationsMsg {
+    /// What the server signs: everything but the signature, after a domain label.
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.raw(b"conclave keyserver invitations v1");
+        self.write_body(&mut w);
+        w.into_vec()
+    }
+    /// The exchange this message opens for `member`, if it invites it.
+    pub fn exchange(&self, member: &str) -> Option<Exchange> {
+        let (_, nonce) = self.invited.iter().find(|(m, _)| m == member)?;
+        Some(Exchange {
+            group: self.group.clone(),
+            server: self.server.clone(),
+            member: member.to_owned(),
+            view: self.view,
+            nonce: *nonce,
+        })
+    }
+    fn write_body(&self, w: &mut Writer) {
+        w.name(&self.group, MAX_NAME_BYTES);
+        w.name(&self.server, MAX_NAME_BYTES);
+        crate::client::write_view(w, &self.view);
+        w.count(self.invited.len(), MAX_INVITED);
+        for (m, n) in &self.invited {
+            w.name(m, MAX_NAME_BYTES);
+            w.raw(n);
+        }
+    }
 }
 
 /// The group key a view is bound to, for one member registered after the view's key was
@@ -302,6 +351,7 @@ const SERVICE_REKEY: u8 = 2;
 const SERVICE_VIEW_KEY: u8 = 3;
 const SERVICE_KNOCK: u8 = 4;
 const SERVICE_LATE_KEY: u8 = 5;
+const SERVICE_INVITATIONS: u8 = 6;
 
 impl ViewKeyMsg {
     /// What the server signs: everything but the signature, after a domain label.
@@ -349,6 +399,11 @@ impl<'a> ServiceMsg<'a> {
                 w.u8(SERVICE_LATE_KEY);
                 l.write_body(&mut w);
                 w.bytes(&l.signature, MAX_SIGNATURE_BYTES);
+            }
+            ServiceMsg::Invitations(i) => {
+                w.u8(SERVICE_INVITATIONS);
+                i.write_body(&mut w);
+                w.bytes(&i.signature, MAX_SIGNATURE_BYTES);
             }
         }
         w.into_vec()
@@ -410,6 +465,32 @@ impl<'a> ServiceMsg<'a> {
                     epoch,
                     excluded,
                     sealed,
+                    signature,
+                })
+            }
+            SERVICE_INVITATIONS => {
+                let group = r.name("group", MAX_NAME_BYTES)?;
+                let server = r.name("server", MAX_NAME_BYTES)?;
+                let view = crate::client::read_view(&mut r)?;
+                let n = r.u32("invited count")? as usize;
+                if n > MAX_INVITED || n > r.remaining() / (2 + NONCE_BYTES) {
+                    return Err(DecodeError::TooLong {
+                        what: "invited count",
+                        len: n,
+                        max: MAX_INVITED.min(r.remaining() / (2 + NONCE_BYTES)),
+                    });
+                }
+                let mut invited = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let m = r.name("invited member", MAX_NAME_BYTES)?;
+                    invited.push((m, array(&mut r, "nonce")?));
+                }
+                let signature = signature(&mut r)?;
+                ServiceMsg::Invitations(InvitationsMsg {
+                    group,
+                    server,
+                    view,
+                    invited,
                     signature,
                 })
             }
@@ -602,6 +683,13 @@ mod tests {
                 epoch: 3,
                 excluded: vec!["#x#d2".into()],
                 sealed: vec![8; LATE_SEALED_BYTES],
+                signature: vec![6; 64],
+            }),
+            ServiceMsg::Invitations(InvitationsMsg {
+                group: "feed".into(),
+                server: "#ks#d1".into(),
+                view: exchange().view,
+                invited: vec![("#m7#d2".into(), [1; 32]), ("#m8#d3".into(), [2; 32])],
                 signature: vec![6; 64],
             }),
         ];
