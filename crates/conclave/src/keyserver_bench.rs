@@ -13,7 +13,6 @@ use conclave_client::ClientError;
 use conclave_crypto::Identity;
 use conclave_gka::Directory;
 use conclave_secure::{KeyServerConfig, KeyServerEvent, KeyServerNode, KeyServerOutput};
-use conclave_wire::client::ClientCommand;
 use serde_json::json;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -292,20 +291,7 @@ async fn serve(
         busy += t.elapsed();
         while let Some(o) = node.poll_output() {
             if let KeyServerOutput::Command(c) = o {
-                let r = match c {
-                    ClientCommand::Join { group, vs } => tx.join(&group, vs).await,
-                    ClientCommand::Leave { group } => tx.leave(&group).await,
-                    ClientCommand::FlushAck { group, view } => tx.flush_ack(&group, view).await,
-                    ClientCommand::Multicast {
-                        service,
-                        groups,
-                        payload,
-                    } => {
-                        let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
-                        tx.multicast(service, &groups, &payload).await
-                    }
-                };
-                match r {
+                match crate::keyserver_cmd::carry(&mut tx, c).await {
                     Ok(()) | Err(ClientError::Refused { .. }) => {}
                     Err(e) => bail!("the key server's session ended: {e}"),
                 }

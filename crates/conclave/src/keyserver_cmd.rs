@@ -68,6 +68,26 @@ fn parse_strategy(s: &str) -> Result<Strategy> {
     })
 }
 
+/// Sends one of the node's commands on the session.
+pub(crate) async fn carry(
+    tx: &mut conclave_client::Sender,
+    c: ClientCommand,
+) -> Result<(), ClientError> {
+    match c {
+        ClientCommand::Join { group, vs } => tx.join(&group, vs).await,
+        ClientCommand::Leave { group } => tx.leave(&group).await,
+        ClientCommand::FlushAck { group, view } => tx.flush_ack(&group, view).await,
+        ClientCommand::Multicast {
+            service,
+            groups,
+            payload,
+        } => {
+            let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+            tx.multicast(service, &groups, &payload).await
+        }
+    }
+}
+
 pub fn run_keyserver(args: KeyserverArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -236,20 +256,7 @@ async fn keyserver(args: KeyserverArgs) -> Result<()> {
             match o {
                 KeyServerOutput::Save(bytes) => write_state(&args.state, &bytes)?,
                 KeyServerOutput::Command(c) => {
-                    let r = match c {
-                        ClientCommand::Join { group, vs } => tx.join(&group, vs).await,
-                        ClientCommand::Leave { group } => tx.leave(&group).await,
-                        ClientCommand::FlushAck { group, view } => tx.flush_ack(&group, view).await,
-                        ClientCommand::Multicast {
-                            service,
-                            groups,
-                            payload,
-                        } => {
-                            let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
-                            tx.multicast(service, &groups, &payload).await
-                        }
-                    };
-                    if let Err(e) = r {
+                    if let Err(e) = carry(&mut tx, c).await {
                         if !matches!(e, ClientError::Refused { .. }) {
                             bail!("the session ended: {e}");
                         }
