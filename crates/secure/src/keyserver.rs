@@ -127,9 +127,6 @@ pub struct KeyServerNode {
     names: BTreeMap<String, u64>,
     next_user: u64,
     view: Option<CurrentView>,
-    /// Restored and no view yet: the saved registrations are trusted in the first view, where
-    /// nobody comes through with the server.
-    restored: bool,
     out: VecDeque<KeyServerOutput>,
     events: VecDeque<KeyServerEvent>,
 }
@@ -187,9 +184,7 @@ impl KeyServerNode {
         }
         let mut server = server;
         while server.poll_transmit().is_some() {}
-        let mut node = Self::with_server(cfg, server, identity, directory, rng, names, next_user)?;
-        node.restored = true;
-        Ok(node)
+        Self::with_server(cfg, server, identity, directory, rng, names, next_user)
     }
 
     fn with_server(
@@ -213,7 +208,6 @@ impl KeyServerNode {
             names,
             next_user,
             view: None,
-            restored: false,
             out: VecDeque::new(),
             events: VecDeque::new(),
         };
@@ -271,7 +265,7 @@ impl KeyServerNode {
         match ev {
             ClientEvent::View { .. } => {
                 if let Some(v) = conclave_gka::View::from_event(&ev) {
-                    self.on_view(v.view_id, v.members, &v.transitional, now);
+                    self.on_view(v.view_id, v.members, now);
                 }
             }
             ClientEvent::FlushRequest { view, .. } => {
@@ -311,22 +305,15 @@ impl KeyServerNode {
         });
     }
 
-    fn on_view(
-        &mut self,
-        id: GroupViewId,
-        members: Vec<String>,
-        transitional: &[String],
-        now: u64,
-    ) {
+    fn on_view(&mut self, id: GroupViewId, members: Vec<String>, now: u64) {
         self.registrar.new_view();
         let present: BTreeSet<&String> = members.iter().collect();
-        let trusted = std::mem::take(&mut self.restored);
-        // A member that did not come through from the server's last view may be a new process
-        // under an old name, without the old one's keys: it registers again.
+        // A new process under a registered name lacks the old one's keys: it knocks on the view
+        // key and registers again (its late key keeps the view on one key).
         let gone: Vec<String> = self
             .names
             .keys()
-            .filter(|n| !present.contains(n) || !(trusted || transitional.contains(n)))
+            .filter(|n| !present.contains(n))
             .cloned()
             .collect();
         let mut changed = false;
