@@ -403,13 +403,7 @@ impl Registration {
         else {
             return Err(RegisterError::WrongKind);
         };
-        self.addressed(from, &exchange)?;
-        if exchange.view != view {
-            return Err(RegisterError::StaleView {
-                got: exchange.view,
-                current: view,
-            });
-        }
+        self.invited_here(from, &exchange, view)?;
         self.server_identity
             .verify(&invite_signed(&exchange), &signature)
             .map_err(|_| RegisterError::BadSignature(from.to_owned()))?;
@@ -428,13 +422,7 @@ impl Registration {
         let Some(exchange) = msg.exchange(&self.me) else {
             return Ok(None);
         };
-        self.addressed(from, &exchange)?;
-        if exchange.view != view {
-            return Err(RegisterError::StaleView {
-                got: exchange.view,
-                current: view,
-            });
-        }
+        self.invited_here(from, &exchange, view)?;
         self.server_identity
             .verify(&msg.signed_bytes(), &msg.signature)
             .map_err(|_| RegisterError::BadSignature(from.to_owned()))?;
@@ -515,6 +503,23 @@ impl Registration {
         self.pending.clear();
         self.answered.clear();
         Ok(Welcomed { key, admission })
+    }
+
+    /// An invitation to this member from its server, for the view it was received in.
+    fn invited_here(
+        &self,
+        from: &str,
+        x: &Exchange,
+        view: GroupViewId,
+    ) -> Result<(), RegisterError> {
+        self.addressed(from, x)?;
+        if x.view != view {
+            return Err(RegisterError::StaleView {
+                got: x.view,
+                current: view,
+            });
+        }
+        Ok(())
     }
 
     fn addressed(&self, from: &str, x: &Exchange) -> Result<(), RegisterError> {

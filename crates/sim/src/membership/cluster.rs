@@ -86,6 +86,22 @@ impl SpreadSim {
 }
 
 impl SimClient {
+    /// A client of daemon `d` (an index), not yet connected; a Spread client if `spread`.
+    pub(super) fn new(d: usize, private: String, spread: bool) -> SimClient {
+        SimClient {
+            daemon: d,
+            name: format!("{private}#{}", super::name(d as DaemonId + 1)),
+            private,
+            session: None,
+            inc: None,
+            core: SessionCore::new(WINDOW),
+            sent: 0,
+            secure: BTreeMap::new(),
+            pending: Default::default(),
+            spread: spread.then(SpreadSim::default),
+        }
+    }
+
     pub(super) fn connected(&self) -> bool {
         self.session.is_some()
     }

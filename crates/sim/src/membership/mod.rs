@@ -32,7 +32,7 @@ mod scripts;
 mod secure;
 mod workload;
 
-use cluster::{SimClient, SpreadSim, World, WINDOW};
+use cluster::{SimClient, World};
 use network::Wire;
 use scripts::{crash, restart, scripted};
 
@@ -294,19 +294,7 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
         clients: (0..n)
             .flat_map(|d| {
                 (0..cfg.clients_per_daemon).map(move |j| {
-                    let private = format!("c{}.{j}", d + 1);
-                    SimClient {
-                        daemon: d,
-                        name: format!("{private}#{}", name(d as DaemonId + 1)),
-                        private,
-                        session: None,
-                        inc: None,
-                        core: SessionCore::new(WINDOW),
-                        sent: 0,
-                        secure: BTreeMap::new(),
-                        pending: Default::default(),
-                        spread: (spread && j % 2 == 1).then(SpreadSim::default),
-                    }
+                    SimClient::new(d, format!("c{}.{j}", d + 1), spread && j % 2 == 1)
                 })
             })
             .collect(),
@@ -341,19 +329,8 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
             conclave_secure::KeySource::Agreement
         });
         if keys == conclave_secure::KeySource::KeyGraph {
-            let private = secure::KEY_SERVER.to_owned();
-            w.clients.push(SimClient {
-                daemon: 0,
-                name: format!("{private}#{}", name(1)),
-                private,
-                session: None,
-                inc: None,
-                core: SessionCore::new(WINDOW),
-                sent: 0,
-                secure: BTreeMap::new(),
-                pending: Default::default(),
-                spread: None,
-            });
+            w.clients
+                .push(SimClient::new(0, secure::KEY_SERVER.to_owned(), false));
         }
         let evs = keys == conclave_secure::KeySource::Daemons
             && cfg.evs.unwrap_or(prng.next_u32() % 2 == 0);
