@@ -32,6 +32,10 @@ pub enum BenchCommand {
     /// in this process; time from a leave and from a batch of joins and leaves to the new key at
     /// every member, and the server's cost per rekey.
     Keyserver(crate::keyserver_bench::KeyserverArgs),
+    /// One member process of `bench throughput --processes`, stepped through its standard
+    /// input; not for direct use.
+    #[command(hide = true)]
+    Member(crate::process_bench::MemberArgs),
     /// E1: computation cost of GDH, CKD, TGDH, STR and BD per event (join, leave, merge,
     /// partition) against group size, next to paper 000's Tables I and II.
     Gka {
@@ -310,6 +314,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Integrated(a) => crate::integrated_bench::run(a),
         BenchCommand::Sealed(a) => crate::sealed_bench::run(a),
         BenchCommand::Keyserver(a) => crate::keyserver_bench::run(a),
+        BenchCommand::Member(a) => crate::process_bench::run_member(a),
         BenchCommand::Keygraph {
             n,
             sizes,

@@ -11,6 +11,7 @@ mod keys_demo;
 mod keyserver_bench;
 mod keyserver_cmd;
 mod net_bench;
+mod process_bench;
 mod sealed_bench;
 mod secure_bench;
 mod secure_cmd;

@@ -54,6 +54,11 @@ pub struct ThroughputArgs {
     /// 4.x's protocol on the daemons' Spread ports (docs/spread.md); rows say which (`clients`).
     #[arg(long, conflicts_with = "secure")]
     spread: bool,
+    /// As deployed: every daemon a `conclave daemon` process and every member a client process
+    /// of its own (rows say `"deployment": "processes"`). Without it, the daemons and clients
+    /// share this process (for profiling).
+    #[arg(long, conflicts_with_all = ["secure", "spread"])]
+    processes: bool,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -251,7 +256,7 @@ async fn members(net: &Network, k: usize, tag: &str) -> Result<Vec<(Sender, Rece
     Ok(out)
 }
 
-async fn wait_view(r: &mut Receiver, size: usize) -> Result<()> {
+pub(crate) async fn wait_view(r: &mut Receiver, size: usize) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let mut seen = Vec::new();
     loop {
@@ -294,36 +299,39 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
                         d.spread = Some(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?);
                     }
                 }
+                if args.processes {
+                    let net = crate::process_bench::Daemons::start(cfg).await?;
+                    for load in loads(&args, &services) {
+                        round += 1;
+                        let mut row = net.throughput(&load, &format!("p{round}-")).await?;
+                        row["links"] = mode.name().into();
+                        row["clients"] = "conclave".into();
+                        println!("{row}");
+                        rows.push(row);
+                    }
+                    net.stop().await?;
+                    continue;
+                }
                 let net = Network::start_with(cfg).await?;
-                for &senders in &args.senders {
-                    for &size in &args.sizes {
-                        for &service in &services {
-                            round += 1;
-                            let receivers = args.daemons.max(senders);
-                            let load = Load {
-                                receivers,
-                                senders,
-                                size,
-                                service,
-                                seconds: args.seconds,
-                            };
-                            let mut row =
-                                throughput_once(&net, &load, &format!("t{round}-"), secure).await?;
-                            row["links"] = mode.name().into();
-                            row["clients"] = "conclave".into();
-                            println!("{row}");
-                            rows.push(row);
-                            if args.spread {
-                                let tag = format!("s{round}-");
-                                let mut m = crate::spread_bench::SpreadMembers;
-                                let mut row = run_load(&net, &mut m, &load, &tag).await?;
-                                row["bench"] = json!("throughput");
-                                row["links"] = mode.name().into();
-                                row["clients"] = "spread".into();
-                                println!("{row}");
-                                rows.push(row);
-                            }
-                        }
+                for load in loads(&args, &services) {
+                    round += 1;
+                    let mut row =
+                        throughput_once(&net, &load, &format!("t{round}-"), secure).await?;
+                    row["links"] = mode.name().into();
+                    row["deployment"] = "in-process".into();
+                    row["clients"] = "conclave".into();
+                    println!("{row}");
+                    rows.push(row);
+                    if args.spread {
+                        let tag = format!("s{round}-");
+                        let mut m = crate::spread_bench::SpreadMembers;
+                        let mut row = run_load(&net, &mut m, &load, &tag).await?;
+                        row["bench"] = json!("throughput");
+                        row["links"] = mode.name().into();
+                        row["deployment"] = "in-process".into();
+                        row["clients"] = "spread".into();
+                        println!("{row}");
+                        rows.push(row);
                     }
                 }
                 net.stop().await?;
@@ -364,6 +372,25 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
     };
     std::fs::write(args.out.join("throughput.svg"), chart.to_svg())?;
     Ok(())
+}
+
+/// Every configuration `args` asks for, in the order they run.
+fn loads(args: &ThroughputArgs, services: &[ServiceType]) -> Vec<Load> {
+    let mut out = Vec::new();
+    for &senders in &args.senders {
+        for &size in &args.sizes {
+            for &service in services {
+                out.push(Load {
+                    receivers: args.daemons.max(senders),
+                    senders,
+                    size,
+                    service,
+                    seconds: args.seconds,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// What a throughput run offers: `senders` of the `receivers` members send `service` messages

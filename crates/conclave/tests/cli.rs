@@ -978,6 +978,43 @@ fn bench_throughput_runs_a_secure_group() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[test]
+fn bench_throughput_runs_daemons_and_members_as_processes() {
+    let dir = std::env::temp_dir().join(format!("conclave-bench-pr-{}", std::process::id()));
+    let (ok, out, err) = conclave(
+        &[
+            "bench",
+            "throughput",
+            "--processes",
+            "--senders",
+            "2",
+            "--sizes",
+            "1024",
+            "--services",
+            "agreed,fifo",
+            "--seconds",
+            "0.5",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 2, "{out}");
+    for r in &rows {
+        assert_eq!(r["deployment"], "processes", "{out}");
+        assert_eq!(r["members"], 3, "{out}");
+        assert!(r["messages"].as_u64().unwrap() > 0, "{out}");
+        assert_eq!(r["delivered_min"], r["messages"], "{out}");
+        // The daemons are processes of their own: their memory and processor time are theirs.
+        assert!(r["daemons_rss_mib"].as_f64().unwrap() > 0.0, "{out}");
+        assert!(r["cpu_daemons_s"].as_f64().unwrap() > 0.0, "{out}");
+    }
+    assert_eq!(rows[1]["service"], "fifo", "{out}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Starts `conclave keyserver` for group "feed"; its JSON lines go to a channel.
 fn spawn_keyserver(
     addr: &str,

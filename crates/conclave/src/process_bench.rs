@@ -1,0 +1,530 @@
+//! `conclave bench throughput --processes`: the throughput load as deployed. Every daemon is a
+//! `conclave daemon` process of its own, and every member a `conclave bench member` process: a
+//! client that connects, joins, sends or counts, and talks to the bench over its standard input
+//! and output (one JSON line per step). The in-process mode (every daemon and client on one
+//! runtime) stays for profiling; this one is what a deployment pays, system calls, wake-ups and
+//! copies between processes included.
+//!
+//! The steps, for every member at once: connect and join, print `{"ready":..}` once the view has
+//! every member; on `go`, senders send for the configured time while everyone counts what it
+//! delivers; each prints `{"sent":..}`; on `total N` (what was sent, less what the daemons
+//! refused) each waits until it has delivered N (or deliveries stop after a view change) and
+//! prints its count and the time of its last delivery. A member's rate is its count over that
+//! time, measured from its own `go`.
+
+use crate::net_bench::{wait_view, Load, Mutex64};
+use crate::user_cmd::service_name;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use conclave_client::{Address, Client, ClientError, ClientEvent};
+use conclave_daemon::{AdminRequest, Config};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+const GROUP: &str = "bench";
+
+/// Messages a member hands its client library before it writes them out (as in-process).
+const BATCH: u64 = 32;
+
+/// The daemons of a configuration, each a `conclave daemon` process of this binary.
+pub(crate) struct Daemons {
+    cfg: Config,
+    dir: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Daemons {
+    /// Writes `cfg` (with fresh identities) into a directory of its own and starts its daemons;
+    /// returns once they form one ring.
+    pub(crate) async fn start(cfg: Config) -> Result<Daemons> {
+        static RUNS: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "conclave-bench-{}-{}",
+            std::process::id(),
+            RUNS.fetch_add(1, Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let cfg = cfg.with_identity_files(&dir, &mut rand_core::OsRng)?;
+        let path = dir.join("conclave.toml");
+        std::fs::write(&path, config_text(&cfg))?;
+        let exe = std::env::current_exe()?;
+        let mut children = Vec::new();
+        for d in &cfg.daemon {
+            children.push(
+                Command::new(&exe)
+                    .args(["daemon", "--config"])
+                    .arg(&path)
+                    .args(["--name", &d.name, "--log", "warn"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .context("starting a daemon process")?,
+            );
+        }
+        let net = Daemons { cfg, dir, children };
+        net.wait_ring().await?;
+        Ok(net)
+    }
+
+    async fn wait_ring(&self) -> Result<()> {
+        let n = self.cfg.daemon.len();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut ok = true;
+            for d in &self.cfg.daemon {
+                let s = self.status(d).await;
+                ok &= s.is_some_and(|s| s.ready && s.members.len() == n);
+            }
+            if ok {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the {n} daemon processes did not form a ring in 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn status(
+        &self,
+        d: &conclave_daemon::config::DaemonEntry,
+    ) -> Option<conclave_daemon::Status> {
+        let identity = conclave_daemon::read_identity(d.identity.as_ref()?).ok()?;
+        conclave_daemon::endpoints::ask(d.admin?, &d.name, &identity, &AdminRequest::Status)
+            .await
+            .ok()?
+            .status
+    }
+
+    /// Every daemon's ring and message counts, for an error that needs them.
+    async fn statuses(&self) -> String {
+        let mut st = Vec::new();
+        for d in &self.cfg.daemon {
+            st.push(match self.status(d).await {
+                Some(s) => format!("{}: ring {:?} ready {}", d.name, s.members, s.ready),
+                None => format!("{}: no answer", d.name),
+            });
+        }
+        st.join("; ")
+    }
+
+    /// Runs `load` with every member a process of its own (member i on daemon i mod n).
+    pub(crate) async fn throughput(&self, load: &Load, tag: &str) -> Result<Value> {
+        let &Load {
+            receivers,
+            senders,
+            size,
+            service,
+            seconds,
+        } = load;
+        let exe = std::env::current_exe()?;
+        let mut members = Vec::new();
+        for i in 0..receivers {
+            let d = &self.cfg.daemon[i % self.cfg.daemon.len()];
+            let mut cmd = Command::new(&exe);
+            cmd.args(["bench", "member", "--address"])
+                .arg(
+                    d.client
+                        .context("a daemon without a client port")?
+                        .to_string(),
+                )
+                .args(["--name", &format!("{tag}{i}"), "--members"])
+                .arg(receivers.to_string())
+                .args(["--service", service_name(service), "--seconds"])
+                .arg(seconds.to_string());
+            if i < senders {
+                cmd.arg("--send").arg(size.to_string());
+            }
+            members.push(MemberProcess::spawn(cmd)?);
+        }
+        for (i, m) in members.iter_mut().enumerate() {
+            if let Err(e) = m.expect("ready").await {
+                bail!(
+                    "member {i} of {receivers} ({tag}) saw no view of all: {e:#} ({})",
+                    self.statuses().await
+                );
+            }
+        }
+        let cpu_before: f64 = self.children.iter().map(cpu_seconds).sum();
+        for m in &mut members {
+            m.say("go").await?;
+        }
+        let (mut sent, mut refused) = (0, 0);
+        for m in &mut members {
+            let r = m.expect("sent").await?;
+            sent += r["sent"].as_u64().unwrap_or(0);
+            refused += r["refused"].as_u64().unwrap_or(0);
+        }
+        // Memory while the daemons still hold what is in flight.
+        let rss: u64 = self.children.iter().map(|c| proc_kib(c, "VmRSS:")).sum();
+        let total = sent - refused;
+        for m in &mut members {
+            m.say(&format!("total {total}")).await?;
+        }
+        let mut got = Vec::new();
+        let (mut views, mut rates, mut cpu_members) = (0, Vec::new(), 0.0);
+        for m in &mut members {
+            let r = m.expect("got").await?;
+            let (g, last) = (
+                r["got"].as_u64().unwrap_or(0),
+                r["last_ns"].as_u64().unwrap_or(0),
+            );
+            views += r["views"].as_u64().unwrap_or(0);
+            cpu_members += r["cpu_s"].as_f64().unwrap_or(0.0);
+            rates.push(if last == 0 {
+                0.0
+            } else {
+                g as f64 / (last as f64 / 1e9)
+            });
+            got.push(g);
+        }
+        let cpu_daemons = self.children.iter().map(cpu_seconds).sum::<f64>() - cpu_before;
+        for m in members {
+            m.finish().await;
+        }
+        if views == 0 && got.iter().any(|&g| g < total) {
+            bail!(
+                "members delivered {got:?} of the {total} sent ({})",
+                self.statuses().await
+            );
+        }
+        let min = rates.iter().cloned().fold(f64::INFINITY, f64::min);
+        let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+        let peak: u64 = self.children.iter().map(|c| proc_kib(c, "VmHWM:")).sum();
+        // The members leave before the next configuration joins.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Ok(json!({
+            "bench": "throughput", "deployment": "processes",
+            "daemons": self.cfg.daemon.len(), "members": receivers,
+            "senders": senders, "size": size, "service": service_name(service),
+            "messages": total, "refused": refused,
+            "delivered_min": got.iter().min().copied().unwrap_or(0),
+            "view_changes": views,
+            "msgs_per_s_min": min.round(), "msgs_per_s_mean": mean.round(),
+            "mbytes_per_s_min": (min * size as f64 / 1e6 * 10.0).round() / 10.0,
+            "daemons_rss_mib": (rss as f64 / 1024.0).round(),
+            "daemons_peak_rss_mib": (peak as f64 / 1024.0).round(),
+            "cpu_daemons_s": (cpu_daemons * 100.0).round() / 100.0,
+            "cpu_members_s": (cpu_members * 100.0).round() / 100.0,
+        }))
+    }
+
+    /// Stops the daemons (SIGTERM, then a kill if one lingers) and removes their directory.
+    pub(crate) async fn stop(mut self) -> Result<()> {
+        for c in &self.children {
+            if let Some(pid) = c.id() {
+                // The daemon's own shutdown: it leaves the ring cleanly.
+                let _ = std::process::Command::new("kill")
+                    .arg(pid.to_string())
+                    .status();
+            }
+        }
+        for c in &mut self.children {
+            if tokio::time::timeout(Duration::from_secs(5), c.wait())
+                .await
+                .is_err()
+            {
+                let _ = c.kill().await;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        Ok(())
+    }
+}
+
+/// The configuration file of `cfg`'s daemons (names, ports, keys, identity files, link mode).
+fn config_text(cfg: &Config) -> String {
+    let mut s = format!("[links]\nmode = \"{}\"\n\n", cfg.links.mode.name());
+    for d in &cfg.daemon {
+        s += &format!("[[daemon]]\nname = \"{}\"\npeer = \"{}\"\n", d.name, d.peer);
+        if let Some(a) = d.client {
+            s += &format!("client = \"{a}\"\n");
+        }
+        if let Some(a) = d.admin {
+            s += &format!("admin = \"{a}\"\n");
+        }
+        if let Some(k) = &d.key {
+            s += &format!("key = \"{k}\"\n");
+        }
+        if let Some(p) = &d.identity {
+            s += &format!("identity = {:?}\n", p.display().to_string());
+        }
+        s += "\n";
+    }
+    s
+}
+
+/// A field of `/proc/PID/status` in KiB (0 where there is no such file: not Linux).
+fn proc_kib(c: &Child, field: &str) -> u64 {
+    let Some(pid) = c.id() else { return 0 };
+    proc_status_kib(&format!("/proc/{pid}/status"), field)
+}
+
+fn proc_status_kib(path: &str, field: &str) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Processor time (user and system, all threads) of a process so far, from `/proc/PID/stat`.
+fn cpu_seconds(c: &Child) -> f64 {
+    c.id()
+        .map(|pid| stat_cpu_seconds(&format!("/proc/{pid}/stat")))
+        .unwrap_or(0.0)
+}
+
+fn stat_cpu_seconds(path: &str) -> f64 {
+    // The fields after the command's name (which may hold spaces, so after its closing
+    // parenthesis): utime and stime are the 12th and 13th, in ticks of USER_HZ (100 on Linux).
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| {
+            let rest = &s[s.rfind(')')? + 1..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+            Some(ticks as f64 / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// A member process and the pipes the bench steps it through.
+struct MemberProcess {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+}
+
+impl MemberProcess {
+    fn spawn(mut cmd: Command) -> Result<MemberProcess> {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting a member process")?;
+        let stdin = child.stdin.take().context("the member's input")?;
+        let stdout = BufReader::new(child.stdout.take().context("the member's output")?).lines();
+        Ok(MemberProcess {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    async fn say(&mut self, line: &str) -> Result<()> {
+        self.stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        Ok(self.stdin.flush().await?)
+    }
+
+    /// The member's next line, which must hold `key` (an error line or the end of the process
+    /// is an error, and so is a minute of silence).
+    async fn expect(&mut self, key: &str) -> Result<Value> {
+        let line = tokio::time::timeout(Duration::from_secs(60), self.stdout.next_line())
+            .await
+            .with_context(|| format!("no {key:?} from a member in 60 s"))??
+            .with_context(|| format!("a member ended before {key:?}"))?;
+        let v: Value = serde_json::from_str(&line).with_context(|| format!("member: {line}"))?;
+        if let Some(e) = v.get("error") {
+            bail!("{}", e.as_str().unwrap_or_default());
+        }
+        if v.get(key).is_none() {
+            bail!("a member said {line}, not {key:?}");
+        }
+        Ok(v)
+    }
+
+    async fn finish(mut self) {
+        drop(self.stdin);
+        if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// `conclave bench member`: one member of `bench throughput --processes` (not for direct use).
+#[derive(Args)]
+pub struct MemberArgs {
+    /// The daemon's client address (TCP).
+    #[arg(long)]
+    address: String,
+    #[arg(long)]
+    name: String,
+    /// The view to wait for before saying it is ready.
+    #[arg(long)]
+    members: usize,
+    /// Send messages of this many bytes (otherwise only count).
+    #[arg(long)]
+    send: Option<usize>,
+    #[arg(long, default_value = "agreed")]
+    service: String,
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+}
+
+/// Runs one member; any failure is a JSON line `{"error": ..}` for the bench to report.
+pub fn run_member(args: MemberArgs) -> Result<()> {
+    // One thread, as a small client would: the member's work is the client library's.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    if let Err(e) = rt.block_on(member(args)) {
+        println!("{}", json!({ "error": format!("{e:#}") }));
+    }
+    Ok(())
+}
+
+async fn member(args: MemberArgs) -> Result<()> {
+    let service = crate::user_cmd::parse_service(&args.service)
+        .with_context(|| format!("no service type {:?}", args.service))?;
+    let mut input = BufReader::new(tokio::io::stdin()).lines();
+    let mut c = Client::connect(&Address::Tcp(args.address.clone()), &args.name).await?;
+    c.join(GROUP).await?;
+    let (mut tx, mut rx) = c.split();
+    wait_view(&mut rx, args.members).await?;
+    say(json!({ "ready": true }));
+    let go = input.next_line().await?;
+    if go.as_deref() != Some("go") {
+        bail!("expected go, got {go:?}");
+    }
+    let start = Instant::now();
+    let (got, last, views, refused) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(Mutex64::default()),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let counting = {
+        let (got, last, views, refused) =
+            (got.clone(), last.clone(), views.clone(), refused.clone());
+        tokio::spawn(async move {
+            loop {
+                match rx.receive().await {
+                    Ok(ClientEvent::Message { .. }) => {
+                        got.fetch_add(1, Relaxed);
+                        last.set(start.elapsed().as_nanos() as u64);
+                    }
+                    Ok(ClientEvent::View { .. }) => {
+                        views.fetch_add(1, Relaxed);
+                    }
+                    Err(ClientError::Refused { .. }) => {
+                        refused.fetch_add(1, Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(_) => return,
+                }
+            }
+        })
+    };
+    let mut sent = 0u64;
+    if let Some(size) = args.send {
+        // Each payload its own (the sender and a count first), as in-process.
+        let mut payload = vec![0x5a; size.max(16)];
+        payload[..8].copy_from_slice(&hash(&args.name).to_be_bytes());
+        let until = start + Duration::from_secs_f64(args.seconds);
+        while Instant::now() < until {
+            payload[8..16].copy_from_slice(&sent.to_be_bytes());
+            tx.queue(service, &[GROUP], &payload).await?;
+            sent += 1;
+            if sent.is_multiple_of(BATCH) {
+                tx.flush().await?;
+            }
+        }
+        tx.flush().await?;
+        // Refusals come back after the sends: those of the last messages are awaited a moment.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    } else {
+        tokio::time::sleep_until((start + Duration::from_secs_f64(args.seconds)).into()).await;
+    }
+    say(json!({ "sent": sent, "refused": refused.load(Relaxed) }));
+    let line = input.next_line().await?.unwrap_or_default();
+    let total: u64 = line
+        .strip_prefix("total ")
+        .and_then(|t| t.parse().ok())
+        .with_context(|| format!("expected a total, got {line:?}"))?;
+    // Every message sent, or (after a view change) until deliveries stop.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut still = (Instant::now(), 0u64);
+    while got.load(Relaxed) < total && Instant::now() < deadline {
+        let now = got.load(Relaxed);
+        if now != still.1 {
+            still = (Instant::now(), now);
+        }
+        if views.load(Relaxed) > 0 && still.0.elapsed() > Duration::from_secs(2) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    say(json!({
+        "got": got.load(Relaxed), "last_ns": last.get(), "views": views.load(Relaxed),
+        "cpu_s": stat_cpu_seconds("/proc/self/stat"),
+    }));
+    let _ = tx.disconnect().await;
+    counting.abort();
+    Ok(())
+}
+
+fn say(v: Value) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{v}");
+    let _ = out.flush();
+}
+
+/// A member's number in its payloads, from its name.
+fn hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_fields_of_proc_files() {
+        let dir = std::env::temp_dir().join(format!("conclave-proc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let status = dir.join("status");
+        std::fs::write(&status, "Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n").unwrap();
+        assert_eq!(proc_status_kib(status.to_str().unwrap(), "VmRSS:"), 1024);
+        assert_eq!(proc_status_kib(status.to_str().unwrap(), "VmHWM:"), 2048);
+        assert_eq!(proc_status_kib(status.to_str().unwrap(), "VmSwap:"), 0);
+        let stat = dir.join("stat");
+        // A command name with spaces and a parenthesis: the fields count from the last one.
+        std::fs::write(
+            &stat,
+            "42 (a b) c) S 1 42 42 0 -1 4194304 100 0 0 0 250 50 0 0 20 0 3 0\n",
+        )
+        .unwrap();
+        assert_eq!(stat_cpu_seconds(stat.to_str().unwrap()), 3.0);
+        assert_eq!(stat_cpu_seconds(dir.join("none").to_str().unwrap()), 0.0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn writes_a_configuration_the_daemons_read_back() {
+        let mut cfg = Config::local(3, 7000);
+        cfg.links.mode = conclave_daemon::link::LinkMode::Off;
+        let (cfg, _) = cfg.with_identities(&mut rand_core::OsRng);
+        let back = Config::parse(&config_text(&cfg)).unwrap();
+        assert_eq!(back.daemon, cfg.daemon);
+        assert_eq!(back.links.mode, conclave_daemon::link::LinkMode::Off);
+    }
+}
