@@ -474,6 +474,9 @@ async fn member(args: MemberArgs) -> Result<()> {
         "got": got.load(Relaxed), "last_ns": last.get(), "views": views.load(Relaxed),
         "cpu_s": stat_cpu_seconds("/proc/self/stat"),
     }));
+    // Every member stays until all have counted (the bench closes their input): one that
+    // left earlier would change the others' view while they still count.
+    let _ = input.next_line().await;
     let _ = tx.disconnect().await;
     counting.abort();
     Ok(())
