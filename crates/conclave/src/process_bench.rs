@@ -157,14 +157,33 @@ impl Daemons {
         for m in &mut members {
             m.say("go").await?;
         }
+        // The daemons' memory together (all of it, and what they allocated), sampled while the
+        // senders send.
+        let pids: Vec<u32> = self.children.iter().filter_map(|c| c.id()).collect();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let sampling = tokio::spawn(async move {
+            let sum = |field| -> u64 {
+                pids.iter()
+                    .map(|p| proc_status_kib(&format!("/proc/{p}/status"), field))
+                    .sum()
+            };
+            let mut most = (0, 0);
+            loop {
+                most = (most.0.max(sum("VmRSS:")), most.1.max(sum("RssAnon:")));
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    _ = &mut stopped => return most,
+                }
+            }
+        });
         let (mut sent, mut refused) = (0, 0);
         for m in &mut members {
             let r = m.expect("sent").await?;
             sent += r["sent"].as_u64().unwrap_or(0);
             refused += r["refused"].as_u64().unwrap_or(0);
         }
-        // Memory while the daemons still hold what is in flight.
-        let rss: u64 = self.children.iter().map(|c| proc_kib(c, "VmRSS:")).sum();
+        let _ = stop.send(());
+        let (rss, anon) = sampling.await?;
         let total = sent - refused;
         for m in &mut members {
             m.say(&format!("total {total}")).await?;
@@ -211,6 +230,7 @@ impl Daemons {
             "msgs_per_s_min": min.round(), "msgs_per_s_mean": mean.round(),
             "mbytes_per_s_min": (min * size as f64 / 1e6 * 10.0).round() / 10.0,
             "daemons_rss_mib": (rss as f64 / 1024.0).round(),
+            "daemons_anon_mib": (anon as f64 / 1024.0).round(),
             "daemons_peak_rss_mib": (peak as f64 / 1024.0).round(),
             "cpu_daemons_s": (cpu_daemons * 100.0).round() / 100.0,
             "cpu_members_s": (cpu_members * 100.0).round() / 100.0,
