@@ -36,6 +36,9 @@ pub enum BenchCommand {
     /// input; not for direct use.
     #[command(hide = true)]
     Member(crate::process_bench::MemberArgs),
+    /// One relay of `bench throughput --processes --limit`; not for direct use.
+    #[command(hide = true)]
+    Relay(crate::limit_bench::RelayArgs),
     /// E1: computation cost of GDH, CKD, TGDH, STR and BD per event (join, leave, merge,
     /// partition) against group size, next to paper 000's Tables I and II.
     Gka {
@@ -315,6 +318,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Sealed(a) => crate::sealed_bench::run(a),
         BenchCommand::Keyserver(a) => crate::keyserver_bench::run(a),
         BenchCommand::Member(a) => crate::process_bench::run_member(a),
+        BenchCommand::Relay(a) => crate::limit_bench::run_relay(a),
         BenchCommand::Keygraph {
             n,
             sizes,

@@ -10,6 +10,7 @@ mod integrated_bench;
 mod keys_demo;
 mod keyserver_bench;
 mod keyserver_cmd;
+mod limit_bench;
 mod net_bench;
 mod process_bench;
 mod sealed_bench;

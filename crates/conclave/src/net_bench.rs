@@ -59,6 +59,12 @@ pub struct ThroughputArgs {
     /// share this process (for profiling).
     #[arg(long, conflicts_with_all = ["secure", "spread"])]
     processes: bool,
+    /// With --processes, each configuration also runs on relays in the daemons' places: the
+    /// same byte flow (members to relay over TCP, datagrams of up to 60,000 bytes between
+    /// relays, relay to members over TCP) with the protocol left out, the machine's limit
+    /// (rows say `"deployment": "limit"`).
+    #[arg(long, requires = "processes")]
+    limit: bool,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -300,6 +306,15 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
                     }
                 }
                 if args.processes {
+                    let relays = match args.limit {
+                        true => Some(
+                            crate::process_bench::Daemons::start_relays(
+                                Config::local_on_free_ports(args.daemons)?,
+                            )
+                            .await?,
+                        ),
+                        false => None,
+                    };
                     let net = crate::process_bench::Daemons::start(cfg).await?;
                     for load in loads(&args, &services) {
                         round += 1;
@@ -308,8 +323,19 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
                         row["clients"] = "conclave".into();
                         println!("{row}");
                         rows.push(row);
+                        // The same load on the relays, in the same minute.
+                        if let Some(relays) = &relays {
+                            let mut row = relays.throughput(&load, &format!("l{round}-")).await?;
+                            row["links"] = "none".into();
+                            row["clients"] = "skeleton".into();
+                            println!("{row}");
+                            rows.push(row);
+                        }
                     }
                     net.stop().await?;
+                    if let Some(relays) = relays {
+                        relays.stop().await?;
+                    }
                     continue;
                 }
                 let net = Network::start_with(cfg).await?;

@@ -37,6 +37,9 @@ pub(crate) struct Daemons {
     cfg: Config,
     dir: PathBuf,
     children: Vec<Child>,
+    /// Relays of the limit run in the daemons' places (`cfg`'s ports), not daemons; each ends
+    /// when its input closes.
+    relays: Vec<ChildStdin>,
 }
 
 impl Daemons {
@@ -69,9 +72,56 @@ impl Daemons {
                     .context("starting a daemon process")?,
             );
         }
-        let net = Daemons { cfg, dir, children };
+        let net = Daemons {
+            cfg,
+            dir,
+            children,
+            relays: Vec::new(),
+        };
         net.wait_ring().await?;
         Ok(net)
+    }
+
+    /// Relays (`bench relay`) on `cfg`'s ports, for the machine's limit.
+    pub(crate) async fn start_relays(cfg: Config) -> Result<Daemons> {
+        let exe = std::env::current_exe()?;
+        let (mut children, mut relays) = (Vec::new(), Vec::new());
+        for d in &cfg.daemon {
+            let others: Vec<String> = cfg
+                .daemon
+                .iter()
+                .filter(|o| o.name != d.name)
+                .map(|o| o.peer.to_string())
+                .collect();
+            let mut c = Command::new(&exe)
+                .args(["bench", "relay", "--listen"])
+                .arg(
+                    d.client
+                        .context("a daemon without a client port")?
+                        .to_string(),
+                )
+                .args(["--peer", &d.peer.to_string(), "--peers", &others.join(",")])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .context("starting a relay process")?;
+            let mut out = BufReader::new(c.stdout.take().context("the relay's output")?).lines();
+            let line = tokio::time::timeout(Duration::from_secs(10), out.next_line())
+                .await
+                .context("a relay did not start in 10 s")??;
+            if !line.is_some_and(|l| l.contains("listening")) {
+                bail!("a relay did not start");
+            }
+            relays.push(c.stdin.take().context("the relay's input")?);
+            children.push(c);
+        }
+        Ok(Daemons {
+            cfg,
+            dir: PathBuf::new(),
+            children,
+            relays,
+        })
     }
 
     async fn wait_ring(&self) -> Result<()> {
@@ -106,6 +156,9 @@ impl Daemons {
 
     /// Every daemon's ring and message counts, for an error that needs them.
     async fn statuses(&self) -> String {
+        if !self.relays.is_empty() {
+            return "relays of the limit run".into();
+        }
         let mut st = Vec::new();
         for d in &self.cfg.daemon {
             st.push(match self.status(d).await {
@@ -142,6 +195,9 @@ impl Daemons {
                 .arg(seconds.to_string());
             if i < senders {
                 cmd.arg("--send").arg(size.to_string());
+            }
+            if !self.relays.is_empty() {
+                cmd.arg("--skeleton");
             }
             members.push(MemberProcess::spawn(cmd)?);
         }
@@ -209,7 +265,9 @@ impl Daemons {
         for m in members {
             m.finish().await;
         }
-        if views == 0 && got.iter().any(|&g| g < total) {
+        // Relays drop what a full buffer does not take (nothing retransmits): the row says how
+        // much. Daemons lose nothing outside a view change.
+        if views == 0 && self.relays.is_empty() && got.iter().any(|&g| g < total) {
             bail!(
                 "members delivered {got:?} of the {total} sent ({})",
                 self.statuses().await
@@ -221,7 +279,8 @@ impl Daemons {
         // The members leave before the next configuration joins.
         tokio::time::sleep(Duration::from_millis(50)).await;
         Ok(json!({
-            "bench": "throughput", "deployment": "processes",
+            "bench": "throughput",
+            "deployment": if self.relays.is_empty() { "processes" } else { "limit" },
             "daemons": self.cfg.daemon.len(), "members": receivers,
             "senders": senders, "size": size, "service": service_name(service),
             "messages": total, "refused": refused,
@@ -239,6 +298,7 @@ impl Daemons {
 
     /// Stops the daemons (SIGTERM, then a kill if one lingers) and removes their directory.
     pub(crate) async fn stop(mut self) -> Result<()> {
+        self.relays.clear();
         for c in &self.children {
             if let Some(pid) = c.id() {
                 // The daemon's own shutdown: it leaves the ring cleanly.
@@ -255,7 +315,9 @@ impl Daemons {
                 let _ = c.kill().await;
             }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
         Ok(())
     }
 }
@@ -395,6 +457,9 @@ pub struct MemberArgs {
     service: String,
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// A member of the limit run: frames on a bare socket to a relay (`bench relay`).
+    #[arg(long)]
+    skeleton: bool,
 }
 
 /// Runs one member; any failure is a JSON line `{"error": ..}` for the bench to report.
@@ -409,97 +474,137 @@ pub fn run_member(args: MemberArgs) -> Result<()> {
     Ok(())
 }
 
+/// What a member counts while it runs.
+#[derive(Clone, Default)]
+struct Counts {
+    got: Arc<AtomicU64>,
+    /// When the last delivery came, in ns from `go`.
+    last: Arc<Mutex64>,
+    views: Arc<AtomicU64>,
+    refused: Arc<AtomicU64>,
+}
+
+/// How a member sends: through the client library, or (the limit) frames on a bare socket.
+enum Sending {
+    Client(conclave_client::Sender),
+    Frames(tokio::net::tcp::OwnedWriteHalf),
+}
+
 async fn member(args: MemberArgs) -> Result<()> {
     let service = crate::user_cmd::parse_service(&args.service)
         .with_context(|| format!("no service type {:?}", args.service))?;
     let mut input = BufReader::new(tokio::io::stdin()).lines();
-    let mut c = Client::connect(&Address::Tcp(args.address.clone()), &args.name).await?;
-    c.join(GROUP).await?;
-    let (mut tx, mut rx) = c.split();
-    wait_view(&mut rx, args.members).await?;
-    say(json!({ "ready": true }));
-    let go = input.next_line().await?;
-    if go.as_deref() != Some("go") {
-        bail!("expected go, got {go:?}");
-    }
-    let start = Instant::now();
-    let (got, last, views, refused) = (
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(Mutex64::default()),
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let counting = {
-        let (got, last, views, refused) =
-            (got.clone(), last.clone(), views.clone(), refused.clone());
-        tokio::spawn(async move {
+    let counts = Counts::default();
+    let (mut sending, start, counting) = if args.skeleton {
+        let s = tokio::net::TcpStream::connect(&args.address).await?;
+        s.set_nodelay(true)?;
+        let (r, w) = s.into_split();
+        let start = ready(&mut input).await?;
+        let c = counts.clone();
+        let counting = tokio::spawn(crate::limit_bench::count_frames(r, move || {
+            c.got.fetch_add(1, Relaxed);
+            c.last.set(start.elapsed().as_nanos() as u64);
+        }));
+        (Sending::Frames(w), start, counting)
+    } else {
+        let mut c = Client::connect(&Address::Tcp(args.address.clone()), &args.name).await?;
+        c.join(GROUP).await?;
+        let (tx, mut rx) = c.split();
+        wait_view(&mut rx, args.members).await?;
+        let start = ready(&mut input).await?;
+        let c = counts.clone();
+        let counting = tokio::spawn(async move {
             loop {
                 match rx.receive().await {
                     Ok(ClientEvent::Message { .. }) => {
-                        got.fetch_add(1, Relaxed);
-                        last.set(start.elapsed().as_nanos() as u64);
+                        c.got.fetch_add(1, Relaxed);
+                        c.last.set(start.elapsed().as_nanos() as u64);
                     }
                     Ok(ClientEvent::View { .. }) => {
-                        views.fetch_add(1, Relaxed);
+                        c.views.fetch_add(1, Relaxed);
                     }
                     Err(ClientError::Refused { .. }) => {
-                        refused.fetch_add(1, Relaxed);
+                        c.refused.fetch_add(1, Relaxed);
                     }
                     Ok(_) => {}
                     Err(_) => return,
                 }
             }
-        })
+        });
+        (Sending::Client(tx), start, counting)
     };
+    let until = start + Duration::from_secs_f64(args.seconds);
     let mut sent = 0u64;
     if let Some(size) = args.send {
         // Each payload its own (the sender and a count first), as in-process.
         let mut payload = vec![0x5a; size.max(16)];
         payload[..8].copy_from_slice(&hash(&args.name).to_be_bytes());
-        let until = start + Duration::from_secs_f64(args.seconds);
-        while Instant::now() < until {
-            payload[8..16].copy_from_slice(&sent.to_be_bytes());
-            tx.queue(service, &[GROUP], &payload).await?;
-            sent += 1;
-            if sent.is_multiple_of(BATCH) {
+        match &mut sending {
+            Sending::Client(tx) => {
+                while Instant::now() < until {
+                    payload[8..16].copy_from_slice(&sent.to_be_bytes());
+                    tx.queue(service, &[GROUP], &payload).await?;
+                    sent += 1;
+                    if sent.is_multiple_of(BATCH) {
+                        tx.flush().await?;
+                    }
+                }
                 tx.flush().await?;
             }
+            Sending::Frames(w) => {
+                sent = crate::limit_bench::send_frames(w, &mut payload, until).await?;
+            }
         }
-        tx.flush().await?;
         // Refusals come back after the sends: those of the last messages are awaited a moment.
         tokio::time::sleep(Duration::from_millis(100)).await;
     } else {
-        tokio::time::sleep_until((start + Duration::from_secs_f64(args.seconds)).into()).await;
+        tokio::time::sleep_until(until.into()).await;
     }
-    say(json!({ "sent": sent, "refused": refused.load(Relaxed) }));
+    say(json!({ "sent": sent, "refused": counts.refused.load(Relaxed) }));
     let line = input.next_line().await?.unwrap_or_default();
     let total: u64 = line
         .strip_prefix("total ")
         .and_then(|t| t.parse().ok())
         .with_context(|| format!("expected a total, got {line:?}"))?;
-    // Every message sent, or (after a view change) until deliveries stop.
+    // Every message sent, or until deliveries stop: after a view change, or at once in the
+    // limit (where nothing retransmits what a full buffer dropped).
+    let quiet = if args.skeleton { 1 } else { 2 };
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut still = (Instant::now(), 0u64);
-    while got.load(Relaxed) < total && Instant::now() < deadline {
-        let now = got.load(Relaxed);
+    while counts.got.load(Relaxed) < total && Instant::now() < deadline {
+        let now = counts.got.load(Relaxed);
         if now != still.1 {
             still = (Instant::now(), now);
         }
-        if views.load(Relaxed) > 0 && still.0.elapsed() > Duration::from_secs(2) {
+        if (args.skeleton || counts.views.load(Relaxed) > 0)
+            && still.0.elapsed() > Duration::from_secs(quiet)
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     say(json!({
-        "got": got.load(Relaxed), "last_ns": last.get(), "views": views.load(Relaxed),
-        "cpu_s": stat_cpu_seconds("/proc/self/stat"),
+        "got": counts.got.load(Relaxed), "last_ns": counts.last.get(),
+        "views": counts.views.load(Relaxed), "cpu_s": stat_cpu_seconds("/proc/self/stat"),
     }));
     // Every member stays until all have counted (the bench closes their input): one that
     // left earlier would change the others' view while they still count.
     let _ = input.next_line().await;
-    let _ = tx.disconnect().await;
+    if let Sending::Client(mut tx) = sending {
+        let _ = tx.disconnect().await;
+    }
     counting.abort();
     Ok(())
+}
+
+/// Says the member is ready and waits for `go`; the time of `go` is the member's start.
+async fn ready(input: &mut Lines<BufReader<tokio::io::Stdin>>) -> Result<Instant> {
+    say(json!({ "ready": true }));
+    let go = input.next_line().await?;
+    if go.as_deref() != Some("go") {
+        bail!("expected go, got {go:?}");
+    }
+    Ok(Instant::now())
 }
 
 fn say(v: Value) {

@@ -986,6 +986,7 @@ fn bench_throughput_runs_daemons_and_members_as_processes() {
             "bench",
             "throughput",
             "--processes",
+            "--limit",
             "--senders",
             "2",
             "--sizes",
@@ -1001,9 +1002,17 @@ fn bench_throughput_runs_daemons_and_members_as_processes() {
     );
     assert!(ok, "{err}");
     let rows = json_lines(&out);
-    assert_eq!(rows.len(), 2, "{out}");
-    for r in &rows {
-        assert_eq!(r["deployment"], "processes", "{out}");
+    assert_eq!(rows.len(), 4, "{out}");
+    // Each configuration on the daemons, then the same load on the relays (the limit).
+    let (deployed, limit): (Vec<_>, Vec<_>) =
+        rows.iter().partition(|r| r["deployment"] == "processes");
+    assert_eq!(limit.len(), 2, "{out}");
+    for r in &limit {
+        assert_eq!(r["deployment"], "limit", "{out}");
+        assert!(r["messages"].as_u64().unwrap() > 0, "{out}");
+        assert!(r["msgs_per_s_min"].as_f64().unwrap() > 0.0, "{out}");
+    }
+    for r in &deployed {
         assert_eq!(r["members"], 3, "{out}");
         assert!(r["messages"].as_u64().unwrap() > 0, "{out}");
         assert_eq!(r["delivered_min"], r["messages"], "{out}");
@@ -1011,7 +1020,7 @@ fn bench_throughput_runs_daemons_and_members_as_processes() {
         assert!(r["daemons_rss_mib"].as_f64().unwrap() > 0.0, "{out}");
         assert!(r["cpu_daemons_s"].as_f64().unwrap() > 0.0, "{out}");
     }
-    assert_eq!(rows[1]["service"], "fifo", "{out}");
+    assert_eq!(deployed[1]["service"], "fifo", "{out}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
