@@ -70,7 +70,10 @@ impl Default for OrderingConfig {
             max_queued: 2_000,
             max_queued_bytes: 64 << 20,
             max_visit_bytes: 1 << 20,
-            idle_hold_us: 300,
+            // 300 µs made agreed delivery's p99 at 1,000 messages a second 1.2 ms (a message
+            // waits out the holds of the daemons before its own); 100 µs makes it 0.3-0.5 ms,
+            // and an idle ring of three still costs 3% of one processor (2% before).
+            idle_hold_us: 100,
         }
     }
 }
