@@ -75,6 +75,21 @@ impl ReplyDecoder {
     }
 }
 
+/// Payload bytes one place in the window stands for: a larger message takes a place for each
+/// such part (rounded up) per group, so that the window bounds bytes on their way as well as
+/// messages. The default window of 256 then holds at most 8 MiB of large messages, half of what a
+/// daemon holds for one client by default (`max_held_bytes_per_client`); counted in messages
+/// alone, 256 messages of 64 KiB passed it, and the daemon refused a sender's messages as fast
+/// as the window gave their places back.
+pub const PLACE_BYTES: usize = 32 << 10;
+
+/// Places a message of `len` payload bytes takes in each of its `groups` groups, in a window of
+/// `window` (never more than the window holds, so that every message can go).
+pub fn places(len: usize, groups: usize, window: usize) -> usize {
+    len.div_ceil(PLACE_BYTES)
+        .clamp(1, (window / groups.max(1)).max(1))
+}
+
 /// What a reply means for the application and the window.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Handled {
@@ -106,8 +121,9 @@ pub struct SessionCore {
     /// Messages sent and not yet acknowledged, by group, oldest first (a client's messages to
     /// one group are accepted in the order it sent them).
     unacked: BTreeMap<String, VecDeque<u64>>,
-    /// The same messages, oldest first, with the groups that have not acknowledged them yet.
-    pending: VecDeque<(u64, usize)>,
+    /// The same messages, oldest first, with the groups that have not acknowledged them yet
+    /// and the places each takes per group.
+    pending: VecDeque<(u64, usize, usize)>,
     /// Places in the window, and how many are taken.
     window: usize,
     in_flight: usize,
@@ -116,7 +132,8 @@ pub struct SessionCore {
 }
 
 impl SessionCore {
-    /// A session that will hold at most `window` messages (per group) on their way.
+    /// A session that will hold at most `window` places of messages on their way (one per group
+    /// for each [`PLACE_BYTES`] of a message, or part of it).
     pub fn new(window: usize) -> SessionCore {
         SessionCore {
             name: None,
@@ -184,6 +201,11 @@ impl SessionCore {
         self.window - self.in_flight
     }
 
+    /// Places a message of `len` bytes to `groups` groups takes in this session's window.
+    pub fn places(&self, len: usize, groups: usize) -> usize {
+        places(len, groups, self.window) * groups
+    }
+
     fn joining(&self, g: &str) -> bool {
         self.joining.values().any(|x| x == g)
     }
@@ -244,9 +266,12 @@ impl SessionCore {
     /// room in the window ([`SessionCore::window_free`]) first.
     pub fn command(&mut self, cmd: ClientCommand) -> Result<Vec<u8>, ClientError> {
         self.check(&cmd)?;
-        if let ClientCommand::Multicast { groups, .. } = &cmd {
+        if let ClientCommand::Multicast {
+            groups, payload, ..
+        } = &cmd
+        {
             assert!(
-                groups.len() <= self.window_free(),
+                self.places(payload.len(), groups.len()) <= self.window_free(),
                 "a message is sent only with room in the window"
             );
         }
@@ -259,8 +284,11 @@ impl SessionCore {
             ClientCommand::Leave { group } => {
                 self.leaving.insert(k, group.clone());
             }
-            ClientCommand::Multicast { groups, .. } => {
-                self.in_flight += groups.len();
+            ClientCommand::Multicast {
+                groups, payload, ..
+            } => {
+                let each = places(payload.len(), groups.len(), self.window);
+                self.in_flight += each * groups.len();
                 for g in groups {
                     match self.unacked.get_mut(g) {
                         Some(q) => q.push_back(k),
@@ -269,7 +297,7 @@ impl SessionCore {
                         }
                     }
                 }
-                self.pending.push_back((k, groups.len()));
+                self.pending.push_back((k, groups.len(), each));
             }
             ClientCommand::FlushAck { .. } => {}
         }
@@ -307,9 +335,9 @@ impl SessionCore {
             } => {
                 self.joining.remove(&request);
                 self.leaving.remove(&request);
-                if let Some(at) = self.pending.iter().position(|(k, _)| *k == request) {
-                    let (_, left) = self.pending.remove(at).expect("found");
-                    self.in_flight -= left;
+                if let Some(at) = self.pending.iter().position(|(k, ..)| *k == request) {
+                    let (_, left, each) = self.pending.remove(at).expect("found");
+                    self.in_flight -= left * each;
                     for q in self.unacked.values_mut() {
                         q.retain(|k| *k != request);
                     }
@@ -341,9 +369,9 @@ impl SessionCore {
         let Some(k) = self.unacked.get_mut(group).and_then(VecDeque::pop_front) else {
             return;
         };
-        self.in_flight -= 1;
-        if let Some(at) = self.pending.iter().position(|(p, _)| *p == k) {
-            let left = &mut self.pending[at].1;
+        if let Some(at) = self.pending.iter().position(|(p, ..)| *p == k) {
+            let (_, left, each) = &mut self.pending[at];
+            self.in_flight -= *each;
             *left -= 1;
             if *left == 0 {
                 self.pending.remove(at);
@@ -476,6 +504,32 @@ mod tests {
         assert!(s.check(&msg(&["b"], 1)).is_err());
         assert!(s.check(&join("b")).is_ok());
         assert!(s.check(&msg(&["a"], 1)).is_ok());
+    }
+
+    #[test]
+    fn a_large_message_takes_a_place_per_part_in_each_group() {
+        let mut s = connected(); // a window of 4
+        s.command(join("a")).unwrap();
+        s.command(join("b")).unwrap();
+        assert_eq!(s.places(1, 1), 1);
+        assert_eq!(s.places(PLACE_BYTES, 1), 1);
+        assert_eq!(s.places(PLACE_BYTES + 1, 1), 2);
+        assert_eq!(s.places(PLACE_BYTES + 1, 2), 4);
+        // Never more than the window: every message can go, alone.
+        assert_eq!(s.places(100 * PLACE_BYTES, 1), 4);
+        assert_eq!(s.places(100 * PLACE_BYTES, 2), 4);
+        s.command(msg(&["a", "b"], PLACE_BYTES + 1)).unwrap(); // request 4: all four places
+        assert_eq!(s.window_free(), 0);
+        s.handle(sent("a"));
+        assert_eq!(s.window_free(), 2);
+        s.command(msg(&["a"], 2 * PLACE_BYTES)).unwrap(); // request 5
+        assert_eq!(s.window_free(), 0);
+        // A refusal gives back what is left of the message: its places in the groups that did
+        // not take it.
+        s.handle(refused(5, Refusal::TooManyHeld));
+        assert_eq!(s.window_free(), 2);
+        s.handle(sent("b"));
+        assert_eq!(s.window_free(), 4);
     }
 
     #[test]

@@ -118,7 +118,8 @@ type Writer = BufWriter<Box<dyn AsyncWrite + Unpin + Send>>;
 /// How a client connects.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// Places for messages on their way to the daemon (a message takes one per group).
+    /// Places for messages on their way to the daemon (a message takes one per group, and one
+    /// more per group for each further [`core::PLACE_BYTES`] of its payload).
     pub window: usize,
     /// Events held for the application, not yet taken with `receive`, before the session ends
     /// with [`ClientError::Overflow`].
@@ -153,6 +154,8 @@ struct Shared {
     is_ended: AtomicBool,
     /// Places in the window: taken by a message, given back as the daemon acknowledges it.
     window: Semaphore,
+    /// How many places the window has.
+    window_size: usize,
 }
 
 impl Shared {
@@ -342,6 +345,7 @@ impl Client {
             ended: Mutex::new(None),
             is_ended: AtomicBool::new(false),
             window: Semaphore::new(window),
+            window_size: window,
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let waiting = Arc::new(AtomicUsize::new(0));
@@ -529,7 +533,12 @@ impl Sender {
         self.shared.check_open()?;
         self.shared.core().check(&cmd)?;
         let n = match &cmd {
-            ClientCommand::Multicast { groups, .. } => groups.len() as u32,
+            ClientCommand::Multicast {
+                groups, payload, ..
+            } => {
+                let each = core::places(payload.len(), groups.len(), self.shared.window_size);
+                (each * groups.len()) as u32
+            }
             _ => 0,
         };
         let shared = self.shared.clone();

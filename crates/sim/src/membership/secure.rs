@@ -240,8 +240,11 @@ impl World {
         let c = &mut self.clients[ci];
         let mut out = Vec::new();
         while let Some(cmd) = c.pending.front() {
-            if let ClientCommand::Multicast { groups, .. } = cmd {
-                if c.core.window_free() < groups.len() {
+            if let ClientCommand::Multicast {
+                groups, payload, ..
+            } = cmd
+            {
+                if c.core.window_free() < c.core.places(payload.len(), groups.len()) {
                     break;
                 }
             }

@@ -115,7 +115,7 @@ impl World {
             }
             let c = &mut self.clients[ci];
             // A client whose window is full would wait: this one sends nothing now.
-            if c.core.window_free() < groups.len() {
+            if c.core.window_free() < c.core.places(msg.len(), groups.len()) {
                 return;
             }
             if self.security.is_some() {
