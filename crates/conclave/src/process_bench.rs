@@ -59,13 +59,20 @@ impl Daemons {
         std::fs::write(&path, config_text(&cfg))?;
         let exe = std::env::current_exe()?;
         let mut children = Vec::new();
+        // CONCLAVE_BENCH_RECORD=DIR records each daemon's history there (for the checker), as
+        // in-process.
+        let record = std::env::var_os("CONCLAVE_BENCH_RECORD").map(PathBuf::from);
         for d in &cfg.daemon {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["daemon", "--config"])
+                .arg(&path)
+                .args(["--name", &d.name, "--log", "warn"]);
+            if let Some(dir) = &record {
+                cmd.arg("--record")
+                    .arg(dir.join(format!("{}.jsonl", d.name)));
+            }
             children.push(
-                Command::new(&exe)
-                    .args(["daemon", "--config"])
-                    .arg(&path)
-                    .args(["--name", &d.name, "--log", "warn"])
-                    .stdin(Stdio::null())
+                cmd.stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .kill_on_drop(true)
                     .spawn()
