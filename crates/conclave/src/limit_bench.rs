@@ -41,11 +41,14 @@ pub struct RelayArgs {
     peers: Vec<SocketAddr>,
 }
 
+/// Datagrams on their way to one member.
+type Queue = mpsc::UnboundedSender<Arc<[u8]>>;
+
 /// A relay's members, each with its queue of datagrams to write, and the bytes queued to them
 /// all.
 #[derive(Clone, Default)]
 struct Members {
-    queues: Arc<Mutex<Vec<mpsc::UnboundedSender<Arc<[u8]>>>>>,
+    queues: Arc<Mutex<Vec<Queue>>>,
     queued: Arc<AtomicUsize>,
 }
 
