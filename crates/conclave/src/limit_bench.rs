@@ -27,6 +27,10 @@ use tokio::sync::mpsc;
 /// Largest datagram a relay sends (a daemon's largest packet part).
 const DATAGRAM_BYTES: usize = 60_000;
 
+/// Largest message a relay carries: one frame in one datagram (a daemon splits larger packets
+/// into parts; the relays do not).
+pub(crate) const MAX_MESSAGE: usize = DATAGRAM_BYTES - 4;
+
 /// `conclave bench relay`: one relay of the limit run (not for direct use).
 #[derive(Args)]
 pub struct RelayArgs {
@@ -101,12 +105,17 @@ async fn from_peers(udp: Arc<UdpSocket>, members: Members) {
 }
 
 fn deliver(members: &Members, d: Arc<[u8]>) {
-    if let Ok(ms) = members.queues.lock() {
-        for m in ms.iter() {
-            if m.send(d.clone()).is_ok() {
-                members.queued.fetch_add(d.len(), Relaxed);
+    if let Ok(mut ms) = members.queues.lock() {
+        // Counted before it is queued, so that the writer never takes back more than was added;
+        // a member that is gone is dropped from the list.
+        ms.retain(|m| {
+            members.queued.fetch_add(d.len(), Relaxed);
+            let sent = m.send(d.clone()).is_ok();
+            if !sent {
+                members.queued.fetch_sub(d.len(), Relaxed);
             }
-        }
+            sent
+        });
     }
 }
 
@@ -123,8 +132,13 @@ async fn serve(s: TcpStream, udp: Arc<UdpSocket>, peers: Arc<Vec<SocketAddr>>, m
             let written = w.write_all(&d).await;
             queued.fetch_sub(d.len(), Relaxed);
             if written.is_err() {
-                return;
+                break;
             }
+        }
+        // What is still queued for a member that is gone no longer holds the relay back.
+        rx.close();
+        while let Ok(d) = rx.try_recv() {
+            queued.fetch_sub(d.len(), Relaxed);
         }
     });
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);

@@ -291,6 +291,18 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
         .iter()
         .map(|m| parse_link_mode(m))
         .collect::<Result<Vec<_>>>()?;
+    if args.limit {
+        if let Some(big) = args
+            .sizes
+            .iter()
+            .find(|&&s| s > crate::limit_bench::MAX_MESSAGE)
+        {
+            bail!(
+                "--limit carries each message in one datagram: sizes up to {} bytes (not {big})",
+                crate::limit_bench::MAX_MESSAGE
+            );
+        }
+    }
     std::fs::create_dir_all(&args.out)?;
     let rt = tokio::runtime::Runtime::new()?;
     let rows = rt.block_on(async {

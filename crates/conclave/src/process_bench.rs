@@ -27,8 +27,6 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-const GROUP: &str = "bench";
-
 /// Messages a member hands its client library before it writes them out (as in-process).
 const BATCH: u64 = 32;
 
@@ -196,7 +194,13 @@ impl Daemons {
                         .context("a daemon without a client port")?
                         .to_string(),
                 )
-                .args(["--name", &format!("{tag}{i}"), "--members"])
+                .args([
+                    "--name",
+                    &format!("{tag}{i}"),
+                    "--group",
+                    &format!("{tag}bench"),
+                ])
+                .arg("--members")
                 .arg(receivers.to_string())
                 .args(["--service", service_name(service), "--seconds"])
                 .arg(seconds.to_string());
@@ -209,7 +213,7 @@ impl Daemons {
             members.push(MemberProcess::spawn(cmd)?);
         }
         for (i, m) in members.iter_mut().enumerate() {
-            if let Err(e) = m.expect("ready").await {
+            if let Err(e) = m.expect("ready", Duration::from_secs(60)).await {
                 bail!(
                     "member {i} of {receivers} ({tag}) saw no view of all: {e:#} ({})",
                     self.statuses().await
@@ -241,20 +245,23 @@ impl Daemons {
         });
         let (mut sent, mut refused) = (0, 0);
         for m in &mut members {
-            let r = m.expect("sent").await?;
+            // A sender is silent while it sends.
+            let r = m
+                .expect("sent", Duration::from_secs_f64(seconds + 60.0))
+                .await?;
             sent += r["sent"].as_u64().unwrap_or(0);
             refused += r["refused"].as_u64().unwrap_or(0);
         }
         let _ = stop.send(());
         let (rss, anon) = sampling.await?;
-        let total = sent - refused;
+        let total = sent.saturating_sub(refused);
         for m in &mut members {
             m.say(&format!("total {total}")).await?;
         }
         let mut got = Vec::new();
         let (mut views, mut rates, mut cpu_members) = (0, Vec::new(), 0.0);
         for m in &mut members {
-            let r = m.expect("got").await?;
+            let r = m.expect("got", Duration::from_secs(60)).await?;
             let (g, last) = (
                 r["got"].as_u64().unwrap_or(0),
                 r["last_ns"].as_u64().unwrap_or(0),
@@ -282,7 +289,6 @@ impl Daemons {
         }
         let min = rates.iter().cloned().fold(f64::INFINITY, f64::min);
         let mean = rates.iter().sum::<f64>() / rates.len() as f64;
-        let peak: u64 = self.children.iter().map(|c| proc_kib(c, "VmHWM:")).sum();
         // The members leave before the next configuration joins.
         tokio::time::sleep(Duration::from_millis(50)).await;
         Ok(json!({
@@ -297,13 +303,12 @@ impl Daemons {
             "mbytes_per_s_min": (min * size as f64 / 1e6 * 10.0).round() / 10.0,
             "daemons_rss_mib": (rss as f64 / 1024.0).round(),
             "daemons_anon_mib": (anon as f64 / 1024.0).round(),
-            "daemons_peak_rss_mib": (peak as f64 / 1024.0).round(),
             "cpu_daemons_s": (cpu_daemons * 100.0).round() / 100.0,
             "cpu_members_s": (cpu_members * 100.0).round() / 100.0,
         }))
     }
 
-    /// Stops the daemons (SIGTERM, then a kill if one lingers) and removes their directory.
+    /// Stops the daemons (SIGTERM, then a kill if one lingers); their directory goes with them.
     pub(crate) async fn stop(mut self) -> Result<()> {
         self.relays.clear();
         for c in &self.children {
@@ -322,10 +327,17 @@ impl Daemons {
                 let _ = c.kill().await;
             }
         }
+        Ok(())
+    }
+}
+
+impl Drop for Daemons {
+    /// On an error's way out too: the directory holds the daemons' identity files. (The
+    /// children are killed with their handles.)
+    fn drop(&mut self) {
         if !self.dir.as_os_str().is_empty() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
-        Ok(())
     }
 }
 
@@ -352,11 +364,6 @@ fn config_text(cfg: &Config) -> String {
 }
 
 /// A field of `/proc/PID/status` in KiB (0 where there is no such file: not Linux).
-fn proc_kib(c: &Child, field: &str) -> u64 {
-    let Some(pid) = c.id() else { return 0 };
-    proc_status_kib(&format!("/proc/{pid}/status"), field)
-}
-
 fn proc_status_kib(path: &str, field: &str) -> u64 {
     std::fs::read_to_string(path)
         .ok()
@@ -419,11 +426,11 @@ impl MemberProcess {
     }
 
     /// The member's next line, which must hold `key` (an error line or the end of the process
-    /// is an error, and so is a minute of silence).
-    async fn expect(&mut self, key: &str) -> Result<Value> {
-        let line = tokio::time::timeout(Duration::from_secs(60), self.stdout.next_line())
+    /// is an error, and so is silence for `wait`).
+    async fn expect(&mut self, key: &str, wait: Duration) -> Result<Value> {
+        let line = tokio::time::timeout(wait, self.stdout.next_line())
             .await
-            .with_context(|| format!("no {key:?} from a member in 60 s"))??
+            .with_context(|| format!("no {key:?} from a member in {wait:?}"))??
             .with_context(|| format!("a member ended before {key:?}"))?;
         let v: Value = serde_json::from_str(&line).with_context(|| format!("member: {line}"))?;
         if let Some(e) = v.get("error") {
@@ -454,6 +461,9 @@ pub struct MemberArgs {
     address: String,
     #[arg(long)]
     name: String,
+    /// The group (a fresh one per load: a member of the load before may still be leaving).
+    #[arg(long, default_value = "bench")]
+    group: String,
     /// The view to wait for before saying it is ready.
     #[arg(long)]
     members: usize,
@@ -515,7 +525,7 @@ async fn member(args: MemberArgs) -> Result<()> {
         (Sending::Frames(w), start, counting)
     } else {
         let mut c = Client::connect(&Address::Tcp(args.address.clone()), &args.name).await?;
-        c.join(GROUP).await?;
+        c.join(&args.group).await?;
         let (tx, mut rx) = c.split();
         wait_view(&mut rx, args.members).await?;
         let start = ready(&mut input).await?;
@@ -550,7 +560,7 @@ async fn member(args: MemberArgs) -> Result<()> {
             Sending::Client(tx) => {
                 while Instant::now() < until {
                     payload[8..16].copy_from_slice(&sent.to_be_bytes());
-                    tx.queue(service, &[GROUP], &payload).await?;
+                    tx.queue(service, &[args.group.as_str()], &payload).await?;
                     sent += 1;
                     if sent.is_multiple_of(BATCH) {
                         tx.flush().await?;

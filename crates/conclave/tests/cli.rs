@@ -1021,6 +1021,21 @@ fn bench_throughput_runs_daemons_and_members_as_processes() {
         assert!(r["cpu_daemons_s"].as_f64().unwrap() > 0.0, "{out}");
     }
     assert_eq!(deployed[1]["service"], "fifo", "{out}");
+    // A relay carries a message in one datagram: larger ones are a clear error, not a wrong row.
+    let (ok, _, err) = conclave(
+        &[
+            "bench",
+            "throughput",
+            "--processes",
+            "--limit",
+            "--sizes",
+            "65536",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(!ok && err.contains("sizes up to 59996"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
