@@ -319,12 +319,9 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
                 }
                 if args.processes {
                     let relays = match args.limit {
-                        true => Some(
-                            crate::process_bench::Daemons::start_relays(
-                                Config::local_on_free_ports(args.daemons)?,
-                            )
-                            .await?,
-                        ),
+                        true => {
+                            Some(crate::process_bench::Daemons::start_relays(args.daemons).await?)
+                        }
                         false => None,
                     };
                     let net = crate::process_bench::Daemons::start(cfg).await?;

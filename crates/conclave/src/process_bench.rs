@@ -42,8 +42,24 @@ pub(crate) struct Daemons {
 
 impl Daemons {
     /// Writes `cfg` (with fresh identities) into a directory of its own and starts its daemons;
-    /// returns once they form one ring.
-    pub(crate) async fn start(cfg: Config) -> Result<Daemons> {
+    /// returns once they form one ring. A port picked free can be taken by another program
+    /// before a daemon binds it: then the daemons start again on other ports (three times).
+    pub(crate) async fn start(mut cfg: Config) -> Result<Daemons> {
+        for _ in 0..2 {
+            match Self::start_once(cfg.clone()).await {
+                Err(Started::PortTaken) => cfg = on_other_ports(cfg)?,
+                Err(Started::Failed(e)) => return Err(e),
+                Ok(d) => return Ok(d),
+            }
+        }
+        match Self::start_once(cfg).await {
+            Err(Started::PortTaken) => bail!("a daemon process ended at its start, three times"),
+            Err(Started::Failed(e)) => Err(e),
+            Ok(d) => Ok(d),
+        }
+    }
+
+    async fn start_once(cfg: Config) -> Result<Daemons, Started> {
         static RUNS: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "conclave-bench-{}-{}",
@@ -77,7 +93,7 @@ impl Daemons {
                     .context("starting a daemon process")?,
             );
         }
-        let net = Daemons {
+        let mut net = Daemons {
             cfg,
             dir,
             children,
@@ -87,8 +103,20 @@ impl Daemons {
         Ok(net)
     }
 
-    /// Relays (`bench relay`) on `cfg`'s ports, for the machine's limit.
-    pub(crate) async fn start_relays(cfg: Config) -> Result<Daemons> {
+    /// `n` relays (`bench relay`) on free ports, for the machine's limit (on other ports again if
+    /// one could not bind its own, three times).
+    pub(crate) async fn start_relays(n: usize) -> Result<Daemons> {
+        let mut last = None;
+        for _ in 0..3 {
+            match Self::start_relays_on(Config::local_on_free_ports(n)?).await {
+                Ok(r) => return Ok(r),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("tried"))
+    }
+
+    async fn start_relays_on(cfg: Config) -> Result<Daemons> {
         let exe = std::env::current_exe()?;
         let (mut children, mut relays) = (Vec::new(), Vec::new());
         for d in &cfg.daemon {
@@ -129,10 +157,18 @@ impl Daemons {
         })
     }
 
-    async fn wait_ring(&self) -> Result<()> {
+    async fn wait_ring(&mut self) -> Result<(), Started> {
         let n = self.cfg.daemon.len();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
+            // A daemon that ended already could not bind its ports.
+            if self
+                .children
+                .iter_mut()
+                .any(|c| c.try_wait().ok().flatten().is_some())
+            {
+                return Err(Started::PortTaken);
+            }
             let mut ok = true;
             for d in &self.cfg.daemon {
                 let s = self.status(d).await;
@@ -142,7 +178,9 @@ impl Daemons {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("the {n} daemon processes did not form a ring in 30 s");
+                return Err(Started::Failed(anyhow::anyhow!(
+                    "the {n} daemon processes did not form a ring in 30 s"
+                )));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -329,6 +367,34 @@ impl Daemons {
         }
         Ok(())
     }
+}
+
+/// Why a start of the daemons did not give a ring.
+enum Started {
+    /// A daemon process ended at once (its ports were taken meanwhile): worth a second try.
+    PortTaken,
+    Failed(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Started {
+    fn from(e: anyhow::Error) -> Started {
+        Started::Failed(e)
+    }
+}
+
+impl From<std::io::Error> for Started {
+    fn from(e: std::io::Error) -> Started {
+        Started::Failed(e.into())
+    }
+}
+
+/// `cfg` with the ports of other free ones (names, keys and settings kept).
+fn on_other_ports(mut cfg: Config) -> Result<Config> {
+    let fresh = Config::local_on_free_ports(cfg.daemon.len())?;
+    for (d, f) in cfg.daemon.iter_mut().zip(fresh.daemon) {
+        (d.peer, d.client, d.admin) = (f.peer, f.client, f.admin);
+    }
+    Ok(cfg)
 }
 
 impl Drop for Daemons {

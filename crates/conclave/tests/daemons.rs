@@ -201,8 +201,14 @@ fn incarnations_in(path: &Path) -> BTreeMap<String, u32> {
     last
 }
 
+/// The tests here run one at a time: each picks free ports and its daemons bind them later (and
+/// bind them again after a restart), and a test beside it could take one meanwhile (a daemon
+/// then failed with "address already in use" and its ring never formed).
+static ONE_NETWORK_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemons_survive_a_partition_a_kill_and_a_restart_with_nothing_lost() {
+    let _alone = ONE_NETWORK_AT_A_TIME.lock().await;
     let dir = std::env::temp_dir().join(format!("conclave-daemons-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -625,6 +631,7 @@ fn with_incarnations(mut records: Vec<Record>, daemons: &[Record]) -> Vec<Record
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secure_groups_survive_a_partition_a_kill_and_a_restart_checked_from_the_records() {
+    let _alone = ONE_NETWORK_AT_A_TIME.lock().await;
     let dir = std::env::temp_dir().join(format!("conclave-secure-daemons-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
