@@ -249,6 +249,12 @@ pub fn run(cfg: &SimConfig) -> SimResult {
                 break;
             };
             net.advance_to(Time::from_micros(t));
+            // A full queue holds the message back, as a daemon holds a client's command until
+            // the ring takes more (it is not lost): tried again after the next token visit or so.
+            if !net.peers[node].can_submit() {
+                submits.push(Reverse((t + 200, node, k)));
+                continue;
+            }
             let drawn = SERVICES[(net.links.rng.next_u32() % 6) as usize];
             let service = cfg.service.unwrap_or(drawn);
             let sender = name(node as DaemonId + 1);
