@@ -157,6 +157,10 @@ async fn serve(s: TcpStream, udp: Arc<UdpSocket>, peers: Arc<Vec<SocketAddr>>, m
         let mut end = 0;
         while buf.len() - end >= 4 {
             let len = u32::from_be_bytes(buf[end..end + 4].try_into().unwrap()) as usize;
+            // A frame no datagram carries would only grow the buffer: the member is dropped.
+            if len > MAX_MESSAGE {
+                return;
+            }
             if buf.len() - end < 4 + len {
                 break;
             }
@@ -214,6 +218,9 @@ pub(crate) async fn count_frames(mut r: tokio::net::tcp::OwnedReadHalf, each: im
         let mut at = 0;
         while buf.len() - at >= 4 {
             let len = u32::from_be_bytes(buf[at..at + 4].try_into().unwrap()) as usize;
+            if len > MAX_MESSAGE {
+                return;
+            }
             if buf.len() - at < 4 + len {
                 break;
             }
