@@ -393,24 +393,37 @@ fn one_daemon_config(tag: &str) -> (std::path::PathBuf, conclave_daemon::Config)
 
 #[test]
 fn daemon_user_and_admin_work_together() {
-    let (path, cfg) = one_daemon_config("user");
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_conclave"))
-        .args(["daemon", "--log", "warn", "--config"])
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let cfg_arg = path.to_str().unwrap();
-    let mut status = String::new();
-    for _ in 0..200 {
-        let (ok, out, _) = conclave(&["admin", "--config", cfg_arg, "status"], None);
-        if ok && out.contains("\"ready\":true") {
-            status = out;
+    // Ports picked free can be taken by another test's daemons before this one binds them: a
+    // daemon that ends at once is started again on other ports.
+    let (mut path, mut cfg, mut daemon, mut status) = (None, None, None, String::new());
+    for _ in 0..3 {
+        let (p, c) = one_daemon_config("user");
+        let mut d = Command::new(env!("CARGO_BIN_EXE_conclave"))
+            .args(["daemon", "--log", "warn", "--config"])
+            .arg(&p)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..200 {
+            if d.try_wait().unwrap().is_some() {
+                break;
+            }
+            let (ok, out, _) =
+                conclave(&["admin", "--config", p.to_str().unwrap(), "status"], None);
+            if ok && out.contains("\"ready\":true") {
+                status = out;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        (path, cfg, daemon) = (Some(p), Some(c), Some(d));
+        if !status.is_empty() {
             break;
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    let (path, cfg, mut daemon) = (path.unwrap(), cfg.unwrap(), daemon.unwrap());
+    let cfg_arg = path.to_str().unwrap();
     assert!(status.contains("\"phase\":\"operational\""), "{status}");
     let addr = cfg.daemon[0].client.unwrap().to_string();
     let (ok, out, err) = conclave(
