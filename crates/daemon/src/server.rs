@@ -20,8 +20,7 @@ use crate::record::HistoryFile;
 use crate::session::{self, Written};
 use anyhow::Context;
 use conclave_crypto::identity_file::IdentityFile;
-use conclave_node::{Node, NodeOptions, SessionId, SessionOutput, Time};
-use std::collections::HashMap;
+use conclave_node::{IdMap, Node, NodeOptions, SessionId, SessionOutput, Time};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
@@ -323,11 +322,11 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
     let pump = Pump {
         node,
         udp: Arc::new(udp),
-        writers: HashMap::new(),
+        writers: IdMap::default(),
         written: written_rx,
         recorder,
         start,
-        held_reads: HashMap::new(),
+        held_reads: IdMap::default(),
     };
     let core = tokio::spawn(pump.run(rx));
     Ok(Running {
@@ -438,13 +437,13 @@ struct Pump {
     node: Node,
     udp: Arc<UdpSocket>,
     /// Each open connection's writer.
-    writers: HashMap<SessionId, mpsc::UnboundedSender<SessionOutput>>,
+    writers: IdMap<SessionId, mpsc::UnboundedSender<SessionOutput>>,
     written: mpsc::UnboundedReceiver<Written>,
     recorder: Option<HistoryFile>,
     start: Instant,
     /// The read permits of connections the node reads no further for now
     /// ([`Node::session_paused`]): kept, their readers stop, and TCP holds their clients back.
-    held_reads: HashMap<SessionId, Vec<OwnedSemaphorePermit>>,
+    held_reads: IdMap<SessionId, Vec<OwnedSemaphorePermit>>,
 }
 
 impl Pump {

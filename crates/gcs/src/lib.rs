@@ -4,6 +4,7 @@
 //! top ([`groups`], whose [`Daemon`] is what a daemon process runs).
 
 pub mod groups;
+pub mod id_map;
 pub mod membership;
 pub mod ordering;
 pub mod testnet;
@@ -13,6 +14,7 @@ pub use groups::{
     ClientCommand, ClientEvent, ClientId, Daemon, DaemonConfig, DaemonError, Delivery, GroupViewId,
     LocalEvent, Reason, OPEN_VIEW,
 };
+pub use id_map::{IdHasher, IdMap};
 pub use membership::{Configuration, Membership, MembershipConfig, Phase, RingEvent};
 pub use ordering::{
     Delivered, Dest, Finished, Ordering, OrderingConfig, OrderingError, PeerRefusal, Transmit,

@@ -19,7 +19,7 @@ pub mod reseal;
 pub mod session;
 
 pub use admin::{AdminReply, AdminRequest, Status};
-pub use conclave_gcs::Time;
+pub use conclave_gcs::{IdMap, Time};
 pub use config::{Config, ConfigError};
 pub use node::{Node, NodeError, NodeOptions, SecretRng};
 pub use session::{SessionId, SessionOutput};

@@ -36,7 +36,7 @@ use crate::record::Recorder;
 use crate::session::{next_request, Session, SessionId, SessionOutput};
 use conclave_crypto::identity_file::IdentityFile;
 use conclave_crypto::CryptoRng;
-use conclave_gcs::{ClientEvent, Daemon, Delivery, Dest, LocalEvent, Phase, Time};
+use conclave_gcs::{ClientEvent, Daemon, Delivery, Dest, IdMap, LocalEvent, Phase, Time};
 use conclave_history::{Event, Record};
 use conclave_wire::client::{ClientCommand, Refusal, Reply, Request};
 use conclave_wire::gcs::{DaemonId, Packet, RingId};
@@ -168,7 +168,7 @@ pub struct Node {
     /// The daemons' names, by id from 1 (for counting what each sent).
     peer_names: Vec<String>,
     by_addr: HashMap<SocketAddr, DaemonId>,
-    reassembly: HashMap<DaemonId, Reassembly>,
+    reassembly: IdMap<DaemonId, Reassembly>,
     links: Links,
     /// The daemons' key agreement (with an identity).
     servers: Option<ServersAgreement>,
@@ -184,9 +184,12 @@ pub struct Node {
     rng: ChaCha8Rng,
     delayed: BinaryHeap<Reverse<Delayed>>,
     delayed_seq: u64,
-    sessions: HashMap<SessionId, Session>,
+    sessions: IdMap<SessionId, Session>,
     /// Spread sessions read no further until the core has room for their messages.
     paused: BTreeSet<SessionId>,
+    /// When paused sessions are to be read on, in a step of their own
+    /// ([`Node::resume_sessions`]).
+    resume_at: Option<Time>,
     /// Sessions with replies framed and not yet handed out.
     dirty: Vec<SessionId>,
     /// Handshake and request deadlines, by time.
@@ -292,14 +295,15 @@ impl Node {
                 .enumerate()
                 .map(|(i, d)| (d.peer, i as DaemonId + 1))
                 .collect(),
-            reassembly: HashMap::new(),
+            reassembly: IdMap::default(),
             frag_id: 0,
             faults: cfg.faults(),
             rng: ChaCha8Rng::seed_from_u64(opts.seed),
             delayed: BinaryHeap::new(),
             delayed_seq: 0,
-            sessions: HashMap::new(),
+            sessions: IdMap::default(),
             paused: BTreeSet::new(),
+            resume_at: None,
             dirty: Vec::new(),
             deadlines: BTreeSet::new(),
             incomplete_bytes: 0,
@@ -434,7 +438,10 @@ impl Node {
         let core = self.daemon.poll_timeout();
         let delayed = self.delayed.peek().map(|Reverse((t, ..))| *t);
         let session = self.deadlines.first().map(|(t, _)| *t);
-        [core, delayed, session].into_iter().flatten().min()
+        [core, delayed, session, self.resume_at]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub fn handle_timeout(&mut self, now: Time) {
@@ -1283,9 +1290,8 @@ impl Node {
 
     fn client_events(&mut self) {
         while let Some(ev) = self.daemon.poll_event() {
-            let spread = |s: &HashMap<SessionId, Session>, id| {
-                s.get(&id).is_some_and(|s| s.spread.is_some())
-            };
+            let spread =
+                |s: &IdMap<SessionId, Session>, id| s.get(&id).is_some_and(|s| s.spread.is_some());
             match ev {
                 LocalEvent::Message(d) if spread(&self.sessions, d.client()) => {
                     self.spread_deliver(&d)

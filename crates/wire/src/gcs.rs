@@ -137,7 +137,9 @@ pub struct SpreadMeta {
     pub hint: [u8; 4],
     /// The sender does not receive it.
     pub self_discard: bool,
-    /// The destinations as the sender listed them, private groups and repeats included.
+    /// The destinations as the sender listed them, private groups and repeats included; empty
+    /// when that list is the message's groups, in their order (the sender named each once), so
+    /// the common message carries, decodes and frees no second copy of its names.
     pub names: Vec<String>,
 }
 

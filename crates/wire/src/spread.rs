@@ -479,9 +479,46 @@ pub fn write_data(
     hint: [u8; 4],
     data: &[u8],
 ) {
+    write_message(
+        out,
+        kind,
+        name_field(sender),
+        groups.iter().copied(),
+        hint,
+        data,
+    );
+}
+
+/// [`write_data`] for a message a daemon delivers: `client` the sender's name (`name#daemon`),
+/// whose private group is `#` and the name, with nothing allocated on the way.
+pub fn write_delivery<'a>(
+    out: &mut Vec<u8>,
+    kind: u32,
+    client: &str,
+    groups: impl ExactSizeIterator<Item = &'a str>,
+    hint: [u8; 4],
+    data: &[u8],
+) {
+    let mut sender = [0u8; GROUP_NAME_BYTES];
+    sender[0] = b'#';
+    let b = client.as_bytes();
+    let n = b.len().min(MAX_GROUP_NAME - 1);
+    sender[1..=n].copy_from_slice(&b[..n]);
+    write_message(out, kind, sender, groups, hint, data);
+}
+
+fn write_message<'a>(
+    out: &mut Vec<u8>,
+    kind: u32,
+    sender: [u8; GROUP_NAME_BYTES],
+    groups: impl ExactSizeIterator<Item = &'a str>,
+    hint: [u8; 4],
+    data: &[u8],
+) {
+    out.reserve(HEADER_BYTES + GROUP_NAME_BYTES * groups.len() + data.len());
     Header {
         kind,
-        private_group: name_field(sender),
+        private_group: sender,
         num_groups: groups.len() as i32,
         hint,
         data_len: data.len() as i32,
@@ -840,6 +877,27 @@ mod tests {
             num_groups: groups,
             hint: (0x1234u32 << 8 | ENDIAN_MARK).to_le_bytes(),
             data_len: data,
+        }
+    }
+
+    #[test]
+    fn a_delivery_is_the_data_message_of_its_senders_private_group() {
+        let hint = (7u32 << 8 | ENDIAN_MARK).to_le_bytes();
+        for client in ["a#d1", "longer-name-of-a-client#daemon-name-x"] {
+            let mut by_name = Vec::new();
+            let sender = format!("#{client}");
+            write_data(
+                &mut by_name,
+                AGREED_MESS,
+                &sender,
+                &["g1", "g2"],
+                hint,
+                b"data",
+            );
+            let mut delivered = Vec::new();
+            let groups = ["g1", "g2"].into_iter();
+            write_delivery(&mut delivered, AGREED_MESS, client, groups, hint, b"data");
+            assert_eq!(by_name, delivered, "{client}");
         }
     }
 

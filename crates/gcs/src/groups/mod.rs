@@ -48,7 +48,7 @@ use conclave_wire::gcs::{
     Body, DaemonId, Packet, RingId, ServiceType, SpreadMeta, StateEntry, MAX_NAME_BYTES,
     MAX_STATE_ENTRIES,
 };
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 mod clients;
@@ -292,7 +292,7 @@ pub struct Daemon {
     first_count: u64,
     clients: BTreeMap<String, Client>,
     /// The name of each connected client, by the id its connection gave it.
-    names: HashMap<ClientId, Arc<str>>,
+    names: crate::IdMap<ClientId, Arc<str>>,
     events: VecDeque<LocalEvent>,
     ring_log: VecDeque<RingEvent>,
     /// The time of the input being handled.
@@ -334,7 +334,7 @@ impl Daemon {
             flush_deadlines: Default::default(),
             first_count: 0,
             clients: BTreeMap::new(),
-            names: HashMap::new(),
+            names: crate::IdMap::default(),
             events: VecDeque::new(),
             ring_log: VecDeque::new(),
             now,
@@ -680,6 +680,11 @@ impl Daemon {
 
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.ring.poll_transmit()
+    }
+
+    /// Whether a packet waits to be sent ([`Daemon::poll_transmit`]).
+    pub fn has_transmit(&self) -> bool {
+        self.ring.has_transmit()
     }
 
     /// The ring layer's events, if [`DaemonConfig::record_ring`] is set.

@@ -478,6 +478,11 @@ impl Membership {
         self.out.pop_front()
     }
 
+    /// Whether a packet waits to be sent.
+    pub fn has_transmit(&self) -> bool {
+        !self.out.is_empty()
+    }
+
     /// What happened, in order: messages sent and delivered, transitional signals,
     /// configurations.
     pub fn poll_event(&mut self) -> Option<RingEvent> {
