@@ -63,6 +63,12 @@ pub enum BenchCommand {
         /// Directory for the SVG plots (one per event and suite).
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
+        /// The OpenMLS peer's program (peers/openmls: `cargo build --release --manifest-path
+        /// peers/openmls/Cargo.toml`, then `peers/openmls/target/release/conclave-peer-openmls`):
+        /// after the protocols, each size also runs OpenMLS removing a member, in an `E1-peer`
+        /// row beside TGDH's join and leave.
+        #[arg(long)]
+        peer: Option<PathBuf>,
     },
     /// E5: the key-graph (LKH) server of paper 001: server time per join and leave, rekey
     /// messages sent and received, key changes per member, memory; batch rekeying and compaction.
@@ -342,6 +348,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             events,
             repeat,
             out,
+            peer,
         } => {
             let sizes = if sizes.is_empty() {
                 sizes_up_to(n)
@@ -404,6 +411,13 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 });
             }
             bar.finish_and_clear();
+            if let Some(peer) = &peer {
+                // The peer removes a member other than the group's creator and the receiver.
+                for &n in sizes.iter().filter(|&&n| n >= 4) {
+                    let row = crate::gka_peer::compare(peer, n, &rows)?;
+                    writeln!(stdout, "{row}")?;
+                }
+            }
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             for (name, chart) in gka::charts(&rows) {
                 let path = out.join(name);

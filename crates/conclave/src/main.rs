@@ -6,6 +6,7 @@ mod check_cmd;
 mod daemon_cmd;
 mod demo;
 mod gka_cmd;
+mod gka_peer;
 mod integrated_bench;
 mod keys_demo;
 mod keyserver_bench;
