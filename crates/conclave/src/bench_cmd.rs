@@ -411,19 +411,19 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 });
             }
             bar.finish_and_clear();
-            if let Some(peer) = &peer {
-                // The peer removes a member other than the group's creator and the receiver.
-                for &n in sizes.iter().filter(|&&n| n >= 4) {
-                    let row = crate::gka_peer::compare(peer, n, &rows)?;
-                    writeln!(stdout, "{row}")?;
-                }
-            }
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             for (name, chart) in gka::charts(&rows) {
                 let path = out.join(name);
                 std::fs::write(&path, chart.to_svg())
                     .with_context(|| format!("writing {}", path.display()))?;
                 eprintln!("wrote {}", path.display());
+            }
+            if let Some(peer) = &peer {
+                // The peer removes a member other than the group's creator and the receiver.
+                for &n in sizes.iter().filter(|&&n| n >= 4) {
+                    let row = crate::gka_peer::compare(peer, n, &rows)?;
+                    writeln!(stdout, "{row}")?;
+                }
             }
             Ok(())
         }

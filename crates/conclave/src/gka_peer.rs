@@ -86,7 +86,8 @@ mod tests {
     #[test]
     fn a_peer_row_adds_commit_and_processing_and_a_failing_peer_says_so() {
         let dir = scratch("rows");
-        let row = r#"{"peer":"fake 1","suite":"s","commit_ms":10.5,"process_ms":2,"commit_bytes":7}"#;
+        let row =
+            r#"{"peer":"fake 1","suite":"s","commit_ms":10.5,"process_ms":2,"commit_bytes":7}"#;
         let peer = script(&dir, "peer", &format!("echo 'building'; echo '{row}'"));
         let v = compare(&peer, 64, &[]).unwrap();
         assert_eq!(v["experiment"], "E1-peer");

@@ -8,8 +8,9 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// Fibonacci hashing: the multiply spreads consecutive ids over the high bits the table uses
-/// to tag its slots.
+/// Fibonacci hashing: the multiply keeps consecutive ids apart in the low bits the table picks
+/// a slot by (they are a bijection of the id's low bits) and spreads them over the top bits it
+/// tags slots with.
 #[derive(Clone, Copy, Default)]
 pub struct IdHasher(u64);
 

@@ -32,6 +32,10 @@ pub(crate) const MAX_PAUSED_INPUT: usize = 256 * 1024 + sp::HEADER_BYTES + sp::M
 /// token's visit, instead of waiting for the daemon to read on.
 const SPREAD_HELD: usize = 64;
 
+/// Longest a paused Spread client's reading waits for a step with no packet to send
+/// ([`Node::resume_sessions`]).
+const RESUME_WAIT: Duration = Duration::from_millis(1);
+
 /// Where a Spread session is.
 pub(crate) enum Stage {
     /// Waiting for the connect message.
@@ -284,21 +288,24 @@ impl Node {
                 .is_some_and(|s| s.input.len() >= MAX_PAUSED_INPUT)
     }
 
-    /// Reads on in the paused sessions the core has room for again: in a step with no packet to
-    /// send, or the step after one.
+    /// Reads on in the paused sessions the core has room for again, in a step with no packet to
+    /// send.
     ///
     /// A step that passes the token on hands its datagrams out only once it is done, and
     /// reading a client's waiting requests (hundreds of them) took up to a millisecond: read
     /// there, it held the token and so the whole ring, and Spread clients got 0.8 of the
     /// throughput of Conclave's, whose requests are read in steps of their own. So when there is
-    /// a packet to send, the reading waits for a step of its own, at once ([`Node::poll_timeout`]).
+    /// a packet to send, the reading waits for a step of its own, at once ([`Node::poll_timeout`]);
+    /// a step with packets that comes first (the driver picks among ready inputs) defers it
+    /// again, but never past [`RESUME_WAIT`].
     pub(super) fn resume_sessions(&mut self) {
         if self.paused.is_empty() {
             self.resume_at = None;
             return;
         }
-        if self.daemon.has_transmit() && self.resume_at.is_none_or(|t| t > self.now) {
-            if self.paused.iter().any(|id| self.resumable(*id)) {
+        let overdue = self.resume_at.is_some_and(|t| self.now >= t + RESUME_WAIT);
+        if self.daemon.has_transmit() && !overdue {
+            if self.resume_at.is_none() && self.paused.iter().any(|id| self.resumable(*id)) {
                 self.resume_at = Some(self.now);
             }
             return;
