@@ -45,18 +45,15 @@ impl Daemons {
     /// returns once they form one ring. A port picked free can be taken by another program
     /// before a daemon binds it: then the daemons start again on other ports (three times).
     pub(crate) async fn start(mut cfg: Config) -> Result<Daemons> {
-        for _ in 0..2 {
+        for attempt in 1..=3 {
             match Self::start_once(cfg.clone()).await {
-                Err(Started::PortTaken) => cfg = on_other_ports(cfg)?,
-                Err(Started::Failed(e)) => return Err(e),
                 Ok(d) => return Ok(d),
+                Err(Started::Failed(e)) => return Err(e),
+                Err(Started::PortTaken) if attempt < 3 => cfg = on_other_ports(cfg)?,
+                Err(Started::PortTaken) => {}
             }
         }
-        match Self::start_once(cfg).await {
-            Err(Started::PortTaken) => bail!("a daemon process ended at its start, three times"),
-            Err(Started::Failed(e)) => Err(e),
-            Ok(d) => Ok(d),
-        }
+        bail!("a daemon process ended at its start, three times")
     }
 
     async fn start_once(cfg: Config) -> Result<Daemons, Started> {
@@ -429,7 +426,7 @@ fn config_text(cfg: &Config) -> String {
     s
 }
 
-/// A field of `/proc/PID/status` in KiB (0 where there is no such file: not Linux).
+/// A field of a `/proc/PID/status` file in KiB (0 where there is no such file: not Linux).
 fn proc_status_kib(path: &str, field: &str) -> u64 {
     std::fs::read_to_string(path)
         .ok()

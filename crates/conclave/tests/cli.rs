@@ -357,6 +357,17 @@ fn scrape(addr: std::net::SocketAddr, auth: Option<&str>) -> String {
 }
 
 /// A configuration of one daemon on free ports, written to a file.
+/// `conclave daemon` on configuration `path`, quiet.
+fn spawn_daemon(path: &std::path::Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_conclave"))
+        .args(["daemon", "--log", "warn", "--config"])
+        .arg(path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 fn one_daemon_config(tag: &str) -> (std::path::PathBuf, conclave_daemon::Config) {
     let dir = std::env::temp_dir().join(format!("conclave-{tag}-daemon-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -398,13 +409,7 @@ fn daemon_user_and_admin_work_together() {
     let (mut path, mut cfg, mut daemon, mut status) = (None, None, None, String::new());
     for _ in 0..3 {
         let (p, c) = one_daemon_config("user");
-        let mut d = Command::new(env!("CARGO_BIN_EXE_conclave"))
-            .args(["daemon", "--log", "warn", "--config"])
-            .arg(&p)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut d = spawn_daemon(&p);
         for _ in 0..200 {
             if d.try_wait().unwrap().is_some() {
                 break;
@@ -626,13 +631,7 @@ fn keygen_and_secure_users_talk_sealed() {
     );
     assert!(!ok && err.contains("must not exist"), "{err}");
 
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_conclave"))
-        .args(["daemon", "--log", "warn", "--config"])
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut daemon = spawn_daemon(&path);
     let cfg_arg = path.to_str().unwrap();
     for _ in 0..200 {
         let (ok, out, _) = conclave(&["admin", "--config", cfg_arg, "status"], None);
@@ -1119,13 +1118,7 @@ fn keyserver_keys_a_group_of_secure_users_and_restarts_from_its_state() {
         let (ok, _, err) = conclave(&args, None);
         assert!(ok, "{err}");
     }
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_conclave"))
-        .args(["daemon", "--log", "warn", "--config"])
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut daemon = spawn_daemon(&path);
     let cfg_arg = path.to_str().unwrap();
     for _ in 0..200 {
         let (ok, out, _) = conclave(&["admin", "--config", cfg_arg, "status"], None);
