@@ -213,15 +213,25 @@ async fn follow(
 ) {
     let mut sizes: HashMap<String, usize> = HashMap::new();
     let (mut target, mut epoch, mut told) = (0, 0, true);
+    // Groups whose last view has the target size: counted as views come, so that a member in
+    // hundreds of groups does not look at all of them at every view.
+    let mut at_target = 0;
     loop {
         tokio::select! {
             e = expect.recv() => {
                 let Some(e) = e else { return };
                 (target, epoch, told) = (e.size, e.epoch, false);
+                at_target = sizes.values().filter(|s| **s == target).count();
             }
             ev = rx.receive() => match ev {
                 Ok(SecureEvent::View(v)) => {
-                    sizes.insert(v.group, v.members.len());
+                    let size = v.members.len();
+                    if sizes.insert(v.group, size) == Some(target) {
+                        at_target -= 1;
+                    }
+                    if size == target {
+                        at_target += 1;
+                    }
                 }
                 Ok(SecureEvent::Refused { group, error, .. }) => {
                     let _ = report.send(Err(anyhow::anyhow!("{group}: refused {error}")));
@@ -235,7 +245,7 @@ async fn follow(
                 }
             },
         }
-        if !told && sizes.len() == groups && sizes.values().all(|s| *s == target) {
+        if !told && at_target == groups {
             told = true;
             let _ = report.send(Ok((me, epoch, Instant::now())));
         }

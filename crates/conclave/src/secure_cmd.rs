@@ -162,7 +162,7 @@ pub fn secure_event(ev: &SecureEvent) -> (serde_json::Value, String) {
     match ev {
         SecureEvent::View(v) => (
             json!({"ev": "secure_view", "group": v.group, "view": view_text(&v.view),
-                   "members": v.members, "epoch": v.epoch, "key": v.fingerprint.to_string()}),
+                   "members": &v.members[..], "epoch": v.epoch, "key": v.fingerprint.to_string()}),
             format!(
                 "secure view {} of {} (key {}, epoch {}): {}",
                 view_text(&v.view),

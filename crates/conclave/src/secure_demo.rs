@@ -34,7 +34,7 @@ impl Story {
     fn view(&self, i: usize) -> Option<(Vec<String>, Fingerprint)> {
         let log = self.log.lock().unwrap();
         log.iter().rev().find_map(|(c, e)| match e {
-            SecureEvent::View(v) if *c == i => Some((v.members.clone(), v.fingerprint)),
+            SecureEvent::View(v) if *c == i => Some((v.members.to_vec(), v.fingerprint)),
             _ => None,
         })
     }

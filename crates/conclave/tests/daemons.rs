@@ -478,14 +478,14 @@ async fn connect_secure(
             match ev {
                 SecureEvent::View(v) => {
                     seen.views
-                        .insert((who.clone(), v.group.clone()), v.members.clone());
+                        .insert((who.clone(), v.group.clone()), v.members.to_vec());
                     let r = record(Event::SecureView {
                         group: v.group,
                         view: conclave_daemon::record::group_view_id(
                             &format!("d{}", v.view.ring.rep),
                             v.view,
                         ),
-                        members: v.members,
+                        members: v.members.to_vec(),
                         key: v.fingerprint.to_string(),
                         without: v.without,
                     });

@@ -3,7 +3,7 @@
 //! Nothing here is a hand-written primitive: the groups come from `curve25519-dalek` (ristretto255)
 //! and `crypto-bigint` (constant-time Montgomery arithmetic for the finite-field groups),
 //! signatures from `ed25519-dalek` and `aws-lc-rs` (RSA, for the "paper" suite only), AEAD from
-//! `aws-lc-rs`, HKDF from `hkdf`. This crate adds the shapes the protocols need: one prime-order
+//! `aws-lc-rs`, HKDF from `hkdf` (and from `aws-lc-rs`'s HMAC where one secret gives many keys). This crate adds the shapes the protocols need: one prime-order
 //! [`Group`] abstraction, a [`Suite`] choosing group and signature scheme, secrets that are zeroized,
 //! redacted and compared in constant time, and a [`Meter`] that counts the expensive operations the
 //! papers' cost tables count.

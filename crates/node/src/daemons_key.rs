@@ -27,7 +27,6 @@ use conclave_wire::gcs::{DaemonId, RingId};
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
-use zeroize::Zeroizing;
 
 /// The daemons' internal group. Clients may not join it or send to it, nor to any group whose
 /// name begins with `#`.
@@ -73,6 +72,8 @@ const LINK_LABEL: &[u8] = b"conclave links v1";
 const ID_LABEL: &[u8] = b"conclave links key id v1";
 /// The label of the secret client group keys are derived from.
 const GROUPS_LABEL: &[u8] = b"conclave group keys v1";
+/// The HKDF salt of client group keys, from that secret.
+const GROUP_KEY_SALT: &[u8] = b"conclave group key v1";
 
 /// A daemons' key in force at this daemon.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,7 +98,7 @@ pub struct ServersAgreement {
     agreed: u64,
     /// The ring whose every daemon holds the current key, and the secret its client groups'
     /// keys are derived from ([`ServersAgreement::group_key`]).
-    groups_base: Option<(RingId, Zeroizing<[u8; 32]>)>,
+    groups_base: Option<(RingId, conclave_crypto::kdf::Expander)>,
     events: VecDeque<SecureEvent>,
 }
 
@@ -185,11 +186,7 @@ impl ServersAgreement {
         if *ring != view.ring {
             return None;
         }
-        let k = conclave_crypto::kdf::derive::<32>(
-            b"conclave group key v1",
-            &base[..],
-            &conclave_crypto::kdf::info(&[group.as_bytes(), &view.to_bytes()]),
-        );
+        let k = base.expand(&[group.as_bytes(), &view.to_bytes()]);
         Some(KeyBytes(*k))
     }
 
@@ -228,7 +225,10 @@ impl ServersAgreement {
                         // The first such view of a ring is the one: every daemon takes the same.
                         let first = self.groups_ring() != Some(info.view.ring);
                         if first && ring == Some(info.view.ring) && holders == daemons {
-                            self.groups_base = Some((info.view.ring, key.export(GROUPS_LABEL)));
+                            let base = key.export(GROUPS_LABEL);
+                            let base =
+                                conclave_crypto::kdf::Expander::new(GROUP_KEY_SALT, &base[..]);
+                            self.groups_base = Some((info.view.ring, base));
                         }
                         tracing::info!(
                             view = ?info.view,

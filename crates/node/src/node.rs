@@ -38,7 +38,7 @@ use conclave_crypto::identity_file::IdentityFile;
 use conclave_crypto::CryptoRng;
 use conclave_gcs::{ClientEvent, Daemon, Delivery, Dest, IdMap, LocalEvent, Phase, Time};
 use conclave_history::{Event, Record};
-use conclave_wire::client::{ClientCommand, Refusal, Reply, Request};
+use conclave_wire::client::{ClientCommand, KeyBytes, Refusal, Reply, Request};
 use conclave_wire::gcs::{DaemonId, Packet, RingId};
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -1381,64 +1381,72 @@ impl Node {
     /// The keys of the views given to clients that asked for their groups' keys while the
     /// daemons of the views' ring had not agreed theirs.
     fn hand_waiting_keys(&mut self) {
-        let waiting: Vec<(SessionId, String, conclave_wire::client::GroupViewId)> = self
-            .sessions
-            .iter()
-            .flat_map(|(&id, s)| {
-                s.keyed
-                    .iter()
-                    .filter_map(move |(g, v)| v.map(|v| (id, g.clone(), v)))
-            })
-            .collect();
-        for (id, group, view) in waiting {
-            self.hand_key(id, &group, view);
+        let Some(ring) = self.servers.as_ref().and_then(|s| s.groups_ring()) else {
+            return;
+        };
+        // One pass over the waiting slots, taking those of the ring: after a configuration
+        // change a daemon may owe its clients a key for each of thousands of groups.
+        let mut ready = Vec::new();
+        for (&id, s) in self.sessions.iter_mut() {
+            for (group, slot) in s.keyed.iter_mut() {
+                if let Some(view) = slot.filter(|v| v.ring == ring) {
+                    *slot = None;
+                    ready.push((id, group.clone(), view));
+                }
+            }
+        }
+        for (id, group, view) in ready {
+            if let Some(key) = self
+                .servers
+                .as_ref()
+                .and_then(|s| s.group_key(&group, view))
+            {
+                self.give_key(id, group, view, key);
+            }
         }
     }
 
     /// Hands session `id` the key of `view` of `group` if it can be derived now; else it waits
     /// for the daemons' key of the view's ring.
     fn hand_key(&mut self, id: SessionId, group: &str, view: conclave_wire::client::GroupViewId) {
-        let Some(key) = self.servers.as_ref().and_then(|s| s.group_key(group, view)) else {
-            if let Some(slot) = self
-                .sessions
-                .get_mut(&id)
-                .and_then(|s| s.keyed.get_mut(group))
-            {
-                *slot = Some(view);
-            }
-            return;
-        };
+        let key = self.servers.as_ref().and_then(|s| s.group_key(group, view));
         if let Some(slot) = self
             .sessions
             .get_mut(&id)
             .and_then(|s| s.keyed.get_mut(group))
         {
-            *slot = None;
+            *slot = if key.is_some() { None } else { Some(view) };
         }
+        if let Some(key) = key {
+            self.give_key(id, group.to_owned(), view, key);
+        }
+    }
+
+    /// Gives session `id` the key of `view` of `group` (no longer waiting for it).
+    fn give_key(
+        &mut self,
+        id: SessionId,
+        group: String,
+        view: conclave_wire::client::GroupViewId,
+        key: KeyBytes,
+    ) {
         self.metrics.group_keys.fetch_add(1, Relaxed);
         if self
             .sessions
             .get(&id)
-            .is_some_and(|s| s.evs.contains(group))
+            .is_some_and(|s| !s.evs.is_empty() && s.evs.contains(&group))
         {
             let k = conclave_crypto::GroupKey::from_bytes(key.0);
-            self.old_keys.remember(self.now, group, view, k);
+            self.old_keys.remember(self.now, &group, view, k);
         }
         if let (Some(r), Some((client, inc))) = (
             self.recorder.as_mut(),
             self.sessions.get(&id).and_then(|s| s.client.as_ref()),
         ) {
-            let e = r.group_key(group, view, &key);
+            let e = r.group_key(&group, view, &key);
             r.push(self.now, client, *inc, e);
         }
-        self.reply(
-            id,
-            Reply::Event(ClientEvent::ViewKey {
-                group: group.to_owned(),
-                view,
-                key,
-            }),
-        );
+        self.reply(id, Reply::Event(ClientEvent::ViewKey { group, view, key }));
     }
 
     /// The daemons' key in force at this daemon.

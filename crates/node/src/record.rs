@@ -56,7 +56,7 @@ pub fn secure_event(ev: &SecureEvent, view: &dyn Fn(GroupViewId) -> ViewId) -> O
         SecureEvent::View(v) => Event::SecureView {
             group: v.group.clone(),
             view: view(v.view),
-            members: v.members.clone(),
+            members: v.members.to_vec(),
             key: v.fingerprint.to_string(),
             without: v.without.clone(),
         },

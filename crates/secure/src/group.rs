@@ -44,6 +44,7 @@ use conclave_wire::gcs::{ServiceType, MAX_PAYLOAD_BYTES};
 use conclave_wire::gka::Envelope;
 use conclave_wire::secure::{SecureMessage, MAX_PLAINTEXT_BYTES};
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 /// Where a group's keys come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -136,8 +137,8 @@ pub struct SecureViewInfo {
     pub group: String,
     /// The daemons' id of the view this key belongs to.
     pub view: GroupViewId,
-    /// The key's holders.
-    pub members: Vec<String>,
+    /// The key's holders (shared: a member in many groups takes a view of each at once).
+    pub members: Arc<[String]>,
     /// Members of the view that hold no key of it (a key-graph group's members the server could
     /// not register in time); empty in the other modes, where such a view gets no key at all.
     pub without: Vec<String>,
@@ -323,7 +324,7 @@ enum Inflight {
 /// The daemons' current view of the group.
 struct DaemonView {
     id: GroupViewId,
-    members: Vec<String>,
+    members: Arc<[String]>,
     transitional: Vec<String>,
 }
 
@@ -331,7 +332,9 @@ struct DaemonView {
 struct Keyed {
     info: SecureViewInfo,
     key: GroupKey,
-    mine: SenderKey,
+    /// This member's sending key, derived at its first message: a member in many groups that
+    /// sends to few of them does not pay a derivation per group at every view change.
+    mine: Option<SenderKey>,
     /// Messages this member sealed in the view.
     sent: u64,
     /// Each sender's key and the counters opened.
@@ -623,13 +626,13 @@ impl SecureGroup {
         self.early_bytes = 0;
         self.view = Some(DaemonView {
             id,
-            members,
+            members: members.into(),
             transitional,
         });
     }
 
     fn on_view(&mut self, ev: ClientEvent) {
-        let Some(mut view) = View::from_event(&ev) else {
+        let Some(mut view) = View::from_owned_event(ev) else {
             return;
         };
         self.views_seen += 1;
@@ -946,7 +949,7 @@ impl SecureGroup {
         if let Some(k) = self.unconfirmed.take() {
             self.confirmed = Some(self.gka.clone_box());
             self.came_along = None;
-            self.install_key(k.view_id, k.members, k.epoch, k.key);
+            self.install_key(k.view_id, k.members.into(), k.epoch, k.key);
         }
     }
 
@@ -1081,7 +1084,7 @@ impl SecureGroup {
                             .collect()
                     })
                     .unwrap_or_default();
-                self.install_key(at, members, epoch, key);
+                self.install_key(at, members.into(), epoch, key);
             }
             Err(e) => self.refused(sender.to_owned(), SecureError::KeyGraph(e)),
         }
@@ -1194,11 +1197,17 @@ impl SecureGroup {
         self.confirm();
     }
 
-    fn install_key(&mut self, view: GroupViewId, members: Vec<String>, epoch: u64, key: GroupKey) {
+    fn install_key(
+        &mut self,
+        view: GroupViewId,
+        members: Arc<[String]>,
+        epoch: u64,
+        key: GroupKey,
+    ) {
         let without = self
             .view
             .as_ref()
-            .filter(|v| v.id == view)
+            .filter(|v| v.id == view && !Arc::ptr_eq(&v.members, &members) && v.members != members)
             .map(|v| {
                 v.members
                     .iter()
@@ -1215,11 +1224,10 @@ impl SecureGroup {
             epoch,
             fingerprint: key.fingerprint(),
         };
-        let mine = SenderKey::derive(self.cfg.aead, &key, &self.group, &view, &self.me);
         self.keyed = Some(Keyed {
             info: info.clone(),
             key,
-            mine,
+            mine: None,
             sent: 0,
             senders: HashMap::new(),
             resealers: HashMap::new(),
@@ -1262,9 +1270,11 @@ impl SecureGroup {
         let counter = k.sent;
         k.sent += 1;
         let view = k.info.view;
-        let sealed = k
+        let (aead, group, me) = (self.cfg.aead, &self.group, &self.me);
+        let mine = k
             .mine
-            .seal(&self.group, &view, &self.me, service, counter, &payload);
+            .get_or_insert_with(|| SenderKey::derive(aead, &k.key, group, &view, me));
+        let sealed = mine.seal(group, &view, me, service, counter, &payload);
         self.commands.push_back(ClientCommand::Multicast {
             service,
             groups: vec![self.group.clone()],

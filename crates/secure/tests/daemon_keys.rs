@@ -128,7 +128,7 @@ fn a_view_is_secure_once_its_key_is_handed_and_data_opens_under_it() {
         panic!("{got:?}")
     };
     assert_eq!(info.view, view_id(1));
-    assert_eq!(info.members, ["a", "b"]);
+    assert_eq!(info.members[..], ["a", "b"]);
     assert_eq!(info.epoch, 1);
     assert_eq!(
         info.fingerprint,

@@ -280,7 +280,7 @@ impl World {
         self.run_until(&format!("a secure view of {names:?}"), |w| {
             idx.iter().all(|i| match &w.clients[*i].role {
                 Role::Member(sg) => sg.secure_view().is_some_and(|v| {
-                    let mut got = v.members.clone();
+                    let mut got = v.members.to_vec();
                     got.sort();
                     got == want
                 }),

@@ -211,7 +211,7 @@ impl World {
         self.run_until(&format!("a secure view of {names:?}"), |w| {
             idx.iter().all(|i| {
                 w.members[*i].sg.secure_view().is_some_and(|v| {
-                    let mut got = v.members.clone();
+                    let mut got = v.members.to_vec();
                     got.sort();
                     let mut want = want.clone();
                     want.sort();
@@ -640,7 +640,7 @@ fn the_five_protocols_give_the_same_secure_views_for_one_script() {
                     .got
                     .iter()
                     .filter_map(|e| match e {
-                        SecureEvent::View(v) => Some((v.view, v.members.clone())),
+                        SecureEvent::View(v) => Some((v.view, v.members.to_vec())),
                         _ => None,
                     })
                     .collect();
@@ -677,7 +677,7 @@ fn check_keys(w: &World, what: &str) {
                 SecureEvent::View(v) => {
                     assert_eq!(
                         daemon_views.get(&v.view),
-                        Some(&v.members),
+                        Some(&v.members.to_vec()),
                         "{what}: {} has a secure view the daemons never gave it",
                         m.name
                     );
