@@ -39,6 +39,13 @@ impl View {
     /// The view that a client session's [`ClientEvent::View`] announces, field for field, ready
     /// for [`KeyAgreement::handle_view`]; `None` for every other event. A secure layer feeds each
     /// view its session delivers straight through this.
+    pub fn from_event(event: &ClientEvent) -> Option<View> {
+        match event {
+            ClientEvent::View { .. } => View::from_owned_event(event.clone()),
+            _ => None,
+        }
+    }
+
     /// [`View::from_event`], taking the event's lists rather than copying them.
     pub fn from_owned_event(event: ClientEvent) -> Option<View> {
         match event {
@@ -54,25 +61,6 @@ impl View {
                 members,
                 reason,
                 transitional,
-            }),
-            _ => None,
-        }
-    }
-
-    pub fn from_event(event: &ClientEvent) -> Option<View> {
-        match event {
-            ClientEvent::View {
-                group,
-                view,
-                members,
-                transitional,
-                reason,
-            } => Some(View {
-                group: group.clone(),
-                view_id: *view,
-                members: members.clone(),
-                reason: *reason,
-                transitional: transitional.clone(),
             }),
             _ => None,
         }
