@@ -82,6 +82,11 @@ pub struct LatencyArgs {
     services: Vec<String>,
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// As deployed: every daemon a `conclave daemon` process and every member a client process
+    /// of its own (rows say `"deployment": "processes"`); a message carries its send time on
+    /// the system clock, which every process on the machine reads alike.
+    #[arg(long)]
+    processes: bool,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -649,7 +654,7 @@ impl Mutex64 {
     }
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
@@ -661,13 +666,32 @@ pub fn run_latency(args: LatencyArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out)?;
     let rt = tokio::runtime::Runtime::new()?;
     let rows = rt.block_on(async {
-        let net = Network::start(args.daemons).await?;
         let mut rows = Vec::new();
         let mut round = 0;
+        if args.processes {
+            let cfg = Config::local_on_free_ports(args.daemons)?;
+            let net = crate::process_bench::Daemons::start(cfg).await?;
+            for &service in &services {
+                for &rate in &args.rates {
+                    round += 1;
+                    let tag = format!("lp{round}-");
+                    let row = net
+                        .latency(rate, args.size, service, args.seconds, &tag)
+                        .await?;
+                    println!("{row}");
+                    rows.push(row);
+                }
+            }
+            net.stop().await?;
+            return anyhow::Ok(rows);
+        }
+        let net = Network::start(args.daemons).await?;
         for &service in &services {
             for &rate in &args.rates {
                 round += 1;
-                let row = latency_once(&net, rate, args.size, service, args.seconds, round).await?;
+                let mut row =
+                    latency_once(&net, rate, args.size, service, args.seconds, round).await?;
+                row["deployment"] = "in-process".into();
                 println!("{row}");
                 rows.push(row);
             }

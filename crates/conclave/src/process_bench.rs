@@ -1,4 +1,5 @@
-//! `conclave bench throughput --processes`: the throughput load as deployed. Every daemon is a
+//! `conclave bench throughput --processes` (and `bench latency --processes`): the load as
+//! deployed. Every daemon is a
 //! `conclave daemon` process of its own, and every member a `conclave bench member` process: a
 //! client that connects, joins, sends or counts, and talks to the bench over its standard input
 //! and output (one JSON line per step). The in-process mode (every daemon and client on one
@@ -12,11 +13,11 @@
 //! prints its count and the time of its last delivery. A member's rate is its count over that
 //! time, measured from its own `go`.
 
-use crate::net_bench::{wait_view, Load, Mutex64};
+use crate::net_bench::{percentile, wait_view, Load, Mutex64};
 use crate::user_cmd::service_name;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use conclave_client::{Address, Client, ClientError, ClientEvent};
+use conclave_client::{Address, Client, ClientError, ClientEvent, ServiceType};
 use conclave_daemon::{AdminRequest, Config};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -343,6 +344,89 @@ impl Daemons {
         }))
     }
 
+    /// `bench latency` as deployed: a member process on each daemon, each sending its share of
+    /// `rate` messages per second for `seconds`, every member noting each delivery's delay.
+    pub(crate) async fn latency(
+        &self,
+        rate: u64,
+        size: usize,
+        service: ServiceType,
+        seconds: f64,
+        tag: &str,
+    ) -> Result<Value> {
+        let n = self.cfg.daemon.len();
+        let exe = std::env::current_exe()?;
+        let mut members = Vec::new();
+        for (i, d) in self.cfg.daemon.iter().enumerate() {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["bench", "member", "--address"])
+                .arg(
+                    d.client
+                        .context("a daemon without a client port")?
+                        .to_string(),
+                )
+                .args([
+                    "--name",
+                    &format!("{tag}{i}"),
+                    "--group",
+                    &format!("{tag}lat"),
+                ])
+                .arg("--members")
+                .arg(n.to_string())
+                .args(["--service", service_name(service), "--seconds"])
+                .arg(seconds.to_string())
+                .arg("--send")
+                .arg(size.max(8).to_string())
+                .arg("--rate")
+                .arg((rate / n as u64).max(1).to_string());
+            members.push(MemberProcess::spawn(cmd)?);
+        }
+        for m in &mut members {
+            m.expect("ready", Duration::from_secs(60)).await?;
+        }
+        for m in &mut members {
+            m.say("go").await?;
+        }
+        let (mut sent, mut refused) = (0, 0);
+        for m in &mut members {
+            let r = m
+                .expect("sent", Duration::from_secs_f64(seconds + 60.0))
+                .await?;
+            sent += r["sent"].as_u64().unwrap_or(0);
+            refused += r["refused"].as_u64().unwrap_or(0);
+        }
+        let total = sent.saturating_sub(refused);
+        for m in &mut members {
+            m.say(&format!("total {total}")).await?;
+        }
+        let (mut delays, mut got, mut views) = (Vec::new(), Vec::new(), 0);
+        for m in &mut members {
+            let r = m.expect("got", Duration::from_secs(60)).await?;
+            got.push(r["got"].as_u64().unwrap_or(0));
+            views += r["views"].as_u64().unwrap_or(0);
+            let all = r["delays_us"].as_array().into_iter().flatten();
+            delays.extend(all.filter_map(|d| d.as_u64()));
+        }
+        for m in members {
+            m.finish().await;
+        }
+        if views == 0 && got.iter().any(|&g| g < total) {
+            bail!(
+                "members delivered {got:?} of the {total} sent at {rate}/s ({})",
+                self.statuses().await
+            );
+        }
+        delays.sort_unstable();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Ok(json!({
+            "bench": "latency", "deployment": "processes", "daemons": n, "senders": n,
+            "size": size, "service": service_name(service), "rate": rate,
+            "deliveries": delays.len(), "refused": refused, "view_changes": views,
+            "p50_us": percentile(&delays, 0.5), "p99_us": percentile(&delays, 0.99),
+            "max_us": delays.last().copied().unwrap_or(0),
+        }))
+    }
+
     /// Stops the daemons (SIGTERM, then a kill if one lingers); their directory goes with them.
     pub(crate) async fn stop(mut self) -> Result<()> {
         self.relays.clear();
@@ -540,6 +624,11 @@ pub struct MemberArgs {
     /// A member of the limit run: frames on a bare socket to a relay (`bench relay`).
     #[arg(long)]
     skeleton: bool,
+    /// Latency: send at this rate (messages per second) rather than as fast as the daemon
+    /// takes them, each message carrying its send time on the system clock; report the delay
+    /// of every delivery.
+    #[arg(long, requires = "send", conflicts_with = "skeleton")]
+    rate: Option<u64>,
 }
 
 /// Runs one member; any failure is a JSON line `{"error": ..}` for the bench to report.
@@ -562,6 +651,15 @@ struct Counts {
     last: Arc<Mutex64>,
     views: Arc<AtomicU64>,
     refused: Arc<AtomicU64>,
+    /// With `--rate`: each delivery's delay from its send, in microseconds.
+    delays: Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+/// Nanoseconds on the system clock, which every process on the machine reads alike.
+fn clock_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// How a member sends: through the client library, or (the limit) frames on a bare socket.
@@ -593,10 +691,20 @@ async fn member(args: MemberArgs) -> Result<()> {
         wait_view(&mut rx, args.members).await?;
         let start = ready(&mut input).await?;
         let c = counts.clone();
+        let timed = args.rate.is_some();
         let counting = tokio::spawn(async move {
             loop {
                 match rx.receive().await {
-                    Ok(ClientEvent::Message { .. }) => {
+                    Ok(ClientEvent::Message { payload, .. }) => {
+                        if timed {
+                            let sent = payload.get(..8).and_then(|b| b.try_into().ok());
+                            let sent = sent.map_or(0, u64::from_be_bytes);
+                            let delay = clock_ns().saturating_sub(sent) / 1000;
+                            c.delays
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(delay);
+                        }
                         c.got.fetch_add(1, Relaxed);
                         c.last.set(start.elapsed().as_nanos() as u64);
                     }
@@ -620,6 +728,19 @@ async fn member(args: MemberArgs) -> Result<()> {
         let mut payload = vec![0x5a; size.max(16)];
         payload[..8].copy_from_slice(&hash(&args.name).to_be_bytes());
         match &mut sending {
+            Sending::Client(tx) if args.rate.is_some() => {
+                let rate = args.rate.unwrap_or(1).max(1);
+                let interval = Duration::from_secs_f64(1.0 / rate as f64);
+                let mut next = tokio::time::Instant::now();
+                while Instant::now() < until {
+                    next += interval;
+                    tokio::time::sleep_until(next).await;
+                    payload[..8].copy_from_slice(&clock_ns().to_be_bytes());
+                    tx.multicast(service, &[args.group.as_str()], &payload)
+                        .await?;
+                    sent += 1;
+                }
+            }
             Sending::Client(tx) => {
                 while Instant::now() < until {
                     payload[8..16].copy_from_slice(&sent.to_be_bytes());
@@ -663,9 +784,11 @@ async fn member(args: MemberArgs) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let delays = std::mem::take(&mut *counts.delays.lock().unwrap_or_else(|p| p.into_inner()));
     say(json!({
         "got": counts.got.load(Relaxed), "last_ns": counts.last.get(),
         "views": counts.views.load(Relaxed), "cpu_s": stat_cpu_seconds("/proc/self/stat"),
+        "delays_us": delays,
     }));
     // Every member stays until all have counted (the bench closes their input): one that
     // left earlier would change the others' view while they still count.

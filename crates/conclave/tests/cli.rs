@@ -1051,6 +1051,44 @@ fn bench_throughput_runs_daemons_and_members_as_processes() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[test]
+fn bench_latency_runs_daemons_and_members_as_processes() {
+    let dir = std::env::temp_dir().join(format!("conclave-bench-lp-{}", std::process::id()));
+    let (ok, out, err) = conclave(
+        &[
+            "bench",
+            "latency",
+            "--processes",
+            "--rates",
+            "300",
+            "--services",
+            "agreed",
+            "--seconds",
+            "0.5",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 1, "{out}");
+    let r = &rows[0];
+    assert_eq!(r["deployment"], "processes", "{out}");
+    assert_eq!(r["view_changes"], 0, "{out}");
+    // Three senders of 100 a second for half a second: every member times every delivery.
+    let deliveries = r["deliveries"].as_u64().unwrap();
+    assert!(deliveries >= 3 * 3 * 40, "{out}");
+    assert_eq!(deliveries % 3, 0, "{out}");
+    let (p50, p99, max) = (
+        r["p50_us"].as_u64().unwrap(),
+        r["p99_us"].as_u64().unwrap(),
+        r["max_us"].as_u64().unwrap(),
+    );
+    assert!(0 < p50 && p50 <= p99 && p99 <= max, "{out}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Starts `conclave keyserver` for group "feed"; its JSON lines go to a channel.
 fn spawn_keyserver(
     addr: &str,
