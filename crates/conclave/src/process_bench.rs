@@ -1,17 +1,17 @@
-//! `conclave bench throughput --processes` (and `bench latency --processes`): the load as
-//! deployed. Every daemon is a
-//! `conclave daemon` process of its own, and every member a `conclave bench member` process: a
-//! client that connects, joins, sends or counts, and talks to the bench over its standard input
-//! and output (one JSON line per step). The in-process mode (every daemon and client on one
-//! runtime) stays for profiling; this one is what a deployment pays, system calls, wake-ups and
-//! copies between processes included.
+//! `conclave bench throughput --processes` and `bench latency --processes`: the load as
+//! deployed. Every daemon is a `conclave daemon` process of its own, and every member a
+//! `conclave bench member` process: a client that connects, joins, sends or counts, and talks to
+//! the bench over its standard input and output (one JSON line per step). The in-process mode
+//! (every daemon and client on one runtime) stays for profiling; this one is what a deployment
+//! pays, system calls, wake-ups and copies between processes included.
 //!
 //! The steps, for every member at once: connect and join, print `{"ready":..}` once the view has
 //! every member; on `go`, senders send for the configured time while everyone counts what it
 //! delivers; each prints `{"sent":..}`; on `total N` (what was sent, less what the daemons
 //! refused) each waits until it has delivered N (or deliveries stop after a view change) and
 //! prints its count and the time of its last delivery. A member's rate is its count over that
-//! time, measured from its own `go`.
+//! time, measured from its own `go`. For latency (`--rate`), senders pace their messages and
+//! stamp each with the system clock, and each member also prints every delivery's delay.
 
 use crate::net_bench::{percentile, wait_view, Load, Mutex64};
 use crate::user_cmd::service_name;
@@ -376,9 +376,9 @@ impl Daemons {
                 .args(["--service", service_name(service), "--seconds"])
                 .arg(seconds.to_string())
                 .arg("--send")
-                .arg(size.max(8).to_string())
+                .arg(size.to_string())
                 .arg("--rate")
-                .arg((rate / n as u64).max(1).to_string());
+                .arg((rate as f64 / n as f64).to_string());
             members.push(MemberProcess::spawn(cmd)?);
         }
         for m in &mut members {
@@ -410,9 +410,11 @@ impl Daemons {
         for m in members {
             m.finish().await;
         }
-        if views == 0 && got.iter().any(|&g| g < total) {
+        // Percentiles over part of the deliveries would say nothing.
+        if views > 0 || got.iter().any(|&g| g < total) {
             bail!(
-                "members delivered {got:?} of the {total} sent at {rate}/s ({})",
+                "members delivered {got:?} of the {total} sent at {rate}/s, with {views} view \
+                 changes ({})",
                 self.statuses().await
             );
         }
@@ -420,7 +422,8 @@ impl Daemons {
         tokio::time::sleep(Duration::from_millis(50)).await;
         Ok(json!({
             "bench": "latency", "deployment": "processes", "daemons": n, "senders": n,
-            "size": size, "service": service_name(service), "rate": rate,
+            // A member's payload holds at least its name's hash and a count.
+            "size": size.max(16), "service": service_name(service), "rate": rate,
             "deliveries": delays.len(), "refused": refused, "view_changes": views,
             "p50_us": percentile(&delays, 0.5), "p99_us": percentile(&delays, 0.99),
             "max_us": delays.last().copied().unwrap_or(0),
@@ -600,7 +603,8 @@ impl MemberProcess {
     }
 }
 
-/// `conclave bench member`: one member of `bench throughput --processes` (not for direct use).
+/// `conclave bench member`: one member of `bench throughput --processes` or `bench latency
+/// --processes` (not for direct use).
 #[derive(Args)]
 pub struct MemberArgs {
     /// The daemon's client address (TCP).
@@ -628,7 +632,7 @@ pub struct MemberArgs {
     /// takes them, each message carrying its send time on the system clock; report the delay
     /// of every delivery.
     #[arg(long, requires = "send", conflicts_with = "skeleton")]
-    rate: Option<u64>,
+    rate: Option<f64>,
 }
 
 /// Runs one member; any failure is a JSON line `{"error": ..}` for the bench to report.
@@ -729,8 +733,8 @@ async fn member(args: MemberArgs) -> Result<()> {
         payload[..8].copy_from_slice(&hash(&args.name).to_be_bytes());
         match &mut sending {
             Sending::Client(tx) if args.rate.is_some() => {
-                let rate = args.rate.unwrap_or(1).max(1);
-                let interval = Duration::from_secs_f64(1.0 / rate as f64);
+                let rate = args.rate.unwrap_or(1.0).max(0.001);
+                let interval = Duration::from_secs_f64(1.0 / rate);
                 let mut next = tokio::time::Instant::now();
                 while Instant::now() < until {
                     next += interval;

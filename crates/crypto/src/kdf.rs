@@ -30,7 +30,9 @@ pub fn info(parts: &[&[u8]]) -> Vec<u8> {
 /// [`Expander::expand`] gives what [`derive`]`::<32>` gives for the same salt, input keying
 /// material and [`info`] of the same parts, at about a third of the cost: HKDF-Expand of one
 /// block is HMAC(PRK, info || 1), and the HMAC state keyed by the PRK is computed once here and
-/// copied per derivation. aws-lc-rs holds that state and cleanses it when dropped.
+/// copied per derivation. aws-lc-rs holds that state and cleanses it when dropped; the PRK and
+/// each output pass through its `Tag`, a plain value on the stack, as they pass through the
+/// `hkdf` crate's buffers in [`derive`].
 pub struct Expander(hmac::Key);
 
 impl Expander {

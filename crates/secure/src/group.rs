@@ -137,7 +137,8 @@ pub struct SecureViewInfo {
     pub group: String,
     /// The daemons' id of the view this key belongs to.
     pub view: GroupViewId,
-    /// The key's holders (shared: a member in many groups takes a view of each at once).
+    /// The key's holders (shared with the layer's own view and key: a member of many groups
+    /// takes a key of each at once, and need not copy every list).
     pub members: Arc<[String]>,
     /// Members of the view that hold no key of it (a key-graph group's members the server could
     /// not register in time); empty in the other modes, where such a view gets no key at all.
