@@ -219,27 +219,10 @@ impl Daemons {
             service,
             seconds,
         } = load;
-        let exe = std::env::current_exe()?;
         let mut members = Vec::new();
         for i in 0..receivers {
-            let d = &self.cfg.daemon[i % self.cfg.daemon.len()];
-            let mut cmd = Command::new(&exe);
-            cmd.args(["bench", "member", "--address"])
-                .arg(
-                    d.client
-                        .context("a daemon without a client port")?
-                        .to_string(),
-                )
-                .args([
-                    "--name",
-                    &format!("{tag}{i}"),
-                    "--group",
-                    &format!("{tag}bench"),
-                ])
-                .arg("--members")
-                .arg(receivers.to_string())
-                .args(["--service", service_name(service), "--seconds"])
-                .arg(seconds.to_string());
+            let group = format!("{tag}bench");
+            let mut cmd = self.member_command(i, receivers, tag, &group, service, seconds)?;
             if i < senders {
                 cmd.arg("--send").arg(size.to_string());
             }
@@ -344,6 +327,30 @@ impl Daemons {
         }))
     }
 
+    /// Member `i` (named from `tag`) of a load of `members` in `group`, on daemon i mod n:
+    /// the `bench member` command, to which a sender adds what it sends.
+    fn member_command(
+        &self,
+        i: usize,
+        members: usize,
+        tag: &str,
+        group: &str,
+        service: ServiceType,
+        seconds: f64,
+    ) -> Result<Command> {
+        let d = &self.cfg.daemon[i % self.cfg.daemon.len()];
+        let address = d.client.context("a daemon without a client port")?;
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args(["bench", "member", "--address"])
+            .arg(address.to_string())
+            .args(["--name", &format!("{tag}{i}"), "--group", group])
+            .arg("--members")
+            .arg(members.to_string())
+            .args(["--service", service_name(service), "--seconds"])
+            .arg(seconds.to_string());
+        Ok(cmd)
+    }
+
     /// `bench latency` as deployed: a member process on each daemon, each sending its share of
     /// `rate` messages per second for `seconds`, every member noting each delivery's delay.
     pub(crate) async fn latency(
@@ -355,27 +362,11 @@ impl Daemons {
         tag: &str,
     ) -> Result<Value> {
         let n = self.cfg.daemon.len();
-        let exe = std::env::current_exe()?;
         let mut members = Vec::new();
-        for (i, d) in self.cfg.daemon.iter().enumerate() {
-            let mut cmd = Command::new(&exe);
-            cmd.args(["bench", "member", "--address"])
-                .arg(
-                    d.client
-                        .context("a daemon without a client port")?
-                        .to_string(),
-                )
-                .args([
-                    "--name",
-                    &format!("{tag}{i}"),
-                    "--group",
-                    &format!("{tag}lat"),
-                ])
-                .arg("--members")
-                .arg(n.to_string())
-                .args(["--service", service_name(service), "--seconds"])
-                .arg(seconds.to_string())
-                .arg("--send")
+        for i in 0..n {
+            let group = format!("{tag}lat");
+            let mut cmd = self.member_command(i, n, tag, &group, service, seconds)?;
+            cmd.arg("--send")
                 .arg(size.to_string())
                 .arg("--rate")
                 .arg((rate as f64 / n as f64).to_string());
