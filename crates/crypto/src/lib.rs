@@ -15,6 +15,7 @@
 
 pub mod aead;
 pub mod group;
+pub mod hash;
 pub mod identity_file;
 pub mod kdf;
 pub mod meter;

@@ -26,7 +26,9 @@ pub struct View {
     /// another daemon) may see smaller ids, and must start as a new member.
     pub view_id: GroupViewId,
     /// Members in the order agreed by the group communication layer (the same at every member).
-    pub members: Vec<MemberId>,
+    /// Shared, not copied: at n = 1,024 copying the names costs a member more than its share of
+    /// an event's exponentiations.
+    pub members: Arc<[MemberId]>,
     /// Why the view changed. Informational: every protocol derives what to do from the member
     /// list and the transitional set, so that cascaded and combined events need no special case.
     pub reason: Reason,
@@ -58,7 +60,7 @@ impl View {
             } => Some(View {
                 group,
                 view_id: view,
-                members,
+                members: members.into(),
                 reason,
                 transitional,
             }),
@@ -102,7 +104,8 @@ pub struct SecureView {
     /// a local count, one up with every key, that names a key more briefly than its view id. It
     /// is not agreed: members that joined at different times count the same key differently.
     pub epoch: u64,
-    pub members: Vec<MemberId>,
+    /// The view's members, shared with the view.
+    pub members: Arc<[MemberId]>,
     pub key: GroupKey,
     /// Fingerprint of the raw agreed secret before the KDF binds it to the view. Tests use it to
     /// show that freshness does not rest on the view id alone.
@@ -306,7 +309,7 @@ mod tests {
             Some(View {
                 group: "g".into(),
                 view_id,
-                members: vec!["a#d1".into(), "b#d2".into()],
+                members: vec!["a#d1".into(), "b#d2".into()].into(),
                 reason: Reason::Network,
                 transitional: vec!["a#d1".into()],
             })

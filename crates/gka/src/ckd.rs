@@ -144,7 +144,7 @@ impl<G: Group> Ckd<G> {
                 Order::Agreed,
                 3,
                 CkdMsg::KeyDist {
-                    roster: view.members.clone(),
+                    roster: view.members.to_vec(),
                     entries,
                 }
                 .encode(),
@@ -320,7 +320,7 @@ impl<G: Group> KeyAgreement for Ckd<G> {
                         "key distribution not from the controller",
                     ));
                 }
-                if roster != self.core.view()?.members {
+                if roster[..] != self.core.view()?.members[..] {
                     return Err(GkaError::Misplaced(
                         "key distribution for another membership",
                     ));

@@ -148,9 +148,19 @@ impl Core {
         if !set.contains(&self.me) {
             return Err(GkaError::InvalidView("this member is not in the view"));
         }
-        if !view.transitional.iter().all(|m| set.contains(m))
-            || !view.transitional.contains(&self.me)
-        {
+        // The transitional set, by position in the view: found with the lookups that check it.
+        let mut in_trans = vec![false; view.members.len()];
+        for m in &view.transitional {
+            match set.position(m) {
+                Some(i) => in_trans[i] = true,
+                None => {
+                    return Err(GkaError::InvalidView(
+                        "transitional set must be a subset of the view containing this member",
+                    ))
+                }
+            }
+        }
+        if !set.position(&self.me).is_some_and(|i| in_trans[i]) {
             return Err(GkaError::InvalidView(
                 "transitional set must be a subset of the view containing this member",
             ));
@@ -162,11 +172,11 @@ impl Core {
         }
         // The side shrinks to the members that moved with this one; when none left it, the
         // shared set is kept as it is.
-        let trans: HashSet<&str> = view.transitional.iter().map(String::as_str).collect();
+        let trans = |m: &str| set.position(m).is_some_and(|i| in_trans[i]);
         if self.side.is_empty() {
             self.side = Arc::new(MemberSet::single(&self.me));
-        } else if !self.side.contains(&self.me) || !self.side.names().all(|m| trans.contains(m)) {
-            let mut side = self.side.filtered(|m| trans.contains(m));
+        } else if !self.side.contains(&self.me) || !self.side.all(trans) {
+            let mut side = self.side.filtered(trans);
             side.insert(&self.me);
             self.side = Arc::new(side);
         }
@@ -325,7 +335,7 @@ impl Core {
     /// Marks the run complete: the whole view becomes this member's side.
     pub fn complete(&mut self, secret: &[u8], key_context: &[u8]) -> Result<(), GkaError> {
         let view = self.view()?;
-        let key = derive_group_key(self.protocol, view, secret, key_context);
+        let key = derive_group_key(self.protocol, view, &self.members_hash, secret, key_context);
         let secret_fp = GroupKey::from_bytes(Sha256::digest(secret).into()).fingerprint();
         let secure = SecureView {
             group: view.group.clone(),
@@ -352,23 +362,22 @@ impl Core {
 
 /// The group key of a view: HKDF over the agreed secret, bound to protocol, group, view and
 /// members, so that a key can never be mistaken for another view's even if a secret repeated.
+/// The members enter as the digest signatures already cover (`members_hash`, of `view`'s
+/// members), not name by name: hashing 1,024 names again would cost more than the event's
+/// exponentiations.
 pub(crate) fn derive_group_key(
     protocol: ProtocolId,
     view: &View,
+    members_hash: &[u8; 32],
     secret: &[u8],
     ctx: &[u8],
 ) -> GroupKey {
-    let mut members = Vec::new();
-    for m in &view.members {
-        members.extend_from_slice(&(m.len() as u32).to_be_bytes());
-        members.extend_from_slice(m.as_bytes());
-    }
     let info = conclave_crypto::kdf::info(&[
-        b"conclave group key v1",
+        b"conclave group key v2",
         &[protocol as u8],
         view.group.as_bytes(),
         &view_id_bytes(&view.view_id),
-        &members,
+        members_hash,
         ctx,
     ]);
     let okm = conclave_crypto::kdf::derive::<32>(b"conclave", secret, &info);
@@ -405,14 +414,17 @@ pub fn seal(
 
 /// A view's member list as signatures cover it: SHA-256 over each name, length first, in the
 /// view's order.
-fn members_digest(members: &[MemberId]) -> [u8; 32] {
-    let mut h = Sha256::new();
-    h.update(b"conclave gka members v1");
+pub(crate) fn members_digest(members: &[MemberId]) -> [u8; 32] {
+    // Gathered first and hashed in one call: a call per name costs more than the hashing.
+    let mut bytes = Vec::with_capacity(members.iter().map(|m| 4 + m.len()).sum());
     for m in members {
-        h.update((m.len() as u32).to_be_bytes());
-        h.update(m.as_bytes());
+        bytes.extend_from_slice(&(m.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(m.as_bytes());
     }
-    h.finalize().into()
+    let mut h = conclave_crypto::hash::Sha256::new();
+    h.update(b"conclave gka members v1");
+    h.update(&bytes);
+    h.finish()
 }
 
 /// What a member signs: a domain-separated SHA-256 of the envelope's signed part (protocol,
@@ -421,11 +433,11 @@ fn members_digest(members: &[MemberId]) -> [u8; 32] {
 /// digest rather than the message keeps a signature's cost independent of the message size
 /// (Ed25519 would hash a 70 KB key tree twice with SHA-512).
 pub(crate) fn signing_digest(signed_part: &[u8], members_hash: &[u8; 32]) -> [u8; 32] {
-    let mut h = Sha256::new();
+    let mut h = conclave_crypto::hash::Sha256::new();
     h.update(b"conclave gka signature v2");
     h.update(signed_part);
     h.update(members_hash);
-    h.finalize().into()
+    h.finish()
 }
 
 /// Position of `m` in `list`.
@@ -451,7 +463,7 @@ mod tests {
                 },
                 index,
             },
-            members: vec!["a".into()],
+            members: vec!["a".into()].into(),
             reason: Reason::Network,
             transitional: vec!["a".into()],
         }
@@ -489,7 +501,16 @@ mod tests {
             |id| id.ring.inc += 1,
             |id| id.index += 1,
         ];
-        let key = |v: &View| derive_group_key(ProtocolId::Bd, v, b"secret", b"").fingerprint();
+        let key = |v: &View| {
+            derive_group_key(
+                ProtocolId::Bd,
+                v,
+                &members_digest(&v.members),
+                b"secret",
+                b"",
+            )
+            .fingerprint()
+        };
         let mut keys = std::collections::BTreeSet::from([key(&view(4, 7)).to_string()]);
         for change in changes {
             let mut v = view(4, 7);

@@ -1,77 +1,179 @@
 //! Sets of member names as the protocols consult them: built once per view, shared by `Arc`, and
 //! looked up by hashing. At n = 1,024 a view is installed by every member at every event, so a
-//! set that compares names along a search tree, or is rebuilt from owned names each time it
-//! changes hands, costs more than the event's exponentiations.
+//! set that compares names along a search tree, or copies every name it holds, costs more than
+//! the event's exponentiations. A set is a table of positions into a list of names it shares
+//! with the view: building one allocates no name.
 
 use crate::api::MemberId;
-use std::collections::HashMap;
+use hashbrown::HashTable;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 /// A set of members, each with its position in the view the set was built from.
-#[derive(Clone, Default, Debug, PartialEq, Eq)]
-pub(crate) struct MemberSet(HashMap<MemberId, usize>);
+#[derive(Clone, Default)]
+pub(crate) struct MemberSet {
+    /// The view's names (or a single name); the set holds the positions in `table`.
+    names: Arc<[MemberId]>,
+    table: HashTable<u32>,
+    /// Keyed per process: names are chosen by clients, so their hashes must not be predictable.
+    hasher: RandomState,
+}
 
 /// The shared form every protocol holds.
 pub(crate) type Members = Arc<MemberSet>;
 
 impl MemberSet {
     /// A view's members with their positions; `None` if a name repeats.
-    pub fn of_view(members: &[MemberId]) -> Option<Self> {
-        let mut map = HashMap::with_capacity(members.len());
-        for (i, m) in members.iter().enumerate() {
-            if map.insert(m.clone(), i).is_some() {
+    pub fn of_view(members: &Arc<[MemberId]>) -> Option<Self> {
+        let mut set = MemberSet {
+            names: members.clone(),
+            table: HashTable::with_capacity(members.len()),
+            hasher: RandomState::new(),
+        };
+        for i in 0..members.len() {
+            if !set.add(i as u32) {
                 return None;
             }
         }
-        Some(MemberSet(map))
+        Some(set)
     }
     /// Just `me`.
     pub fn single(me: &str) -> Self {
-        MemberSet(HashMap::from([(me.to_owned(), 0)]))
+        Self::of_view(&Arc::from([me.to_owned()])).expect("one name")
     }
-    /// The members `keep` accepts.
+    /// Adds the name at position `i` of `names`; false if it was there.
+    fn add(&mut self, i: u32) -> bool {
+        let names = &self.names;
+        let hasher = &self.hasher;
+        let name = names[i as usize].as_str();
+        let hash = hasher.hash_one(name);
+        match self.table.entry(
+            hash,
+            |&j| names[j as usize] == name,
+            |&j| hasher.hash_one(names[j as usize].as_str()),
+        ) {
+            hashbrown::hash_table::Entry::Occupied(_) => false,
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                v.insert(i);
+                true
+            }
+        }
+    }
+    /// The members `keep` accepts, with their positions.
     pub fn filtered(&self, keep: impl Fn(&str) -> bool) -> Self {
-        MemberSet(
-            self.0
-                .iter()
-                .filter(|(m, _)| keep(m))
-                .map(|(m, &i)| (m.clone(), i))
-                .collect(),
-        )
+        let mut table = self.table.clone();
+        table.retain(|&mut i| keep(&self.names[i as usize]));
+        MemberSet {
+            names: self.names.clone(),
+            table,
+            hasher: self.hasher.clone(),
+        }
     }
     pub fn contains(&self, m: &str) -> bool {
-        self.0.contains_key(m)
+        self.position(m).is_some()
     }
     /// `m`'s position in the view this set was built from.
     pub fn position(&self, m: &str) -> Option<usize> {
-        self.0.get(m).copied()
+        self.table
+            .find(self.hasher.hash_one(m), |&i| self.names[i as usize] == m)
+            .map(|&i| i as usize)
     }
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.0.keys().map(String::as_str)
+    /// True if every member of this set is one that `other` accepts.
+    pub fn all(&self, other: impl Fn(&str) -> bool) -> bool {
+        self.table.iter().all(|&i| other(&self.names[i as usize]))
     }
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.table.len()
     }
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.table.is_empty()
     }
-    /// Adds `m` (at position 0 if it is new: a position is only read from a view's own set).
+    /// Adds `m`. A name the shared list lacks is appended to a copy of it (at a position past the
+    /// view's: a position is only read from a view's own set).
     pub fn insert(&mut self, m: &str) {
-        if !self.0.contains_key(m) {
-            self.0.insert(m.to_owned(), 0);
+        if self.contains(m) {
+            return;
         }
+        let at = match self.names.iter().position(|x| x == m) {
+            Some(i) => i,
+            None => {
+                let mut names = self.names.to_vec();
+                names.push(m.to_owned());
+                self.names = names.into();
+                self.names.len() - 1
+            }
+        };
+        self.add(at as u32);
     }
 }
+
+impl std::fmt::Debug for MemberSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<&str> = self
+            .table
+            .iter()
+            .map(|&i| self.names[i as usize].as_str())
+            .collect();
+        names.sort_unstable();
+        f.debug_set().entries(names).finish()
+    }
+}
+
+/// Equal when they hold the same names, whatever their positions.
+impl PartialEq for MemberSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.all(|m| other.contains(m))
+    }
+}
+impl Eq for MemberSet {}
 
 #[cfg(test)]
 impl<S: AsRef<str>> FromIterator<S> for MemberSet {
     /// Members in the order given, as if they were a view.
     fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
-        MemberSet(
-            iter.into_iter()
-                .enumerate()
-                .map(|(i, m)| (m.as_ref().to_owned(), i))
-                .collect(),
-        )
+        let names: Vec<MemberId> = iter.into_iter().map(|m| m.as_ref().to_owned()).collect();
+        Self::of_view(&names.into()).expect("distinct names")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(names: &[&str]) -> MemberSet {
+        names.iter().collect()
+    }
+
+    #[test]
+    fn positions_are_those_of_the_view() {
+        let s = set(&["c", "a", "b"]);
+        assert_eq!(s.position("c"), Some(0));
+        assert_eq!(s.position("b"), Some(2));
+        assert_eq!(s.position("d"), None);
+        assert_eq!(s.len(), 3);
+    }
+
+    #[test]
+    fn a_repeated_name_is_refused() {
+        let names: Arc<[MemberId]> = vec!["a".into(), "b".into(), "a".into()].into();
+        assert!(MemberSet::of_view(&names).is_none());
+    }
+
+    #[test]
+    fn filtered_keeps_positions_and_insert_adds_any_name() {
+        let s = set(&["a", "b", "c", "d"]);
+        let mut f = s.filtered(|m| m != "b" && m != "c");
+        assert_eq!(f.len(), 2);
+        assert!(!f.contains("b"));
+        assert_eq!(f.position("d"), Some(3));
+        f.insert("b");
+        f.insert("b");
+        f.insert("z");
+        assert_eq!(f.len(), 4);
+        assert!(f.contains("b") && f.contains("z"));
+        assert!(f.all(|m| m != "c"));
+        assert_eq!(f, set(&["z", "d", "b", "a"]));
+        assert_ne!(f, s);
+        assert_eq!(format!("{:?}", MemberSet::single("x")), r#"{"x"}"#);
     }
 }

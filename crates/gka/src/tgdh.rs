@@ -423,17 +423,15 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
         }
         let refresh_me = refreshers.contains(&me);
         let mut fresh = !refreshers.is_empty();
-        if tree
-            .find(&me)
-            .and_then(|p| tree.at(&p).and_then(|n| n.key().cloned()))
-            .is_none()
-            && !refresh_me
-        {
-            let p = tree.find(&me).expect("in own tree");
-            tree.at_mut(&p)
-                .expect("found")
-                .set_key(Some(G::random_scalar(rng)));
-            fresh = true;
+        if !refresh_me {
+            let p = tree
+                .find(&me)
+                .ok_or(GkaError::Misplaced("member missing from its tree"))?;
+            let leaf = tree.at_mut(&p).expect("found");
+            if leaf.key().is_none() {
+                leaf.set_key(Some(G::random_scalar(rng)));
+                fresh = true;
+            }
         }
         let sponsor = tree.rightmost().to_owned();
         if sponsor == me {
@@ -523,21 +521,22 @@ impl<G: Group> Tgdh<G> {
                     ));
                 }
                 let view_members = &self.core.view()?.members;
-                let mut t =
-                    Node::<G>::from_shape(&nodes, view_members).map_err(GkaError::Misplaced)?;
-                if t.rightmost() != sender {
-                    return Err(GkaError::Misplaced("tree not sent by its sponsor"));
-                }
-                if root_bk.is_some() == t.is_stale() {
-                    return Err(GkaError::Misplaced(
-                        "a side's root blinded key must come exactly when the root is not stale",
-                    ));
-                }
-                let leaves = t.leaves();
                 if side.contains(sender) {
-                    if run.got_own || fresh != run.side_fresh || !run.tree.same_shape(&t) {
+                    // This member's own side: the shape must be the tree it holds, which is
+                    // checked in place rather than rebuilt (at n = 1,024 a second tree of n
+                    // leaves costs more than the event's exponentiations).
+                    if run.got_own
+                        || fresh != run.side_fresh
+                        || run.tree.rightmost() != sender
+                        || !run.tree.has_shape(&nodes, view_members)
+                    {
                         return Err(GkaError::Misplaced(
                             "unexpected tree from this member's own side",
+                        ));
+                    }
+                    if root_bk.is_some() == run.tree.is_stale() {
+                        return Err(GkaError::Misplaced(
+                            "a side's root blinded key must come exactly when the root is not stale",
                         ));
                     }
                     let mut mine = run.tree.clone();
@@ -558,6 +557,17 @@ impl<G: Group> Tgdh<G> {
                     }
                     Ok(())
                 } else {
+                    let mut t =
+                        Node::<G>::from_shape(&nodes, view_members).map_err(GkaError::Misplaced)?;
+                    if t.rightmost() != sender {
+                        return Err(GkaError::Misplaced("tree not sent by its sponsor"));
+                    }
+                    if root_bk.is_some() == t.is_stale() {
+                        return Err(GkaError::Misplaced(
+                            "a side's root blinded key must come exactly when the root is not stale",
+                        ));
+                    }
+                    let leaves = t.leaves();
                     if leaves.iter().any(|m| {
                         !members.contains(m) || side.contains(m) || run.covered.contains(m)
                     }) {

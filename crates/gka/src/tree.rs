@@ -518,7 +518,36 @@ impl<G: Group> Node<G> {
         }
         Ok(())
     }
+    /// True if `nodes` is this tree's shape (what [`Node::to_shape`] gives) with leaves as
+    /// positions in `members`: a member checks its own side's shape against its tree without
+    /// building a second tree of n leaves.
+    pub fn has_shape(&self, nodes: &[ShapeNode], members: &[MemberId]) -> bool {
+        fn walk<G: Group>(
+            n: &Node<G>,
+            nodes: &mut std::slice::Iter<'_, ShapeNode>,
+            members: &[MemberId],
+        ) -> bool {
+            match (n, nodes.next()) {
+                (Node::Leaf { member, stale, .. }, Some(ShapeNode::Leaf { index, stale: s })) => {
+                    stale == s
+                        && members
+                            .get(*index as usize)
+                            .is_some_and(|m| **m == **member)
+                }
+                (
+                    Node::Internal {
+                        left, right, stale, ..
+                    },
+                    Some(ShapeNode::Internal { stale: s }),
+                ) => stale == s && walk(left, nodes, members) && walk(right, nodes, members),
+                _ => false,
+            }
+        }
+        let mut it = nodes.iter();
+        nodes.len() == 2 * self.size() - 1 && walk(self, &mut it, members) && it.next().is_none()
+    }
     /// True if both trees have the same shape, members and stale nodes (what `to_shape` sends).
+    #[cfg(test)]
     pub fn same_shape(&self, other: &Node<G>) -> bool {
         match (self, other) {
             (
@@ -693,12 +722,21 @@ mod tests {
     #[test]
     fn shape_round_trip_and_rejections() {
         let t = build(&["a", "b", "c", "d", "e"]);
-        let view: Vec<MemberId> = ["e", "d", "c", "b", "a", "z"]
+        let view: std::sync::Arc<[MemberId]> = ["e", "d", "c", "b", "a", "z"]
             .iter()
             .map(|s| s.to_string())
             .collect();
         let set = MemberSet::of_view(&view).unwrap();
         let w = t.to_shape(&set).unwrap();
+        assert!(t.has_shape(&w, &view));
+        assert!(!t.has_shape(&w[..w.len() - 1], &view));
+        assert!(!build(&["a", "b", "c", "e", "d"]).has_shape(&w, &view));
+        let mut staler = t.clone();
+        staler.make_stale();
+        assert!(
+            !staler.has_shape(&w, &view),
+            "stale nodes are part of the shape"
+        );
         let back = N::from_shape(&w, &view).unwrap();
         assert_eq!(back.to_shape(&set).unwrap(), w);
         assert!(back.same_shape(&t) && !back.same_shape(&build(&["a", "b", "c", "e", "d"])));
@@ -720,7 +758,7 @@ mod tests {
         assert!(N::from_shape(&[leaf(6)], &view).is_err());
         let twice = [ShapeNode::Internal { stale: false }, leaf(1), leaf(1)];
         assert!(N::from_shape(&twice, &view).is_err());
-        let fewer = MemberSet::of_view(&view[1..]).unwrap();
+        let fewer = MemberSet::of_view(&view[1..].into()).unwrap();
         assert!(t.to_shape(&fewer).is_err(), "a member outside the view");
         // A stale node must have stale ancestors (an event makes whole paths stale).
         let stale_under_settled = [

@@ -620,14 +620,14 @@ impl SecureGroup {
 
     /// The daemons' new view: it ends the old key (nothing more is sealed or opened under it),
     /// the flush, and what waited for a key of the view before.
-    fn enter_view(&mut self, id: GroupViewId, members: Vec<String>, transitional: Vec<String>) {
+    fn enter_view(&mut self, id: GroupViewId, members: Arc<[String]>, transitional: Vec<String>) {
         self.keyed = None;
         self.flushed = false;
         self.early.clear();
         self.early_bytes = 0;
         self.view = Some(DaemonView {
             id,
-            members: members.into(),
+            members,
             transitional,
         });
     }
@@ -950,7 +950,7 @@ impl SecureGroup {
         if let Some(k) = self.unconfirmed.take() {
             self.confirmed = Some(self.gka.clone_box());
             self.came_along = None;
-            self.install_key(k.view_id, k.members.into(), k.epoch, k.key);
+            self.install_key(k.view_id, k.members, k.epoch, k.key);
         }
     }
 

@@ -265,7 +265,7 @@ impl KeyServerNode {
         match ev {
             ClientEvent::View { .. } => {
                 if let Some(v) = conclave_gka::View::from_event(&ev) {
-                    self.on_view(v.view_id, v.members, now);
+                    self.on_view(v.view_id, v.members.to_vec(), now);
                 }
             }
             ClientEvent::FlushRequest { view, .. } => {
