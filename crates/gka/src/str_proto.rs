@@ -478,14 +478,13 @@ impl<G: Group> KeyAgreement for Str<G> {
         // by everyone under them. A side larger than half the view can only be the largest; in
         // any other, the bottom member, who holds every leaf's blinded key, sends them (in its
         // chain if it is the sponsor, in a message of its own if not).
-        let index: std::collections::HashMap<String, u16> = self
-            .core
-            .view()?
-            .members
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (m.clone(), i as u16))
-            .collect();
+        let members = self.core.member_set.clone();
+        let index = |m: &str| {
+            members
+                .position(m)
+                .map(|i| i as u16)
+                .ok_or(GkaError::Misplaced("chain member outside the view"))
+        };
         let own_leaves = sends_leaves(chain.len(), n, sponsor_pos);
         if own_leaves && *chain.members[0] == *me {
             let leaves = (0..chain.len())
@@ -494,7 +493,7 @@ impl<G: Group> KeyAgreement for Str<G> {
                     let bk = chain.leaf_bk[i].as_ref().ok_or(GkaError::Misplaced(
                         "the bottom member lacks a leaf of its chain",
                     ))?;
-                    Ok((index[&*chain.members[i]], bk.bytes().to_vec()))
+                    Ok((index(&chain.members[i])?, bk.bytes().to_vec()))
                 })
                 .collect::<Result<_, GkaError>>()?;
             let msg = StrMsg::Leaves { leaves };
@@ -518,10 +517,7 @@ impl<G: Group> KeyAgreement for Str<G> {
                     } else {
                         None
                     };
-                    index
-                        .get(&**m)
-                        .map(|&i| (i, bk))
-                        .ok_or(GkaError::Misplaced("chain member outside the view"))
+                    index(m).map(|i| (i, bk))
                 })
                 .collect::<Result<_, _>>()?;
             let msg = StrMsg::Chain {
@@ -595,16 +591,21 @@ impl<G: Group> Str<G> {
                     ));
                 }
                 let len = leaves.len();
-                let view_members = &self.core.view()?.members;
-                let names: Vec<MemberId> = leaves
-                    .iter()
-                    .map(|(i, _)| view_members.get(*i as usize).cloned())
-                    .collect::<Option<_>>()
-                    .ok_or(GkaError::Misplaced("chain member outside the view"))?;
-                let distinct: BTreeSet<&MemberId> = names.iter().collect();
-                if len == 0 || distinct.len() != len {
+                let view_members = self.core.view()?.members.clone();
+                // Members as view positions, each at most once: checked without a name copied.
+                let mut listed = vec![false; view_members.len()];
+                for (i, _) in &leaves {
+                    let seen = listed
+                        .get_mut(*i as usize)
+                        .ok_or(GkaError::Misplaced("chain member outside the view"))?;
+                    if std::mem::replace(seen, true) {
+                        return Err(GkaError::Misplaced("member appears twice in the chain"));
+                    }
+                }
+                if len == 0 {
                     return Err(GkaError::Misplaced("member appears twice in the chain"));
                 }
+                let name = |k: usize| view_members[leaves[k].0 as usize].as_str();
                 // The node blinded keys the sponsor computed: increasing positions up to the top
                 // (whose blinded key is the bottom leaf's in a chain of one).
                 let positions_ok = nodes.windows(2).all(|w| w[0].0 < w[1].0)
@@ -621,58 +622,35 @@ impl<G: Group> Str<G> {
                 {
                     return Err(GkaError::Misplaced("malformed chain"));
                 }
-                // Decoded now, unless this member holds the same bytes decoded already (its own
-                // chain's): every member must accept or refuse a chain alike, and an element is
-                // in the group or not whoever checks it.
-                let known: std::collections::HashMap<&[u8], &Bk<G>> = run
-                    .chain
-                    .leaf_bk
-                    .iter()
-                    .chain(&run.chain.node_bk)
-                    .flatten()
-                    .map(|b| (b.bytes(), b))
-                    .collect();
-                let meter = &mut self.core.meter;
-                let mut check = |b: &[u8]| match known.get(b) {
-                    Some(k) => Ok((*k).clone()),
-                    None => BkData::checked(meter, b),
-                };
-                let leaf_bk: Vec<Option<Bk<G>>> = leaves
-                    .iter()
-                    .map(|(_, b)| b.as_ref().map(|b| check(b)).transpose())
-                    .collect::<Result<_, _>>()?;
-                let mut node_bk: Vec<Option<Bk<G>>> = vec![None; len];
-                for (k, b) in &nodes {
-                    node_bk[*k as usize] = Some(check(b)?);
-                }
-                let c = Chain::<G> {
-                    members: names
-                        .iter()
-                        .map(|m| std::sync::Arc::from(m.as_str()))
-                        .collect(),
-                    leaf_bk,
-                    node_bk,
-                    leaf_key: None,
-                    node_key: vec![None; len],
-                };
                 if side.contains(sender) {
-                    if run.got_own || c.members != run.chain.members {
+                    if run.got_own
+                        || len != run.chain.len()
+                        || !(0..len).all(|k| *run.chain.members[k] == *name(k))
+                    {
                         return Err(GkaError::Misplaced(
                             "unexpected chain from this member's own side",
                         ));
                     }
                     // What the sponsor sent replaces what this member held; keys below the sponsor
-                    // stay valid (those above were cleared with the view).
+                    // stay valid (those above were cleared with the view). A value this member
+                    // holds already at that place was decoded when it came; any other is decoded
+                    // now, as every member of every side decodes it, so that all accept or refuse
+                    // the chain alike.
                     let mut mine = run.chain.clone();
-                    for (i, b) in c.leaf_bk.iter().enumerate() {
-                        if b.is_some() {
-                            mine.leaf_bk[i] = b.clone();
+                    let meter = &mut self.core.meter;
+                    let mut take = |slot: &mut Option<Bk<G>>, b: &[u8]| {
+                        if slot.as_ref().map(|x| x.bytes()) != Some(b) {
+                            *slot = Some(BkData::checked(meter, b)?);
+                        }
+                        Ok::<_, GkaError>(())
+                    };
+                    for (k, (_, b)) in leaves.iter().enumerate() {
+                        if let Some(b) = b {
+                            take(&mut mine.leaf_bk[k], b)?;
                         }
                     }
-                    for (k, b) in c.node_bk.iter().enumerate() {
-                        if b.is_some() {
-                            mine.node_bk[k] = b.clone();
-                        }
+                    for (k, b) in &nodes {
+                        take(&mut mine.node_bk[*k as usize], b)?;
                     }
                     let run = self.run.as_mut().expect("checked");
                     let old = std::mem::replace(&mut run.chain, mine);
@@ -686,13 +664,34 @@ impl<G: Group> Str<G> {
                     }
                     Ok(())
                 } else {
-                    if names.iter().any(|m| {
+                    if (0..len).any(|k| {
+                        let m = name(k);
                         !members.contains(m) || side.contains(m) || run.covered.contains(m)
                     }) {
                         return Err(GkaError::Misplaced(
                             "chain names members outside the view or twice",
                         ));
                     }
+                    let meter = &mut self.core.meter;
+                    let leaf_bk: Vec<Option<Bk<G>>> = leaves
+                        .iter()
+                        .map(|(_, b)| b.as_ref().map(|b| BkData::checked(meter, b)).transpose())
+                        .collect::<Result<_, _>>()?;
+                    let mut node_bk: Vec<Option<Bk<G>>> = vec![None; len];
+                    for (k, b) in &nodes {
+                        node_bk[*k as usize] = Some(BkData::checked(meter, b)?);
+                    }
+                    let names: Vec<MemberId> = (0..len).map(|k| name(k).to_owned()).collect();
+                    let c = Chain::<G> {
+                        members: names
+                            .iter()
+                            .map(|m| std::sync::Arc::from(m.as_str()))
+                            .collect(),
+                        leaf_bk,
+                        node_bk,
+                        leaf_key: None,
+                        node_key: vec![None; len],
+                    };
                     let run = self.run.as_mut().expect("checked");
                     run.covered.extend(names.iter().cloned());
                     run.foreign.push(c);

@@ -58,6 +58,8 @@ pub struct Tgdh<G: Group> {
     core: Core,
     /// The tree of the last completed run.
     secure: Option<Node<G>>,
+    /// Paths known in `secure`: a view that keeps its shape needs no walk to find this member.
+    secure_paths: PathIndex,
     run: Option<Run<G>>,
 }
 
@@ -82,17 +84,16 @@ struct Run<G: Group> {
     done: bool,
 }
 
-/// Gives `me` a fresh leaf key; returns the leaf's path and new blinded key.
+/// Gives the leaf at `path` (this member's) a fresh key; returns the path and new blinded key.
 fn refresh<G: Group>(
     tree: &mut Node<G>,
-    me: &str,
+    path: NodePath,
     rng: &mut dyn CryptoRng,
     meter: &mut conclave_crypto::Meter,
 ) -> (NodePath, Bk<G>) {
-    let path = tree.find(me).expect("member is in its own tree");
     let k = G::random_scalar(rng);
     let bk: Bk<G> = BkData::from_elem(ops::exp_g::<G>(meter, &k));
-    let leaf = tree.at_mut(&path).expect("found above");
+    let leaf = tree.at_mut(&path).expect("this member's leaf");
     leaf.set_key(Some(k));
     leaf.set_bk(Some(bk.clone()));
     tree.invalidate_above(&path);
@@ -213,6 +214,7 @@ impl<G: Group> Tgdh<G> {
                 directory,
             ),
             secure: None,
+            secure_paths: PathIndex::default(),
             run: None,
         }
     }
@@ -278,46 +280,67 @@ impl<G: Group> Tgdh<G> {
         if !run.collecting || !run.got_own || run.covered.len() + self.core.side.len() != view_len {
             return Ok(());
         }
-        let mut trees: Vec<Node<G>> = run.foreign.clone();
-        trees.push(run.tree.clone());
+        let me = self.core.me.clone();
+        let run = self.run.as_mut().expect("run in progress");
+        let own_path = run
+            .paths
+            .get(&run.tree, &me)
+            .ok_or(GkaError::Misplaced("member missing from its tree"))?;
+        let mut trees: Vec<(Node<G>, bool)> =
+            run.foreign.iter().map(|t| (t.clone(), false)).collect();
+        trees.push((run.tree.clone(), true));
         trees.sort_by(|a, b| {
-            b.size()
-                .cmp(&a.size())
-                .then_with(|| a.leftmost().cmp(b.leftmost()))
+            b.0.size()
+                .cmp(&a.0.size())
+                .then_with(|| a.0.leftmost().cmp(b.0.leftmost()))
         });
         let mut it = trees.into_iter();
-        let mut merged = it.next().expect("at least this member's tree");
+        let (mut merged, first_is_own) = it.next().expect("at least this member's tree");
+        // This member's path, followed through the insertions rather than found again by a
+        // walk: an inserted tree goes left of the subtree it displaces, which goes right.
+        let mut mine = first_is_own.then(|| own_path.clone());
         let mut last = None;
-        for t in it {
-            last = Some(merged.insert(t));
+        for (t, is_own) in it {
+            let p = merged.insert(t);
+            if is_own {
+                let mut m = p.clone();
+                m.push(false);
+                m.extend_from_slice(&own_path);
+                mine = Some(m);
+            } else if let Some(m) = mine.as_mut().filter(|m| m.starts_with(&p)) {
+                m.insert(p.len(), true);
+            }
+            last = Some(p);
         }
+        let mine = mine.expect("this member's tree was merged");
         // Node paths travel as at most MAX_PATH_BITS bits; a merge of hostile deep trees must not
         // produce a tree this member could not describe.
         if merged.height() >= conclave_wire::gka::MAX_PATH_BITS {
             return Err(GkaError::Misplaced("merged key tree too deep"));
         }
-        let me = self.core.me.clone();
         let run = self.run.as_ref().expect("run in progress");
         let mut refresh_me = run.refresh_me;
         // One fresh contribution per run keeps keys from repeating: without a new leaf, the
         // rightmost member of the last displaced subtree refreshes its own.
         if !run.fresh {
             if let Some(p) = last {
-                let r = merged
-                    .at(&p)
-                    .expect("inserted above")
-                    .rightmost()
-                    .to_owned();
-                mark_refresh(&mut merged, &r);
-                refresh_me |= r == me;
+                let r = merged.rightmost_path(&p).expect("inserted above");
+                refresh_me |= r == mine;
+                merged.at_mut(&r).expect("found above").make_stale();
+                merged.invalidate_above(&r);
             }
         }
         let mut extra = Vec::new();
         if refresh_me {
-            extra.push(refresh::<G>(&mut merged, &me, rng, &mut self.core.meter));
+            extra.push(refresh::<G>(
+                &mut merged,
+                mine.clone(),
+                rng,
+                &mut self.core.meter,
+            ));
         }
         // The run leaves its first round only once the merged tree is computed on.
-        self.run.as_mut().expect("run in progress").paths = Default::default();
+        self.run.as_mut().expect("run in progress").paths = PathIndex::knowing(&me, mine);
         self.compute(merged, extra)?;
         let run = self.run.as_mut().expect("run in progress");
         run.collecting = false;
@@ -356,19 +379,23 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
         if let Some(run) = self.run.take() {
             if run.done {
                 self.secure = Some(run.tree);
+                self.secure_paths = run.paths;
             }
         }
         let me = self.core.me.clone();
         let side = self.core.side.clone();
-        let (tree, mut refreshers) = match self.secure.clone() {
+        let (tree, mut refreshers, mut paths) = match self.secure.clone() {
             // The secure tree's leaves are the side it completed with, and a side only shrinks:
             // one of the same size is that side, and nothing need be pruned.
             Some(t) if t.size() == side.len() => {
                 debug_assert!(t.leaves().iter().all(|m| side.contains(m)));
-                (Some(t), Vec::new())
+                (Some(t), Vec::new(), self.secure_paths.clone())
             }
-            Some(t) => t.prune(&side),
-            None => (None, Vec::new()),
+            Some(t) => {
+                let (t, refreshers) = t.prune(&side);
+                (t, refreshers, PathIndex::default())
+            }
+            None => (None, Vec::new(), PathIndex::default()),
         };
         let mut tree = tree.unwrap_or_else(|| Node::leaf(&me));
         if tree.size() != side.len() {
@@ -377,7 +404,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
             ));
         }
         let n = self.core.view()?.members.len();
-        let new_run = |tree, merge, fresh, refresh_me| Run {
+        let new_run = |tree, merge, fresh, refresh_me, paths| Run {
             tree,
             collecting: merge,
             got_own: !merge,
@@ -387,7 +414,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
             fresh,
             side_fresh: fresh,
             refresh_me,
-            paths: Default::default(),
+            paths,
             done: false,
         };
         if n == 1 {
@@ -395,7 +422,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
             let secret = G::encode_scalar(&k);
             let mut tree = Node::leaf(&me);
             tree.set_key(Some(k));
-            let mut run = new_run(tree, false, true, false);
+            let mut run = new_run(tree, false, true, false, PathIndex::default());
             run.done = true;
             self.run = Some(run);
             return self.core.complete(&secret, b"");
@@ -411,9 +438,13 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
             }
             let mut extra = Vec::new();
             if refreshers.contains(&me) {
-                extra.push(refresh::<G>(&mut tree, &me, rng, &mut self.core.meter));
+                let p = paths
+                    .get(&tree, &me)
+                    .ok_or(GkaError::Misplaced("member missing from its tree"))?;
+                extra.push(refresh::<G>(&mut tree, p, rng, &mut self.core.meter));
             }
-            self.run = Some(new_run(Node::leaf(&me), false, true, false));
+            // `paths` are the pruned tree's, which `compute` makes the run's.
+            self.run = Some(new_run(Node::leaf(&me), false, true, false, paths));
             return self.compute(tree, extra);
         }
         // Merge, round 1: each side's rightmost member broadcasts the side's shape and its root's
@@ -424,8 +455,8 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
         let refresh_me = refreshers.contains(&me);
         let mut fresh = !refreshers.is_empty();
         if !refresh_me {
-            let p = tree
-                .find(&me)
+            let p = paths
+                .get(&tree, &me)
                 .ok_or(GkaError::Misplaced("member missing from its tree"))?;
             let leaf = tree.at_mut(&p).expect("found");
             if leaf.key().is_none() {
@@ -467,7 +498,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
         }
         self.run = Some(Run {
             got_own: sponsor == me,
-            ..new_run(tree, true, fresh, refresh_me)
+            ..new_run(tree, true, fresh, refresh_me, paths)
         });
         Ok(())
     }

@@ -57,28 +57,46 @@ impl<G: Group> BkData<G> {
     }
 }
 
-/// Members' paths in one tree shape. A join needs two or three, found by walking the tree; a
-/// group that forms by merging singletons hears from a sponsor at many nodes, so once lookups
-/// are many every path is indexed in one walk.
+/// Members' paths in one tree shape. A join needs two or three, found by walking the tree (and
+/// kept); a group that forms by merging singletons hears from a sponsor at many nodes, so once
+/// lookups are many every path is indexed in one walk. At n = 1,024 a walk of a tree that has
+/// left the cache costs more than an exponentiation, so a path known from an earlier shape
+/// (see `tgdh`) is given rather than found.
 #[derive(Clone, Default)]
 pub(crate) struct PathIndex {
     all: Option<Arc<std::collections::HashMap<MemberId, NodePath>>>,
-    walks: u32,
+    found: Vec<(MemberId, NodePath)>,
 }
 
 impl PathIndex {
-    /// Walks allowed before indexing every member.
-    const WALKS: u32 = 8;
+    /// Paths kept before indexing every member.
+    const WALKS: usize = 8;
+    /// An index that knows `member`'s path, which the caller vouches for.
+    pub fn knowing(member: &str, path: NodePath) -> Self {
+        PathIndex {
+            all: None,
+            found: vec![(member.to_owned(), path)],
+        }
+    }
     /// `member`'s path in `tree`, which must have the shape of every tree asked about before.
     pub fn get<G: Group>(&mut self, tree: &Node<G>, member: &str) -> Option<NodePath> {
-        if self.all.is_none() && self.walks >= Self::WALKS {
+        if let Some((_, p)) = self.found.iter().find(|(m, _)| m == member) {
+            debug_assert_eq!(
+                tree.find(member).as_ref(),
+                Some(p),
+                "a stale path for {member}"
+            );
+            return Some(p.clone());
+        }
+        if self.all.is_none() && self.found.len() >= Self::WALKS {
             self.all = Some(Arc::new(tree.paths()));
         }
         match &self.all {
             Some(all) => all.get(member).cloned(),
             None => {
-                self.walks += 1;
-                tree.find(member)
+                let p = tree.find(member)?;
+                self.found.push((member.to_owned(), p.clone()));
+                Some(p)
             }
         }
     }
@@ -245,6 +263,16 @@ impl<G: Group> Node<G> {
             Node::Leaf { member, .. } => member,
             Node::Internal { right, .. } => right.rightmost(),
         }
+    }
+    /// The path of the rightmost leaf under the node at `from`.
+    pub fn rightmost_path(&self, from: &[bool]) -> Option<NodePath> {
+        let mut path = from.to_vec();
+        let mut n = self.at(from)?;
+        while let Node::Internal { right, .. } = n {
+            path.push(true);
+            n = right;
+        }
+        Some(path)
     }
     pub fn leftmost(&self) -> &str {
         match self {
