@@ -339,9 +339,14 @@ impl<G: Group> Tgdh<G> {
                 &mut self.core.meter,
             ));
         }
-        // The run leaves its first round only once the merged tree is computed on.
-        self.run.as_mut().expect("run in progress").paths = PathIndex::knowing(&me, mine);
-        self.compute(merged, extra)?;
+        // The run leaves its first round only once the merged tree is computed on. Should that
+        // fail, the run keeps the unmerged tree, so it must keep that tree's paths too.
+        let run = self.run.as_mut().expect("run in progress");
+        let unmerged = std::mem::replace(&mut run.paths, PathIndex::knowing(&me, mine));
+        if let Err(e) = self.compute(merged, extra) {
+            self.run.as_mut().expect("run in progress").paths = unmerged;
+            return Err(e);
+        }
         let run = self.run.as_mut().expect("run in progress");
         run.collecting = false;
         run.refresh_me = false;

@@ -66,16 +66,19 @@ impl<G: Group> BkData<G> {
 pub(crate) struct PathIndex {
     all: Option<Arc<std::collections::HashMap<MemberId, NodePath>>>,
     found: Vec<(MemberId, NodePath)>,
+    /// Walks made, a name not in the tree included.
+    walks: usize,
 }
 
 impl PathIndex {
-    /// Paths kept before indexing every member.
+    /// Walks allowed before indexing every member.
     const WALKS: usize = 8;
     /// An index that knows `member`'s path, which the caller vouches for.
     pub fn knowing(member: &str, path: NodePath) -> Self {
         PathIndex {
             all: None,
             found: vec![(member.to_owned(), path)],
+            walks: 0,
         }
     }
     /// `member`'s path in `tree`, which must have the shape of every tree asked about before.
@@ -88,12 +91,13 @@ impl PathIndex {
             );
             return Some(p.clone());
         }
-        if self.all.is_none() && self.found.len() >= Self::WALKS {
+        if self.all.is_none() && self.walks >= Self::WALKS {
             self.all = Some(Arc::new(tree.paths()));
         }
         match &self.all {
             Some(all) => all.get(member).cloned(),
             None => {
+                self.walks += 1;
                 let p = tree.find(member)?;
                 self.found.push((member.to_owned(), p.clone()));
                 Some(p)
