@@ -262,15 +262,8 @@ impl Daemons {
                 }
             }
         });
-        let (mut sent, mut refused) = (0, 0);
-        for m in &mut members {
-            // A sender is silent while it sends.
-            let r = m
-                .expect("sent", Duration::from_secs_f64(seconds + 60.0))
-                .await?;
-            sent += r["sent"].as_u64().unwrap_or(0);
-            refused += r["refused"].as_u64().unwrap_or(0);
-        }
+        // A sender is silent while it sends.
+        let (sent, refused) = sent_and_refused(&mut members, seconds).await?;
         let _ = stop.send(());
         let (rss, anon) = sampling.await?;
         let total = sent.saturating_sub(refused);
@@ -378,14 +371,7 @@ impl Daemons {
         for m in &mut members {
             m.say("go").await?;
         }
-        let (mut sent, mut refused) = (0, 0);
-        for m in &mut members {
-            let r = m
-                .expect("sent", Duration::from_secs_f64(seconds + 60.0))
-                .await?;
-            sent += r["sent"].as_u64().unwrap_or(0);
-            refused += r["refused"].as_u64().unwrap_or(0);
-        }
+        let (sent, refused) = sent_and_refused(&mut members, seconds).await?;
         let total = sent.saturating_sub(refused);
         for m in &mut members {
             m.say(&format!("total {total}")).await?;
@@ -535,6 +521,20 @@ fn stat_cpu_seconds(path: &str) -> f64 {
             Some(ticks as f64 / 100.0)
         })
         .unwrap_or(0.0)
+}
+
+/// Every member's "sent" line, once its `seconds` of sending are over: messages sent and
+/// refused, added up.
+async fn sent_and_refused(members: &mut [MemberProcess], seconds: f64) -> Result<(u64, u64)> {
+    let (mut sent, mut refused) = (0, 0);
+    for m in members {
+        let r = m
+            .expect("sent", Duration::from_secs_f64(seconds + 60.0))
+            .await?;
+        sent += r["sent"].as_u64().unwrap_or(0);
+        refused += r["refused"].as_u64().unwrap_or(0);
+    }
+    Ok((sent, refused))
 }
 
 /// A member process and the pipes the bench steps it through.
