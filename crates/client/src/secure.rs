@@ -37,7 +37,7 @@ use bytes::Bytes;
 use conclave_crypto::Identity;
 use conclave_gka::{Directory, SharedDirectory};
 use conclave_wire::client::ClientCommand;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot};
@@ -119,7 +119,7 @@ impl SecureClient {
             client,
             identity,
             directory: Arc::new(RwLock::new(directory)),
-            groups: BTreeMap::new(),
+            groups: HashMap::new(),
             events: tx,
             waiting: waiting.clone(),
             out: Vec::new(),
@@ -281,7 +281,8 @@ struct Driver {
     client: Client,
     identity: Identity,
     directory: SharedDirectory,
-    groups: BTreeMap<String, SecureGroup>,
+    /// Looked up at every event: a member in hundreds of groups pays no ordered search.
+    groups: HashMap<String, SecureGroup>,
     events: mpsc::UnboundedSender<Vec<Item>>,
     waiting: Arc<AtomicUsize>,
     /// Events of the batch under way, handed over at its end.

@@ -22,7 +22,6 @@ use conclave_client::secure::{KeySource, SecureEvent, SecureReceiver, SecureSend
 use conclave_daemon::Config;
 use conclave_gka::ProtocolId;
 use serde_json::json;
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -202,16 +201,19 @@ struct Expect {
 /// A member's report: it holds a key of a view of the expected size in every one of its groups.
 type Reached = Result<(usize, u64, Instant)>;
 
-/// Follows one member's secure views: tells when every one of its `groups` has a key of a view
-/// of the expected size.
+/// Follows one member's secure views: tells when every one of its groups (named `prefix` and
+/// their numbers, `first` on, `groups` of them) has a key of a view of the expected size. The
+/// groups are found by number, not by name in a map: this task stands for the application and
+/// shares the processors with the daemons and the members, so what it costs would be counted
+/// in the keys' time.
 async fn follow(
     me: usize,
     mut rx: SecureReceiver,
-    groups: usize,
+    (prefix, first, groups): (String, usize, usize),
     mut expect: mpsc::UnboundedReceiver<Expect>,
     report: mpsc::UnboundedSender<Reached>,
 ) {
-    let mut sizes: HashMap<String, usize> = HashMap::new();
+    let mut sizes: Vec<usize> = vec![0; groups];
     let (mut target, mut epoch, mut told) = (0, 0, true);
     // Groups whose last view has the target size: counted as views come, so that a member in
     // hundreds of groups does not look at all of them at every view.
@@ -221,12 +223,21 @@ async fn follow(
             e = expect.recv() => {
                 let Some(e) = e else { return };
                 (target, epoch, told) = (e.size, e.epoch, false);
-                at_target = sizes.values().filter(|s| **s == target).count();
+                at_target = sizes.iter().filter(|s| **s == target).count();
             }
             ev = rx.receive() => match ev {
                 Ok(SecureEvent::View(v)) => {
                     let size = v.members.len();
-                    if sizes.insert(v.group, size) == Some(target) {
+                    let slot = v
+                        .group
+                        .strip_prefix(prefix.as_str())
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .and_then(|n| sizes.get_mut(n.wrapping_sub(first)));
+                    let Some(slot) = slot else {
+                        let _ = report.send(Err(anyhow::anyhow!("a view of {}", v.group)));
+                        return;
+                    };
+                    if std::mem::replace(slot, size) == target {
                         at_target -= 1;
                     }
                     if size == target {
@@ -333,7 +344,15 @@ async fn many_groups(
         let (mut tx, rx) = m.client(client, name)?.split();
         let (expect, expected) = mpsc::unbounded_channel();
         expect.send(Expect { size: 1, epoch: 0 })?;
-        tokio::spawn(follow(c, rx, groups.len(), expected, report.clone()));
+        let prefix = format!("{tag}g");
+        let first = groups.first().copied().unwrap_or(0);
+        tokio::spawn(follow(
+            c,
+            rx,
+            (prefix, first, groups.len()),
+            expected,
+            report.clone(),
+        ));
         for g in &groups {
             tx.join_secure(&format!("{tag}g{g}"), m.config()).await?;
         }

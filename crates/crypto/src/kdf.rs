@@ -1,5 +1,6 @@
 //! HKDF-SHA256 (RFC 5869).
 
+use crate::hash::{compress, state_bytes, SHA256_IV};
 use aws_lc_rs::hmac;
 use hkdf::Hkdf;
 use sha2::Sha256;
@@ -28,32 +29,81 @@ pub fn info(parts: &[&[u8]]) -> Vec<u8> {
 /// daemon derives a key per client group and view from the daemons' key).
 ///
 /// [`Expander::expand`] gives what [`derive`]`::<32>` gives for the same salt, input keying
-/// material and [`info`] of the same parts, at about a third of the cost: HKDF-Expand of one
-/// block is HMAC(PRK, info || 1), and the HMAC state keyed by the PRK is computed once here and
-/// copied per derivation. aws-lc-rs holds that state and cleanses it when dropped; the PRK and
-/// each output pass through its `Tag`, a plain value on the stack, as they pass through the
-/// `hkdf` crate's buffers in [`derive`].
-pub struct Expander(hmac::Key);
+/// material and [`info`] of the same parts. HKDF-Expand of one block is HMAC(PRK, info || 1),
+/// and HMAC keyed by the PRK starts from two SHA-256 states (the key's inner and outer pads,
+/// each one compression) that are the same for every derivation: they are computed once here,
+/// and a derivation of a short context is two compressions (RFC 2104 §4 suggests exactly this
+/// precomputation). A daemon derives thousands of keys after each configuration change, and a
+/// general HMAC context, copied and fed part by part, cost twice as much. The pads' states, the
+/// PRK and the output are held in buffers zeroized when dropped, and the inner hash is wiped
+/// after use; the output passes through a plain value on the stack on its way out, as it
+/// passes through the `hkdf` crate's buffers in [`derive`]. The compressions are the `sha2`
+/// crate's, with the processor's SHA instructions where it has them (without them, aws-lc's
+/// vectorized code would be faster). The known-answer tests below check the result against
+/// [`derive`] across SHA-256's block boundaries.
+pub struct Expander {
+    inner: zeroize::Zeroizing<[u32; 8]>,
+    outer: zeroize::Zeroizing<[u32; 8]>,
+}
+
+/// The longest context [`Expander::expand`] takes on the stack (a daemon's is under 100 bytes);
+/// longer ones are hashed from the heap.
+const STACK_CONTEXT: usize = 192;
 
 impl Expander {
     pub fn new(salt: &[u8], ikm: &[u8]) -> Expander {
         let mut prk = zeroize::Zeroizing::new([0u8; 32]);
         prk.copy_from_slice(hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, salt), ikm).as_ref());
-        Expander(hmac::Key::new(hmac::HMAC_SHA256, &prk[..]))
+        let pad = |byte: u8| {
+            let mut block = zeroize::Zeroizing::new([byte; 64]);
+            for (b, k) in block.iter_mut().zip(prk.iter()) {
+                *b ^= k;
+            }
+            let mut state = zeroize::Zeroizing::new(SHA256_IV);
+            compress(&mut state, &block[..]);
+            state
+        };
+        Expander {
+            inner: pad(0x36),
+            outer: pad(0x5c),
+        }
     }
 
     /// 32 bytes for the context `parts`, length-prefixed as [`info`] does.
     pub fn expand(&self, parts: &[&[u8]]) -> zeroize::Zeroizing<[u8; 32]> {
-        let mut ctx = hmac::Context::with_key(&self.0);
+        let len: usize = parts.iter().map(|p| 4 + p.len()).sum::<usize>() + 1;
+        // The context (public: names and view numbers), then SHA-256's padding: 0x80, zeros,
+        // and the bit length of everything hashed after the pad block.
+        let mut stack = [0u8; STACK_CONTEXT + 72];
+        let mut heap = Vec::new();
+        let padded = (len + 9).div_ceil(64) * 64;
+        let msg: &mut [u8] = if padded <= stack.len() {
+            &mut stack[..padded]
+        } else {
+            heap.resize(padded, 0);
+            &mut heap[..]
+        };
+        let mut at = 0;
         for p in parts {
-            ctx.update(&(p.len() as u32).to_be_bytes());
-            ctx.update(p);
+            msg[at..at + 4].copy_from_slice(&(p.len() as u32).to_be_bytes());
+            msg[at + 4..at + 4 + p.len()].copy_from_slice(p);
+            at += 4 + p.len();
         }
-        ctx.update(&[1]);
-        let tag = ctx.sign();
-        let mut out = zeroize::Zeroizing::new([0u8; 32]);
-        out.copy_from_slice(&tag.as_ref()[..32]);
-        out
+        msg[at] = 1;
+        msg[at + 1] = 0x80;
+        let bits = ((64 + len) as u64) * 8;
+        msg[padded - 8..].copy_from_slice(&bits.to_be_bytes());
+        let mut state = zeroize::Zeroizing::new(*self.inner);
+        compress(&mut state, msg);
+        // The inner hash, padded: the outer hash's one block after its pad block.
+        let mut block = [0u8; 64];
+        block[..32].copy_from_slice(&state_bytes(&state));
+        block[32] = 0x80;
+        block[56..].copy_from_slice(&(((64 + 32) as u64) * 8).to_be_bytes());
+        *state = *self.outer;
+        compress(&mut state, &block[..]);
+        zeroize::Zeroize::zeroize(&mut block[..32]);
+        zeroize::Zeroizing::new(state_bytes(&state))
     }
 }
 
@@ -83,7 +133,7 @@ mod tests {
             let salt = vec![0x5a; salt_len];
             let ikm: Vec<u8> = (0..32).collect();
             let e = super::Expander::new(&salt, &ikm);
-            for a in [0usize, 1, 20, 51, 52, 55, 56, 60, 119, 200] {
+            for a in [0usize, 1, 20, 51, 52, 55, 56, 60, 119, 200, 231, 232, 300] {
                 let first: Vec<u8> = (0..a).map(|i| i as u8).collect();
                 let view = [7u8; 24];
                 let parts: [&[u8]; 2] = [&first, &view];

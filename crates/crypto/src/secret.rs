@@ -17,14 +17,9 @@ impl GroupKey {
     }
     /// A public, one-way short name of the key, safe to print and compare across members.
     pub fn fingerprint(&self) -> Fingerprint {
-        // One block of aws-lc's SHA-256 (vectorized where the processor has no SHA
-        // instructions; label and key fit one block): a member takes a key per group at every
-        // view change, and this is a share of what that costs.
-        let mut h = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
-        h.update(b"conclave key fp v2");
-        h.update(&self.0);
-        let d = h.finish();
-        let d = d.as_ref();
+        // Label and key fit one block, hashed with no general context: a member takes a key
+        // per group at every view change, and this is a share of what that costs.
+        let d = crate::hash::one_block(&[b"conclave key fp v2", &self.0]);
         let mut f = [0u8; 8];
         f.copy_from_slice(&d[..8]);
         Fingerprint(f)

@@ -1385,23 +1385,28 @@ impl Node {
             return;
         };
         // One pass over the waiting slots, taking those of the ring: after a configuration
-        // change a daemon may owe its clients a key for each of thousands of groups.
-        let mut ready = Vec::new();
-        for (&id, s) in self.sessions.iter_mut() {
-            for (group, slot) in s.keyed.iter_mut() {
-                if let Some(view) = slot.filter(|v| v.ring == ring) {
-                    *slot = None;
-                    ready.push((id, group.clone(), view));
+        // change a daemon may owe its clients a key for each of thousands of groups. Each
+        // session's slots are lent out for its pass, so that no group's name is copied.
+        let ids: Vec<SessionId> = self.sessions.keys().copied().collect();
+        for id in ids {
+            let Some(mut keyed) = self
+                .sessions
+                .get_mut(&id)
+                .map(|s| std::mem::take(&mut s.keyed))
+            else {
+                continue;
+            };
+            for (group, slot) in keyed.iter_mut() {
+                let Some(view) = slot.filter(|v| v.ring == ring) else {
+                    continue;
+                };
+                *slot = None;
+                if let Some(key) = self.servers.as_ref().and_then(|s| s.group_key(group, view)) {
+                    self.give_key(id, group, view, key);
                 }
             }
-        }
-        for (id, group, view) in ready {
-            if let Some(key) = self
-                .servers
-                .as_ref()
-                .and_then(|s| s.group_key(&group, view))
-            {
-                self.give_key(id, group, view, key);
+            if let Some(s) = self.sessions.get_mut(&id) {
+                s.keyed = keyed;
             }
         }
     }
@@ -1418,7 +1423,7 @@ impl Node {
             *slot = if key.is_some() { None } else { Some(view) };
         }
         if let Some(key) = key {
-            self.give_key(id, group.to_owned(), view, key);
+            self.give_key(id, group, view, key);
         }
     }
 
@@ -1426,7 +1431,7 @@ impl Node {
     fn give_key(
         &mut self,
         id: SessionId,
-        group: String,
+        group: &str,
         view: conclave_wire::client::GroupViewId,
         key: KeyBytes,
     ) {
@@ -1434,19 +1439,21 @@ impl Node {
         if self
             .sessions
             .get(&id)
-            .is_some_and(|s| !s.evs.is_empty() && s.evs.contains(&group))
+            .is_some_and(|s| !s.evs.is_empty() && s.evs.contains(group))
         {
             let k = conclave_crypto::GroupKey::from_bytes(key.0);
-            self.old_keys.remember(self.now, &group, view, k);
+            self.old_keys.remember(self.now, group, view, k);
         }
         if let (Some(r), Some((client, inc))) = (
             self.recorder.as_mut(),
             self.sessions.get(&id).and_then(|s| s.client.as_ref()),
         ) {
-            let e = r.group_key(&group, view, &key);
+            let e = r.group_key(group, view, &key);
             r.push(self.now, client, *inc, e);
         }
-        self.reply(id, Reply::Event(ClientEvent::ViewKey { group, view, key }));
+        self.frame(id, |out| {
+            conclave_wire::client::frame_view_key_into(out, group, &view, &key)
+        });
     }
 
     /// The daemons' key in force at this daemon.

@@ -86,6 +86,10 @@ impl<'a> Reader<'a> {
     }
     /// A non-empty UTF-8 string with a u8 length prefix, at most `max` bytes.
     pub fn name(&mut self, what: &'static str, max: usize) -> Result<String, DecodeError> {
+        self.name_ref(what, max).map(str::to_owned)
+    }
+    /// [`Reader::name`], borrowed from the input.
+    pub fn name_ref(&mut self, what: &'static str, max: usize) -> Result<&'a str, DecodeError> {
         let n = self.u8(what)? as usize;
         if n > max {
             return Err(DecodeError::TooLong { what, len: n, max });
@@ -94,9 +98,7 @@ impl<'a> Reader<'a> {
             return Err(DecodeError::Empty { what });
         }
         let b = self.take(n, what)?;
-        core::str::from_utf8(b)
-            .map(str::to_owned)
-            .map_err(|_| DecodeError::BadUtf8 { what })
+        core::str::from_utf8(b).map_err(|_| DecodeError::BadUtf8 { what })
     }
     pub fn finish(self) -> Result<(), DecodeError> {
         match self.remaining() {

@@ -120,7 +120,7 @@ pub enum Body {
     },
     /// After a configuration change: the group memberships of the sender's clients.
     GroupState {
-        members: Vec<StateEntry>,
+        members: StateEntries,
     },
     /// During recovery (TOCS §4.3): the sender has retransmitted on the new ring every message
     /// of its old ring it holds that a member of the new ring may lack. Once a member has this
@@ -147,14 +147,92 @@ pub struct SpreadMeta {
 pub const MAX_SPREAD_NAME_BYTES: usize = 31;
 
 /// One client's membership of one group, as its daemon reports it after a configuration change.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StateEntry {
-    pub client: String,
-    pub group: String,
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateEntry<'a> {
+    pub client: &'a str,
+    pub group: &'a str,
     /// The client asked for virtual synchrony.
     pub vs: bool,
     /// The group view the client last installed (its ring and number on that ring), if any.
     pub view: Option<(RingId, u64)>,
+}
+
+/// The group memberships of one daemon's clients, as its state-exchange message carries them.
+/// Every name is in one buffer: a daemon with thousands of memberships sends, decodes, keeps
+/// until every daemon has it, and frees a message of a few allocations, not two per membership.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StateEntries {
+    names: String,
+    entries: Vec<PackedEntry>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PackedEntry {
+    /// Where the client's and the group's names are in `names`: start and length.
+    client: (u32, u32),
+    group: (u32, u32),
+    vs: bool,
+    view: Option<(RingId, u64)>,
+}
+
+impl StateEntries {
+    pub fn new() -> StateEntries {
+        StateEntries::default()
+    }
+
+    pub fn with_capacity(entries: usize) -> StateEntries {
+        StateEntries {
+            names: String::with_capacity(entries * 16),
+            entries: Vec::with_capacity(entries),
+        }
+    }
+
+    pub fn push(&mut self, client: &str, group: &str, vs: bool, view: Option<(RingId, u64)>) {
+        let client = self.store(client);
+        let group = self.store(group);
+        self.entries.push(PackedEntry {
+            client,
+            group,
+            vs,
+            view,
+        });
+    }
+
+    fn store(&mut self, name: &str) -> (u32, u32) {
+        let at = self.names.len();
+        self.names.push_str(name);
+        // Names are bounded (MAX_NAME_BYTES) and entries are (MAX_STATE_ENTRIES): far below
+        // 4 GiB in all.
+        (at as u32, name.len() as u32)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = StateEntry<'_>> + '_ {
+        let name = |(at, len): (u32, u32)| &self.names[at as usize..(at + len) as usize];
+        self.entries.iter().map(move |e| StateEntry {
+            client: name(e.client),
+            group: name(e.group),
+            vs: e.vs,
+            view: e.view,
+        })
+    }
+}
+
+impl<'a> FromIterator<StateEntry<'a>> for StateEntries {
+    fn from_iter<I: IntoIterator<Item = StateEntry<'a>>>(iter: I) -> StateEntries {
+        let mut out = StateEntries::new();
+        for e in iter {
+            out.push(e.client, e.group, e.vs, e.view);
+        }
+        out
+    }
 }
 
 /// A message on the ring.
@@ -302,9 +380,9 @@ impl Body {
             Body::GroupState { members } => {
                 w.u8(7);
                 w.count(members.len(), MAX_STATE_ENTRIES);
-                for e in members {
-                    w.name(&e.client, MAX_NAME_BYTES);
-                    w.name(&e.group, MAX_NAME_BYTES);
+                for e in members.iter() {
+                    w.name(e.client, MAX_NAME_BYTES);
+                    w.name(e.group, MAX_NAME_BYTES);
                     w.u8(e.vs as u8);
                     match &e.view {
                         None => w.u8(0),
@@ -381,13 +459,13 @@ impl Body {
             6 => Body::RecoveryDone,
             7 => {
                 let n = r.count("state entries", MAX_STATE_ENTRIES)?;
-                let mut members = Vec::with_capacity(n.min(r.remaining() / 6));
-                let mut seen = std::collections::HashSet::with_capacity(members.capacity());
+                let mut members = StateEntries::with_capacity(n.min(r.remaining() / 6));
+                let mut seen = std::collections::HashSet::with_capacity(members.entries.capacity());
                 for _ in 0..n {
-                    let client = r.name("client", MAX_NAME_BYTES)?;
-                    let group = r.name("group", MAX_NAME_BYTES)?;
+                    let client = r.name_ref("client", MAX_NAME_BYTES)?;
+                    let group = r.name_ref("group", MAX_NAME_BYTES)?;
                     // One client's membership of one group, once.
-                    if !seen.insert((client.clone(), group.clone())) {
+                    if !seen.insert((client, group)) {
                         return Err(DecodeError::Duplicate {
                             what: "state entries",
                         });
@@ -403,12 +481,7 @@ impl Body {
                             })
                         }
                     };
-                    members.push(StateEntry {
-                        client,
-                        group,
-                        vs,
-                        view,
-                    });
+                    members.push(client, group, vs, view);
                 }
                 Body::GroupState { members }
             }
@@ -670,12 +743,12 @@ mod tests {
                     m.dedup_by(|a, b| (&a.0, &a.1) == (&b.0, &b.1));
                     m
                 }
-                .into_iter()
+                .iter()
                 .map(|(client, group, vs, view)| StateEntry {
                     client,
                     group,
-                    vs,
-                    view
+                    vs: *vs,
+                    view: *view
                 })
                 .collect()
             }),
@@ -797,15 +870,11 @@ mod tests {
             Packet::decode(&commit.encode()),
             Err(DecodeError::Duplicate { .. })
         ));
-        let state = |client: &str| StateEntry {
-            client: client.into(),
-            group: "g".into(),
-            vs: false,
-            view: None,
-        };
-        let twice = Body::GroupState {
-            members: vec![state("a"), state("b"), state("a")],
-        };
+        let mut twice = StateEntries::new();
+        for client in ["a", "b", "a"] {
+            twice.push(client, "g", false, None);
+        }
+        let twice = Body::GroupState { members: twice };
         let data = |body| {
             Packet::Data(Data {
                 ring: entry(1).old_ring,

@@ -64,24 +64,27 @@ impl Daemon {
         if foreign {
             return;
         }
-        match Arc::unwrap_or_clone(body) {
-            Body::Client { .. } => {}
-            Body::GroupState { members } => {
-                if Some(ring) != current || transitional {
-                    return;
-                }
-                let Some(states) = &mut self.syncing else {
-                    return;
-                };
-                states.insert(sender, members);
-                let all = self
-                    .config
-                    .as_ref()
-                    .is_some_and(|c| c.1.iter().all(|d| states.contains_key(d)));
-                if all {
-                    self.finish_sync();
-                }
+        if let Body::GroupState { .. } = &*body {
+            // Kept as shared: the ring's buffer holds the same message until every daemon has
+            // it, and a state of thousands of memberships is not worth a copy.
+            if Some(ring) != current || transitional {
+                return;
             }
+            let Some(states) = &mut self.syncing else {
+                return;
+            };
+            states.insert(sender, body);
+            let all = self
+                .config
+                .as_ref()
+                .is_some_and(|c| c.1.iter().all(|d| states.contains_key(d)));
+            if all {
+                self.finish_sync();
+            }
+            return;
+        }
+        match Arc::unwrap_or_clone(body) {
+            Body::Client { .. } | Body::GroupState { .. } => {}
             // Changes in an old ring's transitional part are left to the state exchange.
             _ if transitional || Some(ring) != current => {}
             Body::GroupJoin { client, group, vs } => {

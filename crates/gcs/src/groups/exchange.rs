@@ -41,20 +41,16 @@ impl Daemon {
                 for c in self.clients.values_mut() {
                     c.changes = 0;
                 }
-                let mut members = Vec::new();
+                let mut members = StateEntries::new();
                 for (name, cl) in &self.clients {
                     for (g, vs) in &cl.groups {
                         if members.len() < MAX_STATE_ENTRIES {
-                            members.push(StateEntry {
-                                client: name.clone(),
-                                group: g.clone(),
-                                vs: *vs,
-                                view: cl
-                                    .views
-                                    .get(g)
-                                    .filter(|v| Some(v.ring) == previous)
-                                    .map(|v| (v.ring, v.index)),
-                            });
+                            let view = cl
+                                .views
+                                .get(g)
+                                .filter(|v| Some(v.ring) == previous)
+                                .map(|v| (v.ring, v.index));
+                            members.push(name, g, *vs, view);
                         }
                     }
                 }
@@ -87,18 +83,25 @@ impl Daemon {
         type Prev = Option<(RingId, u64)>;
         // Each member with its previous view if its daemon came with this one, and as reported.
         let mut next: BTreeMap<String, Vec<(Member, Prev, Prev)>> = BTreeMap::new();
-        for (daemon, entries) in states {
-            for e in entries {
-                if check_name(&e.client).is_err()
-                    || check_name(&e.group).is_err()
-                    || !self.speaks_for(daemon, &e.client)
+        for (daemon, body) in &states {
+            let Body::GroupState { members: entries } = &**body else {
+                continue;
+            };
+            let daemon = *daemon;
+            for e in entries.iter() {
+                if check_name(e.client).is_err()
+                    || check_name(e.group).is_err()
+                    || !self.speaks_for(daemon, e.client)
                 {
                     continue;
                 }
-                let ms = next.entry(e.group).or_default();
+                let ms = match next.get_mut(e.group) {
+                    Some(ms) => ms,
+                    None => next.entry(e.group.to_owned()).or_default(),
+                };
                 if ms.len() < MAX_VIEW_MEMBERS && !ms.iter().any(|(m, ..)| m.name == e.client) {
                     let m = Member {
-                        name: e.client,
+                        name: e.client.to_owned(),
                         daemon,
                         vs: e.vs,
                     };

@@ -45,7 +45,7 @@ use conclave_wire::client::Bytes;
 pub use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, Reason};
 use conclave_wire::client::{MessageRef, Refusal, MAX_VIEW_MEMBERS};
 use conclave_wire::gcs::{
-    Body, DaemonId, Packet, RingId, ServiceType, SpreadMeta, StateEntry, MAX_NAME_BYTES,
+    Body, DaemonId, Packet, RingId, ServiceType, SpreadMeta, StateEntries, MAX_NAME_BYTES,
     MAX_STATE_ENTRIES,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -277,7 +277,8 @@ pub struct Daemon {
     /// previous.
     config: Option<(RingId, Vec<DaemonId>, Vec<DaemonId>)>,
     /// After a configuration change, the group states received so far; `None` once all are in.
-    syncing: Option<BTreeMap<DaemonId, Vec<StateEntry>>>,
+    /// Each as delivered: shared with the ring's buffer, not copied.
+    syncing: Option<BTreeMap<DaemonId, Arc<Body>>>,
     /// Changes delivered during the state exchange, applied to the new group map (a group name,
     /// or none for a client gone from every group).
     sync_backlog: Option<Vec<(Option<String>, Change)>>,
@@ -631,14 +632,25 @@ impl Daemon {
     pub fn handle_timeout(&mut self, now: Time) {
         self.now = now;
         self.ring.handle_timeout(now);
-        // VS clients that let a flush wait too long are closed.
-        let late: Vec<String> = self
-            .groups
-            .values()
-            .filter_map(|g| g.flush.as_ref())
-            .filter(|f| f.deadline <= now)
-            .flat_map(|f| f.awaiting.iter().cloned())
-            .collect();
+        // VS clients that let a flush wait too long are closed. Every flush that awaits a
+        // client has its deadline in the heap: the groups whose deadline passed are found there,
+        // not by a scan of every group at every timer (thousands of groups, most of them
+        // settled).
+        let mut late: Vec<String> = Vec::new();
+        let deadlines = self.flush_deadlines.get_mut();
+        while let Some(std::cmp::Reverse((t, _))) = deadlines.peek() {
+            if *t > now {
+                break;
+            }
+            let Some(std::cmp::Reverse((t, group))) = deadlines.pop() else {
+                break;
+            };
+            if let Some(f) = self.groups.get(&group).and_then(|g| g.flush.as_ref()) {
+                if f.deadline == t {
+                    late.extend(f.awaiting.iter().cloned());
+                }
+            }
+        }
         for c in late {
             let Some(id) = self.clients.get(&c).map(|c| c.id) else {
                 continue;
