@@ -47,6 +47,8 @@ impl From<std::io::Error> for ClientError {
 pub struct ReplyDecoder {
     buf: Vec<u8>,
     start: usize,
+    /// The last view's member lists, shared with the next view that has the same ones.
+    lists: conclave_wire::client::NameLists,
 }
 
 impl ReplyDecoder {
@@ -67,7 +69,7 @@ impl ReplyDecoder {
         match next_frame(&self.buf[self.start..])? {
             None => Ok(None),
             Some((body, used)) => {
-                let r = Reply::decode(body)?;
+                let r = Reply::decode_sharing(body, &mut self.lists)?;
                 self.start += used;
                 Ok(Some(r))
             }

@@ -129,7 +129,7 @@ impl Story {
                 log.iter()
                     .rev()
                     .find_map(|(c, e)| match e {
-                        ClientEvent::View { members, .. } if *c == i => Some(members.clone()),
+                        ClientEvent::View { members, .. } if *c == i => Some(members.to_vec()),
                         _ => None,
                     })
                     .unwrap_or_default()
@@ -176,7 +176,7 @@ impl Story {
                 ClientEvent::View {
                     view, members: m, ..
                 } => {
-                    members.insert(*view, m.clone());
+                    members.insert(*view, m.to_vec());
                 }
                 ClientEvent::Sent { view, .. } => sent_views[*c].push(*view),
                 ClientEvent::Message {

@@ -114,8 +114,8 @@ pub fn event_json(ev: &ClientEvent) -> serde_json::Value {
             transitional,
             reason,
         } => json!({
-            "ev": "view", "group": group, "view": view_text(view), "members": members,
-            "transitional": transitional, "reason": format!("{reason:?}").to_lowercase(),
+            "ev": "view", "group": group, "view": view_text(view), "members": &members[..],
+            "transitional": &transitional[..], "reason": format!("{reason:?}").to_lowercase(),
         }),
         ClientEvent::TransitionalSignal { group } => json!({"ev": "transitional", "group": group}),
         ClientEvent::FlushRequest { group, view } => {

@@ -282,7 +282,7 @@ async fn daemons_survive_a_partition_a_kill_and_a_restart_with_nothing_lost() {
             .iter()
             .rev()
             .find_map(|e| match e {
-                ClientEvent::View { members, .. } => Some(members.clone()),
+                ClientEvent::View { members, .. } => Some(members.to_vec()),
                 _ => None,
             })
     };

@@ -179,7 +179,7 @@ async fn a_client_that_stops_reading_is_disconnected_and_the_group_goes_on() {
             .expect("a view without the sluggard")
             .unwrap();
         if let ClientEvent::View { members, .. } = ev {
-            if members == ["talker#d1"] {
+            if members[..] == ["talker#d1"] {
                 break;
             }
         }

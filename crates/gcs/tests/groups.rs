@@ -91,7 +91,7 @@ impl Net {
                     view,
                     members,
                     ..
-                } if c == name && g == group => Some((*view, members.clone())),
+                } if c == name && g == group => Some((*view, members.to_vec())),
                 _ => None,
             })
             .collect()

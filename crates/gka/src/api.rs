@@ -48,7 +48,7 @@ impl View {
         }
     }
 
-    /// [`View::from_event`], taking the event's lists rather than copying them.
+    /// [`View::from_event`], taking the event's member list rather than copying it.
     pub fn from_owned_event(event: ClientEvent) -> Option<View> {
         match event {
             ClientEvent::View {
@@ -60,9 +60,9 @@ impl View {
             } => Some(View {
                 group,
                 view_id: view,
-                members: members.into(),
+                members,
                 reason,
-                transitional,
+                transitional: transitional.to_vec(),
             }),
             _ => None,
         }
@@ -300,8 +300,8 @@ mod tests {
         let event = ClientEvent::View {
             group: "g".into(),
             view: view_id,
-            members: vec!["a#d1".into(), "b#d2".into()],
-            transitional: vec!["a#d1".into()],
+            members: vec!["a#d1".into(), "b#d2".into()].into(),
+            transitional: vec!["a#d1".into()].into(),
             reason: Reason::Network,
         };
         assert_eq!(

@@ -64,8 +64,8 @@ pub fn client_event(client: &str, ev: ClientEvent, n: &Naming) -> Option<Event> 
         } => Event::View {
             group,
             view: (n.view)(view),
-            members,
-            transitional,
+            members: members.to_vec(),
+            transitional: transitional.to_vec(),
         },
         ClientEvent::TransitionalSignal { group } => Event::TransSignal { group },
         ClientEvent::Message {

@@ -639,10 +639,10 @@ impl Node {
                 }
                 let mut sets: Vec<Vec<String>> = match (reason, sets.is_empty()) {
                     (_, false) => sets.to_vec(),
-                    (Reason::Network, true) => vec![transitional],
+                    (Reason::Network, true) => vec![transitional.to_vec()],
                     _ => vec![vec![own.clone()]],
                 };
-                let members = self.spread_order(members);
+                let members = self.spread_order(members.to_vec());
                 for set in &mut sets {
                     *set = self.spread_order(std::mem::take(set));
                 }

@@ -326,7 +326,7 @@ enum Inflight {
 struct DaemonView {
     id: GroupViewId,
     members: Arc<[String]>,
-    transitional: Vec<String>,
+    transitional: Arc<[String]>,
 }
 
 /// The key of the current view, and what sealing and opening under it need.
@@ -620,7 +620,7 @@ impl SecureGroup {
 
     /// The daemons' new view: it ends the old key (nothing more is sealed or opened under it),
     /// the flush, and what waited for a key of the view before.
-    fn enter_view(&mut self, id: GroupViewId, members: Arc<[String]>, transitional: Vec<String>) {
+    fn enter_view(&mut self, id: GroupViewId, members: Arc<[String]>, transitional: Arc<[String]>) {
         self.keyed = None;
         self.flushed = false;
         self.early.clear();
@@ -633,18 +633,28 @@ impl SecureGroup {
     }
 
     fn on_view(&mut self, ev: ClientEvent) {
+        if self.cfg.keys == KeySource::Daemons {
+            // The view's key follows the view; until it is here, nothing is sealed or opened.
+            // The lists stay as the session shares them: no protocol runs on them.
+            if let ClientEvent::View {
+                view,
+                members,
+                transitional,
+                ..
+            } = ev
+            {
+                self.views_seen += 1;
+                self.enter_view(view, members, transitional);
+            }
+            return;
+        }
         let Some(mut view) = View::from_owned_event(ev) else {
             return;
         };
         self.views_seen += 1;
-        if self.cfg.keys == KeySource::Daemons {
-            // The view's key follows the view; until it is here, nothing is sealed or opened.
-            self.enter_view(view.view_id, view.members, view.transitional);
-            return;
-        }
         if self.cfg.keys == KeySource::KeyGraph {
             let kept = self.keyed.take().filter(|k| self.same_holders(k, &view));
-            self.enter_view(view.view_id, view.members, view.transitional);
+            self.enter_view(view.view_id, view.members, view.transitional.into());
             let key = kept.and_then(|_| self.keygraph.as_ref()?.keep(view.view_id));
             if let Some((epoch, key)) = key {
                 let members = self
@@ -682,7 +692,7 @@ impl SecureGroup {
         self.enter_view(
             view.view_id,
             view.members.clone(),
-            view.transitional.clone(),
+            view.transitional.clone().into(),
         );
         let untrusted: Vec<String> = {
             let dir = self.directory.read().unwrap_or_else(|p| p.into_inner());

@@ -69,7 +69,7 @@ fn view(index: u64, members: &[&str]) -> ClientEvent {
         group: "g".into(),
         view: view_id(index),
         members: members.iter().map(|m| m.to_string()).collect(),
-        transitional: Vec::new(),
+        transitional: Default::default(),
         reason: Reason::Join,
     }
 }
@@ -196,7 +196,7 @@ fn a_newcomer_that_meets_a_key_agreement_leaves_and_an_old_member_reports_it() {
     let mut new = member("n");
     let mut joined = view(1, &["a", "n"]);
     if let ClientEvent::View { transitional, .. } = &mut joined {
-        *transitional = vec!["n".into()];
+        *transitional = vec!["n".into()].into();
     }
     new.handle_event(joined);
     // The daemons' key comes with the view: having it does not make the newcomer an old member.
@@ -350,7 +350,7 @@ fn a_message_from_outside_the_view_moves_nothing() {
     let mut new = member("n");
     let mut joined = view(1, &["a", "n"]);
     if let ClientEvent::View { transitional, .. } = &mut joined {
-        *transitional = vec!["n".into()];
+        *transitional = vec!["n".into()].into();
     }
     new.handle_event(joined);
     new.handle_event(key(1, 5));

@@ -668,7 +668,7 @@ fn check_keys(w: &World, what: &str) {
             .raw
             .iter()
             .filter_map(|e| match e {
-                ClientEvent::View { view, members, .. } => Some((*view, members.clone())),
+                ClientEvent::View { view, members, .. } => Some((*view, members.to_vec())),
                 _ => None,
             })
             .collect();

@@ -13,6 +13,7 @@ use crate::gcs::{
     MAX_PAYLOAD_BYTES,
 };
 pub use bytes::Bytes;
+use std::sync::Arc;
 
 /// The client protocol version this build speaks.
 pub const CLIENT_VERSION: u8 = 3;
@@ -107,11 +108,14 @@ pub enum ClientEvent {
     FlushAcked {
         group: String,
     },
+    /// The member lists are shared: a client in many groups of the same members (one group
+    /// per shard of a service, say) holds one copy of them, decoded once (see
+    /// [`Reply::decode_sharing`]).
     View {
         group: String,
         view: GroupViewId,
-        members: Vec<String>,
-        transitional: Vec<String>,
+        members: Arc<[String]>,
+        transitional: Arc<[String]>,
         reason: Reason,
     },
     /// What follows until the next view of `group` is delivered in the transitional part.
@@ -414,6 +418,44 @@ fn write_names(w: &mut Writer, names: &[String]) {
     }
 }
 
+/// The member lists of the last view a decoder read, and their bytes on the wire.
+#[derive(Debug, Default)]
+pub struct NameLists {
+    members: SharedNames,
+    transitional: SharedNames,
+}
+
+#[derive(Debug, Default)]
+struct SharedNames {
+    bytes: Vec<u8>,
+    names: Option<Arc<[String]>>,
+}
+
+impl SharedNames {
+    /// A list of names: the one held if the wire's bytes are the same, else decoded (and held).
+    fn read(
+        &mut self,
+        r: &mut Reader<'_>,
+        what: &'static str,
+    ) -> Result<Arc<[String]>, DecodeError> {
+        let start = r.position();
+        let mut scan = r.clone();
+        let n = scan.count(what, MAX_VIEW_MEMBERS)?;
+        for _ in 0..n {
+            scan.name_ref(what, MAX_NAME_BYTES)?;
+        }
+        let bytes = r.take(scan.position() - start, what)?;
+        if let Some(names) = self.names.as_ref().filter(|_| self.bytes == bytes) {
+            return Ok(names.clone());
+        }
+        let names: Arc<[String]> = read_names(&mut Reader::new(bytes), what)?.into();
+        self.bytes.clear();
+        self.bytes.extend_from_slice(bytes);
+        self.names = Some(names.clone());
+        Ok(names)
+    }
+}
+
 fn read_names(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<String>, DecodeError> {
     let n = r.count(what, MAX_VIEW_MEMBERS)?;
     let mut v = Vec::with_capacity(n.min(r.remaining() / 2));
@@ -675,6 +717,13 @@ impl Reply {
     }
 
     pub fn decode(buf: &[u8]) -> Result<Reply, DecodeError> {
+        Reply::decode_sharing(buf, &mut NameLists::default())
+    }
+
+    /// [`Reply::decode`], taking a view's member lists from `lists` when they are the ones it
+    /// holds, byte for byte: after a configuration change a client in hundreds of groups of
+    /// the same members gets a view of each, and decodes and keeps their names once.
+    pub fn decode_sharing(buf: &[u8], lists: &mut NameLists) -> Result<Reply, DecodeError> {
         let mut r = open(buf)?;
         let ev = |e| Reply::Event(e);
         let reply = match r.u8("reply")? {
@@ -705,8 +754,8 @@ impl Reply {
             7 => ev(ClientEvent::View {
                 group: group(&mut r)?,
                 view: read_view(&mut r)?,
-                members: read_names(&mut r, "members")?,
-                transitional: read_names(&mut r, "transitional set")?,
+                members: lists.members.read(&mut r, "members")?,
+                transitional: lists.transitional.read(&mut r, "transitional set")?,
                 reason: match r.u8("reason")? {
                     0 => Reason::Join,
                     1 => Reason::Leave,
@@ -902,6 +951,54 @@ mod frame_into_tests {
     }
 
     #[test]
+    fn views_of_the_same_members_share_their_lists() {
+        let view = |group: &str, members: &[&str], transitional: &[&str]| {
+            Reply::Event(ClientEvent::View {
+                group: group.into(),
+                view: GroupViewId {
+                    ring: RingId {
+                        seq: 1,
+                        rep: 1,
+                        inc: 0,
+                    },
+                    index: 2,
+                },
+                members: members.iter().map(|m| m.to_string()).collect(),
+                transitional: transitional.iter().map(|m| m.to_string()).collect(),
+                reason: Reason::Network,
+            })
+        };
+        let lists_of = |r: &Reply| match r {
+            Reply::Event(ClientEvent::View {
+                members,
+                transitional,
+                ..
+            }) => (members.clone(), transitional.clone()),
+            _ => panic!("a view"),
+        };
+        let sent = [
+            view("g1", &["a#d1", "b#d2"], &["a#d1"]),
+            view("g2", &["a#d1", "b#d2"], &["a#d1"]),
+            view("g3", &["a#d1", "c#d3"], &["a#d1"]),
+            view("g4", &["a#d1", "c#d3"], &["c#d3"]),
+        ];
+        let mut lists = NameLists::default();
+        let got: Vec<Reply> = sent
+            .iter()
+            .map(|r| Reply::decode_sharing(&r.encode(), &mut lists).unwrap())
+            .collect();
+        assert_eq!(got, sent);
+        let l: Vec<_> = got.iter().map(lists_of).collect();
+        assert!(Arc::ptr_eq(&l[0].0, &l[1].0) && Arc::ptr_eq(&l[0].1, &l[1].1));
+        assert!(!Arc::ptr_eq(&l[1].0, &l[2].0) && Arc::ptr_eq(&l[1].1, &l[2].1));
+        assert!(Arc::ptr_eq(&l[2].0, &l[3].0) && !Arc::ptr_eq(&l[2].1, &l[3].1));
+        // A list cut short is refused, whatever the decoder holds.
+        let bytes = sent[0].encode();
+        assert!(Reply::decode_sharing(&bytes[..bytes.len() - 4], &mut lists).is_err());
+        assert_eq!(Reply::decode_sharing(&bytes, &mut lists).unwrap(), sent[0]);
+    }
+
+    #[test]
     fn a_borrowed_view_key_frames_as_the_event_does() {
         let view = GroupViewId {
             ring: RingId {
@@ -1014,8 +1111,8 @@ mod tests {
                 |(group, view, members, transitional, reason)| ClientEvent::View {
                     group,
                     view,
-                    members,
-                    transitional,
+                    members: members.into(),
+                    transitional: transitional.into(),
                     reason,
                 }
             ),

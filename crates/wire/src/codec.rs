@@ -28,6 +28,7 @@ pub enum DecodeError {
 }
 
 /// Reads fields from a byte slice; every method checks its bounds.
+#[derive(Clone)]
 pub struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,

@@ -76,6 +76,8 @@ impl Daemon {
             })
             .map(|(n, _)| n.clone())
             .collect();
+        // One list for every local member of the group.
+        let shared: Option<std::sync::Arc<[String]>> = (!local.is_empty()).then(|| members.into());
         for c in local {
             // A client that installed no view of the group since it joined comes alone.
             let transitional = trans(&c, self.clients[&c].views.contains_key(group));
@@ -86,8 +88,8 @@ impl Daemon {
             let ev = ClientEvent::View {
                 group: group.to_owned(),
                 view,
-                members: members.to_vec(),
-                transitional,
+                members: shared.clone().unwrap_or_default(),
+                transitional: transitional.into(),
                 reason,
             };
             if cl.spread {
