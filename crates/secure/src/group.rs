@@ -395,7 +395,9 @@ pub struct SecureGroup {
     events: VecDeque<SecureEvent>,
     consumed: VecDeque<Consumed>,
     /// The member's end of a key-graph group ([`KeySource::KeyGraph`]).
-    keygraph: Option<KeyGraphMember>,
+    /// Boxed: most groups have none, and inline it would triple the size of every group's
+    /// state, which a member in thousands of groups reads cold at each view change.
+    keygraph: Option<Box<KeyGraphMember>>,
 }
 
 impl SecureGroup {
@@ -462,7 +464,12 @@ impl SecureGroup {
                 });
                 return g;
             };
-            g.keygraph = Some(KeyGraphMember::new(group, me, &server, g.directory.clone()));
+            g.keygraph = Some(Box::new(KeyGraphMember::new(
+                group,
+                me,
+                &server,
+                g.directory.clone(),
+            )));
         }
         let vs = !g.optimized_evs();
         g.commands.push_back(ClientCommand::Join {
