@@ -65,7 +65,7 @@ fuzz_target!(|data: &[u8]| {
         group: "g".into(),
         view: view(index),
         members: NAMES.iter().map(|n| n.to_string()).collect(),
-        transitional: vec![NAMES[1].into()],
+        transitional: vec![NAMES[1].into()].into(),
         reason: Reason::Join,
     };
     server.handle_event(first.clone(), now);
@@ -87,8 +87,8 @@ fuzz_target!(|data: &[u8]| {
                 ClientEvent::View {
                     group: "g".into(),
                     view: view(index),
-                    transitional: members.clone(),
-                    members,
+                    transitional: members.clone().into(),
+                    members: members.into(),
                     reason: Reason::Network,
                 }
             }

@@ -49,8 +49,8 @@ fuzz_target!(|data: &[u8]| {
     g.handle_event(ClientEvent::View {
         group: "g".into(),
         view: view(index),
-        members: vec!["a#d1".into()],
-        transitional: vec!["a#d1".into()],
+        members: vec!["a#d1".into()].into(),
+        transitional: vec!["a#d1".into()].into(),
         reason: Reason::Join,
     });
     for chunk in data.get(1..).unwrap_or(&[]).split(|b| *b == 0xff) {
@@ -68,8 +68,8 @@ fuzz_target!(|data: &[u8]| {
                 ClientEvent::View {
                     group: "g".into(),
                     view: view(index),
-                    transitional: vec!["a#d1".into()],
-                    members,
+                    transitional: vec!["a#d1".into()].into(),
+                    members: members.into(),
                     reason: Reason::Network,
                 }
             }

@@ -213,8 +213,10 @@ async fn follow(
     mut expect: mpsc::UnboundedReceiver<Expect>,
     report: mpsc::UnboundedSender<Reached>,
 ) {
+    // 0: no view yet. The target is no size until the first expectation comes, so that a view
+    // before it counts for nothing.
     let mut sizes: Vec<usize> = vec![0; groups];
-    let (mut target, mut epoch, mut told) = (0, 0, true);
+    let (mut target, mut epoch, mut told) = (usize::MAX, 0, true);
     // Groups whose last view has the target size: counted as views come, so that a member in
     // hundreds of groups does not look at all of them at every view.
     let mut at_target = 0;

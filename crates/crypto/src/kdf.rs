@@ -32,12 +32,12 @@ pub fn info(parts: &[&[u8]]) -> Vec<u8> {
 /// material and [`info`] of the same parts. HKDF-Expand of one block is HMAC(PRK, info || 1),
 /// and HMAC keyed by the PRK starts from two SHA-256 states (the key's inner and outer pads,
 /// each one compression) that are the same for every derivation: they are computed once here,
-/// and a derivation of a short context is two compressions (RFC 2104 §4 suggests exactly this
-/// precomputation). A daemon derives thousands of keys after each configuration change, and a
+/// and a derivation of a context of up to 55 bytes is two compressions, one more per further 64
+/// bytes (RFC 2104 §4 suggests exactly this precomputation). A daemon derives thousands of keys after each configuration change, and a
 /// general HMAC context, copied and fed part by part, cost twice as much. The pads' states, the
-/// PRK and the output are held in buffers zeroized when dropped, and the inner hash is wiped
-/// after use; the output passes through a plain value on the stack on its way out, as it
-/// passes through the `hkdf` crate's buffers in [`derive`]. The compressions are the `sha2`
+/// PRK, the inner hash and the output are held in buffers zeroized when dropped; copies of them
+/// that moves and the digest's conversion to bytes leave on the stack are not wiped, as the
+/// `hkdf` crate's in [`derive`] are not. The compressions are the `sha2`
 /// crate's, with the processor's SHA instructions where it has them (without them, aws-lc's
 /// vectorized code would be faster). The known-answer tests below check the result against
 /// [`derive`] across SHA-256's block boundaries.
@@ -46,8 +46,8 @@ pub struct Expander {
     outer: zeroize::Zeroizing<[u32; 8]>,
 }
 
-/// The longest context [`Expander::expand`] takes on the stack (a daemon's is under 100 bytes);
-/// longer ones are hashed from the heap.
+/// [`Expander::expand`] hashes a context of up to 247 bytes (this, and the room its padding
+/// leaves) from the stack, a longer one from the heap; a daemon's is under 100 bytes.
 const STACK_CONTEXT: usize = 192;
 
 impl Expander {
@@ -97,7 +97,8 @@ impl Expander {
         compress(&mut state, msg);
         // The inner hash, padded: the outer hash's one block after its pad block.
         let mut block = [0u8; 64];
-        block[..32].copy_from_slice(&state_bytes(&state));
+        let inner = zeroize::Zeroizing::new(state_bytes(&state));
+        block[..32].copy_from_slice(&inner[..]);
         block[32] = 0x80;
         block[56..].copy_from_slice(&(((64 + 32) as u64) * 8).to_be_bytes());
         *state = *self.outer;

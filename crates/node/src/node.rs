@@ -1404,6 +1404,10 @@ impl Node {
                 if let Some(key) = self.servers.as_ref().and_then(|s| s.group_key(group, view)) {
                     self.give_key(id, group, view, key);
                 }
+                if !self.sessions.contains_key(&id) {
+                    // Closed for not reading: its other keys would go nowhere.
+                    break;
+                }
             }
             if let Some(s) = self.sessions.get_mut(&id) {
                 s.keyed = keyed;
