@@ -517,3 +517,37 @@ fn a_daemon_cannot_put_another_daemons_client_into_a_group() {
         assert_eq!(d.foreign_names(), 1, "eve's join, dropped at every daemon");
     }
 }
+
+#[test]
+fn a_vs_member_that_never_acknowledges_a_flush_is_closed_at_its_deadline_and_the_view_goes_on() {
+    let cfg = DaemonConfig {
+        flush_timeout_ms: 100,
+        ..DaemonConfig::default()
+    };
+    let mut net = Net::new(2, cfg);
+    net.connect(1, "slow");
+    net.client(1, "slow", join("g", true));
+    // Other groups with settled views: the late flush is found among them.
+    for i in 0..10 {
+        net.client(1, "slow", join(&format!("other{i}"), false));
+    }
+    net.run_until(|n| n.views_of("slow", "g").len() == 1);
+    net.connect(0, "quick");
+    net.client(0, "quick", join("g", false));
+    let asked = |n: &Net| n.count("slow", |e| matches!(e, ClientEvent::FlushRequest { .. })) == 1;
+    net.run_until(asked);
+    let closed = |n: &Net| n.count("slow", |e| matches!(e, ClientEvent::Closed { .. }));
+    let asked_at = net.now();
+    // Not before its deadline.
+    net.run_until(|n| n.now() >= asked_at + Duration::from_millis(90));
+    assert_eq!(closed(&net), 0, "closed before its flush deadline");
+    net.run_until(|n| closed(n) == 1);
+    assert!(net.now() >= asked_at + Duration::from_millis(100));
+    // The change goes on without it: the quick member's view has it alone.
+    net.run_until(|n| {
+        n.views_of("quick", "g")
+            .last()
+            .is_some_and(|(_, m)| m == &vec!["quick".to_string()])
+    });
+    assert_eq!(closed(&net), 1, "closed once");
+}
