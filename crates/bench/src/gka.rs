@@ -5,8 +5,11 @@
 //! transport; we report the counted rounds, messages, exponentiations, signatures and
 //! verifications along the critical path next to the Table I/II formulas, and the measured
 //! serial computation time along that path. That time is a real member's, computing with its own
-//! state: after the event, the critical path found in place is timed again with each member on it
-//! replaying its inputs alone on a copy of its state (`Testbed::replay_alone`). The *floor* is
+//! state: after the event, the critical path (the chain of steps with the most counted operations,
+//! the one the counts describe) is timed again with each member on it replaying its inputs alone
+//! on a copy of its state in memory of its own (`Testbed::replay_alone`): in place, a simulated
+//! member's key tree lies scattered among the allocations of all the others, and walking it
+//! cost a join at n = 1,024 more than its exponentiations. The *floor* is
 //! what the counted operations alone cost (exponentiations x one measured exponentiation +
 //! signatures x one signature + verifications x one verification + decodings of received group
 //! elements x one decoding); `ratio` = measured / floor shows the overhead of everything else
@@ -20,8 +23,7 @@
 //! checks a broadcast's signature, the others take its word) and compute on every thread; beyond
 //! n = 64 they do so during the event too, and then only the replay is timed
 //! (`compute_shared_us`, the critical path as timed in place, and `compute_total_us`, every
-//! member's computation added up, are left out). The critical path is still the one the in-place
-//! times point to, which can then fall short of the slowest by a few verifications.
+//! member's computation added up, are left out).
 //!
 //! Events, with `n` the group size before the event: join (one member), leave (the member in the
 //! middle of the agreed order), merge (the two halves of a partitioned group, `n/2` each, merging

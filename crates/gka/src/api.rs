@@ -277,6 +277,14 @@ pub trait KeyAgreement: Send {
     /// message never reached them) resumes from the copy it kept at the last run they all
     /// completed.
     fn clone_box(&self) -> Box<dyn KeyAgreement>;
+    /// A copy in memory of its own: like [`KeyAgreement::clone_box`], but sharing nothing with
+    /// this state (a key tree's nodes are copied, not shared), so its values lie together as in
+    /// a member that holds its state alone. The testbed's replays start from one: a simulated
+    /// member's tree is spread among the allocations of every other member of the simulation,
+    /// which a real member's is not.
+    fn own_copy(&self) -> Box<dyn KeyAgreement> {
+        self.clone_box()
+    }
     /// Height of the key tree of the current run (TGDH, STR), for cost reports.
     fn tree_height(&self) -> Option<usize> {
         None

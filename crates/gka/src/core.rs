@@ -45,8 +45,9 @@ use crate::api::{
 use crate::members::{MemberSet, Members};
 use conclave_crypto::{GroupKey, Identity, Meter};
 use conclave_wire::gka::{Envelope, ProtocolId, MAX_MEMBERS, MAX_NAME_BYTES};
+use hashbrown::{DefaultHashBuilder, HashMap, HashSet};
 use sha2::{Digest, Sha256};
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// The most messages one member may have applied in one run. The busiest sender is a TGDH
@@ -71,12 +72,15 @@ pub(crate) struct Core {
     pub member_set: Members,
     /// Members known to share this member's secure state (see the module doc).
     pub side: Members,
-    /// Signatures of the messages already applied in the current run. Both schemes sign
-    /// deterministically, so a replayed message carries a signature seen before, and a signature
-    /// identifies its message without hashing the whole message again.
-    seen: HashSet<Vec<u8>>,
-    /// Messages applied from each sender in the current run, against [`MAX_MESSAGES_PER_SENDER`].
-    per_sender: std::collections::HashMap<MemberId, u32>,
+    /// Digests of the signatures of the messages already applied in the current run ([`seen_id`]).
+    /// Both schemes sign deterministically, so a replayed message carries a signature seen
+    /// before, and a signature identifies its message without hashing the whole message again.
+    /// Fixed-size entries: a new view empties the set without freeing one allocation per
+    /// message of the last run (after a merge of many members, thousands).
+    seen: HashSet<[u8; 32], DefaultHashBuilder>,
+    /// Messages applied from each sender in the current run, against [`MAX_MESSAGES_PER_SENDER`],
+    /// by the sender's position in the view.
+    per_sender: HashMap<u32, u32, DefaultHashBuilder>,
     pub in_progress: bool,
     /// The digest of the current view's member list, which every signature covers.
     members_hash: [u8; 32],
@@ -120,7 +124,7 @@ impl Core {
             view: None,
             member_set: Default::default(),
             side: Default::default(),
-            seen: HashSet::new(),
+            seen: Default::default(),
             per_sender: Default::default(),
             in_progress: false,
             members_hash: [0; 32],
@@ -270,13 +274,14 @@ impl Core {
                 actual: from.to_owned(),
             });
         }
-        if env.sender == self.me || !self.member_set.contains(&env.sender) {
-            return Err(GkaError::NotAMember(env.sender));
-        }
-        if self.seen.contains(&env.signature) {
+        let at = match self.member_set.position(&env.sender) {
+            Some(at) if env.sender != self.me => at as u32,
+            _ => return Err(GkaError::NotAMember(env.sender)),
+        };
+        if self.seen.contains(&seen_id(&env.signature)) {
             return Err(GkaError::Replay);
         }
-        if self.per_sender.get(&env.sender).copied().unwrap_or(0) >= MAX_MESSAGES_PER_SENDER {
+        if self.per_sender.get(&at).copied().unwrap_or(0) >= MAX_MESSAGES_PER_SENDER {
             return Err(GkaError::TooManyMessages(env.sender));
         }
         Ok((env, signed_len))
@@ -328,8 +333,10 @@ impl Core {
 
     /// Records that a message was applied, so that a replay of it is refused.
     pub fn applied(&mut self, msg: &Incoming) {
-        self.seen.insert(msg.signature.clone());
-        *self.per_sender.entry(msg.sender.clone()).or_insert(0) += 1;
+        self.seen.insert(seen_id(&msg.signature));
+        if let Some(at) = self.member_set.position(&msg.sender) {
+            *self.per_sender.entry(at as u32).or_insert(0) += 1;
+        }
     }
 
     /// Marks the run complete: the whole view becomes this member's side.
@@ -427,6 +434,11 @@ pub(crate) fn members_digest(members: &[MemberId]) -> [u8; 32] {
     h.finish()
 }
 
+/// What identifies an applied message in [`Core`]'s replay set: its signature's digest.
+fn seen_id(signature: &[u8]) -> [u8; 32] {
+    Sha256::digest(signature).into()
+}
+
 /// What a member signs: a domain-separated SHA-256 of the envelope's signed part (protocol,
 /// group, view id, sender, step and body) and of the view's member list, which the envelope does
 /// not carry: a message is good only for members that agree on who is in the view. Signing the
@@ -491,6 +503,66 @@ mod tests {
                 Err(GkaError::InvalidView("view id does not increase"))
             );
         }
+    }
+
+    /// A message applied once is refused again as a replay, and a sender is cut off after
+    /// [`MAX_MESSAGES_PER_SENDER`] messages in a run; a new view starts both afresh.
+    #[test]
+    fn replays_and_too_many_messages_are_refused_until_the_next_view() {
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(2);
+        let identity = Identity::generate(SigScheme::Ed25519, &mut rng).unwrap();
+        let mut core = Core::new(
+            "a".into(),
+            "g".into(),
+            ProtocolId::Bd,
+            identity,
+            Default::default(),
+        );
+        let two = |index| View {
+            members: vec!["a".into(), "b".into()].into(),
+            transitional: vec!["a".into(), "b".into()],
+            ..view(4, index)
+        };
+        core.install_view(two(1)).unwrap();
+        let message = |core: &Core, n: u32| {
+            let mut signature = vec![0; 64];
+            signature[..4].copy_from_slice(&n.to_be_bytes());
+            Envelope {
+                protocol: ProtocolId::Bd,
+                group: "g".into(),
+                view: core.view().unwrap().view_id,
+                sender: "b".into(),
+                kind: 1,
+                body: vec![],
+                signature,
+            }
+            .encode()
+        };
+        let apply = |core: &mut Core, n: u32| {
+            let (env, _) = core.check("b", &message(core, n))?;
+            core.applied(&Incoming {
+                sender: env.sender,
+                kind: env.kind,
+                body: env.body,
+                signature: env.signature,
+            });
+            Ok::<_, GkaError>(())
+        };
+        apply(&mut core, 0).unwrap();
+        assert_eq!(apply(&mut core, 0), Err(GkaError::Replay));
+        for n in 1..MAX_MESSAGES_PER_SENDER {
+            apply(&mut core, n).unwrap();
+        }
+        assert_eq!(
+            apply(&mut core, MAX_MESSAGES_PER_SENDER),
+            Err(GkaError::TooManyMessages("b".into()))
+        );
+        assert!(matches!(
+            core.check("a", &message(&core, MAX_MESSAGES_PER_SENDER + 1)),
+            Err(GkaError::SenderMismatch { .. })
+        ));
+        core.install_view(two(2)).unwrap();
+        apply(&mut core, 0).unwrap();
     }
 
     #[test]

@@ -67,6 +67,25 @@ impl<G: Group> Drop for Chain<G> {
     }
 }
 
+impl<G: Group> Chain<G> {
+    /// A copy sharing no name or blinded key with this one (see `KeyAgreement::own_copy`).
+    fn own_copy(&self) -> Self {
+        let bks =
+            |v: &[Option<Bk<G>>]| v.iter().map(|b| b.as_ref().map(BkData::own_copy)).collect();
+        Chain {
+            members: self
+                .members
+                .iter()
+                .map(|m| std::sync::Arc::from(&**m))
+                .collect(),
+            leaf_bk: bks(&self.leaf_bk),
+            node_bk: bks(&self.node_bk),
+            leaf_key: self.leaf_key.clone(),
+            node_key: self.node_key.clone(),
+        }
+    }
+}
+
 impl<G: Group> Clone for Chain<G> {
     fn clone(&self) -> Self {
         Chain {
@@ -409,6 +428,21 @@ impl<G: Group> KeyAgreement for Str<G> {
         ProtocolId::Str
     }
     forward_to_core!();
+
+    fn own_copy(&self) -> Box<dyn KeyAgreement> {
+        let mut c = self.clone();
+        c.secure = self.secure.as_ref().map(Chain::own_copy);
+        if let Some(r) = c.run.as_mut() {
+            r.chain = r.chain.own_copy();
+            r.foreign = r.foreign.iter().map(Chain::own_copy).collect();
+            for bks in r.leaves.values_mut() {
+                for (_, bk) in bks.iter_mut() {
+                    *bk = BkData::own_copy(bk);
+                }
+            }
+        }
+        Box::new(c)
+    }
 
     fn handle_view(&mut self, rng: &mut dyn CryptoRng, view: View) -> Result<(), GkaError> {
         self.core.install_view(view)?;

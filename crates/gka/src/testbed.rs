@@ -228,6 +228,9 @@ struct RecordedStep {
     /// Time taken in place: handling the input, then deriving keys.
     main_ns: u64,
     key_ns: u64,
+    /// Operations counted in each part.
+    main_ops: Meter,
+    key_ops: Meter,
 }
 
 /// The members' states when recording began, and every input since.
@@ -351,11 +354,34 @@ pub struct Testbed<G: Group> {
     _g: std::marker::PhantomData<G>,
 }
 
-/// The critical path of the view numbered `view` among recorded `steps`: the chain of steps that
-/// ended last at a member's key, as timed in place. `None` if the view produced no key.
+/// The cost of a chain of steps: the operations counted along it, then its time in place.
+#[derive(Clone, Copy, Default)]
+struct ChainCost {
+    ops: Meter,
+    ns: u64,
+}
+
+impl ChainCost {
+    /// Chains compare by their operations (as the view's critical counts do), then by time.
+    fn rank(&self) -> ((u64, u64), u64) {
+        (self.ops.weight(), self.ns)
+    }
+    fn plus(mut self, ops: &Meter, ns: u64) -> Self {
+        self.ops.add(ops);
+        self.ns += ns;
+        self
+    }
+}
+
+/// The critical path of the view numbered `view` among recorded `steps`: the chain of steps
+/// that ended at a member's key with the most operations counted along it (the path the view's
+/// critical counts describe), the latest in place among equals. `None` if the view produced
+/// no key. Ranking by time alone could pick a chain that in-place noise made late (members
+/// compute on several threads in a large group), with fewer operations than the counts give.
 fn critical_chain(steps: &[RecordedStep], view: u64) -> Option<CriticalChain> {
-    // In place: when each step sent its messages, and when it was done.
-    let (mut send_at, mut done_at) = (vec![0u64; steps.len()], vec![0u64; steps.len()]);
+    // In place: each step's chain up to sending its messages, and up to being done.
+    let mut send_at = vec![ChainCost::default(); steps.len()];
+    let mut done_at = vec![ChainCost::default(); steps.len()];
     let mut pred = vec![From::Start; steps.len()];
     let mut last: std::collections::HashMap<&str, usize> = Default::default();
     for (i, st) in steps.iter().enumerate() {
@@ -367,22 +393,23 @@ fn critical_chain(steps: &[RecordedStep], view: u64) -> Option<CriticalChain> {
                 .filter(|&j| steps[j].view_id == st.view_id),
         };
         let (a, b) = (
-            prev.map(|j| done_at[j]).unwrap_or(0),
-            st.origin.map(|o| send_at[o]).unwrap_or(0),
+            prev.map(|j| done_at[j]).unwrap_or_default(),
+            st.origin.map(|o| send_at[o]).unwrap_or_default(),
         );
         pred[i] = match (prev, st.origin) {
-            (Some(_), Some(o)) if b > a => From::Sender(o),
+            (Some(_), Some(o)) if b.rank() > a.rank() => From::Sender(o),
             (Some(j), _) => From::Prev(j),
             (None, Some(o)) => From::Sender(o),
             (None, None) => From::Start,
         };
-        send_at[i] = a.max(b) + st.main_ns;
-        done_at[i] = send_at[i] + st.key_ns;
+        let from = if b.rank() > a.rank() { b } else { a };
+        send_at[i] = from.plus(&st.main_ops, st.main_ns);
+        done_at[i] = send_at[i].plus(&st.key_ops, st.key_ns);
         last.insert(st.member.as_str(), i);
     }
     let end = (0..steps.len())
         .filter(|&i| steps[i].key_view == Some(view))
-        .max_by_key(|&i| done_at[i])?;
+        .max_by_key(|&i| done_at[i].rank())?;
     let mut chain = vec![end];
     while let From::Prev(j) | From::Sender(j) = pred[*chain.last().expect("not empty")] {
         chain.push(j);
@@ -849,6 +876,8 @@ impl<G: Group> Testbed<G> {
                     key_view: None,
                     main_ns: 0,
                     key_ns: 0,
+                    main_ops: Meter::default(),
+                    key_ops: Meter::default(),
                 });
                 rec.steps.len() - 1
             });
@@ -961,6 +990,8 @@ impl<G: Group> Testbed<G> {
             st.key_view = o.keys.last().map(|k| k.view_id.index);
             st.main_ns = o.main_ns;
             st.key_ns = o.key_ns;
+            st.main_ops = o.main_delta;
+            st.key_ops = o.key_delta;
         }
         for k in o.keys {
             self.key_log.push((name.to_owned(), k.clone()));
@@ -1099,9 +1130,10 @@ impl<G: Group> Testbed<G> {
 
     /// The critical path of the view numbered `view` (the chain of steps that ended last at a
     /// member's key, as timed in place), timed again with each member on it computing alone: its
-    /// recorded inputs are replayed on a copy of its state, in one go, so that its own state is
-    /// what the processor's caches hold, as in a real member (in place, all simulated members'
-    /// states compete for them between its steps). Returns the replayed time in microseconds;
+    /// recorded inputs are replayed on a copy of its state in memory of its own
+    /// ([`KeyAgreement::own_copy`]), in one go, so that its own state is what the processor's
+    /// caches hold, as in a real member (in place, all simulated members' states compete for
+    /// them between its steps, and each member's tree lies scattered among theirs). Returns the replayed time in microseconds;
     /// `None` if nothing was recorded or the view produced no key. Members stop sharing their
     /// verifications first: a replayed member verifies every signature itself. The recording is
     /// kept, so that the replay can be timed again.
@@ -1120,7 +1152,7 @@ impl<G: Group> Testbed<G> {
         let mut alone: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
         for (name, own) in &chain.members {
             let (ka, rng) = rec.start.get(name)?;
-            let (mut ka, mut rng) = (ka.clone_box(), rng.clone());
+            let (mut ka, mut rng) = (ka.own_copy(), rng.clone());
             for &i in own {
                 let input = steps[i].input.delivered();
                 let t = Instant::now();
@@ -1152,5 +1184,77 @@ impl<G: Group> Testbed<G> {
     /// Messages waiting to be delivered.
     pub fn queued(&self) -> usize {
         self.queue.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::script::parse;
+    use conclave_crypto::Ristretto255;
+
+    /// The chain replayed alone is the path the view's critical counts describe: its steps'
+    /// operations add up to exactly those counts, whatever the in-place times (here not even
+    /// measured), so a replay's ratio to its floor compares like with like.
+    #[test]
+    fn the_replayed_chain_carries_the_views_critical_counts() {
+        let names: Vec<String> = (0..9).map(|i| format!("m{i}")).collect();
+        for p in [
+            ProtocolId::Gdh,
+            ProtocolId::Ckd,
+            ProtocolId::Tgdh,
+            ProtocolId::Str,
+            ProtocolId::Bd,
+        ] {
+            for event in [
+                "join x".to_owned(),
+                format!("leave {}", names[4]),
+                format!("partition {}", names[5..].join(" ")),
+                format!("merge {}", names[5..].join(" ")),
+            ] {
+                let mut tb = Testbed::<Ristretto255>::new(p, SigScheme::Ed25519, 7);
+                tb.measure_time = false;
+                let init = format!("init {}", names.join(" "));
+                tb.run_script(&parse(&init).unwrap()).unwrap();
+                if event.starts_with("merge") {
+                    let split = format!("partition {}", names[5..].join(" "));
+                    tb.run_script(&parse(&split).unwrap()).unwrap();
+                }
+                tb.record();
+                tb.run_script(&parse(&event).unwrap()).unwrap();
+                assert!(tb.errors.is_empty(), "{p:?} {event}: {:?}", tb.errors);
+                let rec = tb
+                    .records
+                    .iter()
+                    .rev()
+                    .find(|r| r.members.iter().any(|m| m == "m0"))
+                    .unwrap()
+                    .clone();
+                let steps = &tb.recording.as_ref().unwrap().steps;
+                let chain = critical_chain(steps, rec.view).expect("a keyed view");
+                let mut ops = Meter::default();
+                for (k, &(i, _)) in chain.steps.iter().enumerate() {
+                    ops.add(&steps[i].main_ops);
+                    // A step's key derivation is on the path if a later step of the same
+                    // member follows it, or if it ends the chain.
+                    let next = chain.steps.get(k + 1);
+                    if next.is_none() || matches!(next, Some((_, From::Prev(_)))) {
+                        ops.add(&steps[i].key_ops);
+                    }
+                }
+                let counts = (
+                    rec.exps_critical,
+                    rec.sigs_critical,
+                    rec.verifs_critical,
+                    rec.decodes_critical,
+                );
+                assert_eq!(
+                    (ops.exps, ops.sigs, ops.verifs, ops.decodes),
+                    counts,
+                    "{p:?} {event}"
+                );
+                assert!(tb.replay_alone(rec.view).is_some(), "{p:?} {event}");
+            }
+        }
     }
 }

@@ -379,6 +379,18 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
     }
     forward_to_core!();
 
+    fn own_copy(&self) -> Box<dyn KeyAgreement> {
+        let mut c = self.clone();
+        c.secure = self.secure.as_ref().map(Node::own_copy);
+        c.secure_paths = self.secure_paths.own_copy();
+        if let Some(r) = c.run.as_mut() {
+            r.tree = r.tree.own_copy();
+            r.foreign = r.foreign.iter().map(Node::own_copy).collect();
+            r.paths = r.paths.own_copy();
+        }
+        Box::new(c)
+    }
+
     fn handle_view(&mut self, rng: &mut dyn CryptoRng, view: View) -> Result<(), GkaError> {
         self.core.install_view(view)?;
         if let Some(run) = self.run.take() {

@@ -52,6 +52,10 @@ impl<G: Group> BkData<G> {
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
     }
+    /// A copy in an allocation of its own (see `KeyAgreement::own_copy`).
+    pub fn own_copy(bk: &Bk<G>) -> Bk<G> {
+        Arc::new(BkData::clone(bk))
+    }
     pub fn elem(&self) -> &G::Element {
         &self.elem
     }
@@ -79,6 +83,14 @@ impl PathIndex {
             all: None,
             found: vec![(member.to_owned(), path)],
             walks: 0,
+        }
+    }
+    /// A copy sharing nothing with this index (see `KeyAgreement::own_copy`).
+    pub fn own_copy(&self) -> Self {
+        PathIndex {
+            all: self.all.as_ref().map(|a| Arc::new(a.as_ref().clone())),
+            found: self.found.clone(),
+            walks: self.walks,
         }
     }
     /// `member`'s path in `tree`, which must have the shape of every tree asked about before.
@@ -189,6 +201,40 @@ impl<G: Group> Node<G> {
             height,
             size,
             stale,
+        }
+    }
+    /// A copy of the whole tree sharing no node, name or blinded key with this one (see
+    /// `KeyAgreement::own_copy`).
+    pub fn own_copy(&self) -> Self {
+        match self {
+            Node::Leaf {
+                member,
+                bk,
+                key,
+                stale,
+            } => Node::Leaf {
+                member: Arc::from(&**member),
+                bk: bk.as_ref().map(BkData::own_copy),
+                key: key.clone(),
+                stale: *stale,
+            },
+            Node::Internal {
+                bk,
+                key,
+                left,
+                right,
+                height,
+                size,
+                stale,
+            } => Node::Internal {
+                bk: bk.as_ref().map(BkData::own_copy),
+                key: key.clone(),
+                left: Arc::new(left.own_copy()),
+                right: Arc::new(right.own_copy()),
+                height: *height,
+                size: *size,
+                stale: *stale,
+            },
         }
     }
     pub fn bk(&self) -> Option<&Bk<G>> {
@@ -714,6 +760,40 @@ mod tests {
         }
         settle(&mut t);
         t
+    }
+
+    /// A tree's own copy is equal to it node for node but shares no node, name or blinded key.
+    #[test]
+    fn an_own_copy_shares_nothing() {
+        fn check(a: &N, b: &N) {
+            assert_eq!(a.bk().map(|k| k.bytes()), b.bk().map(|k| k.bytes()));
+            if let (Some(x), Some(y)) = (a.bk(), b.bk()) {
+                assert!(!Arc::ptr_eq(x, y));
+            }
+            match (a, b) {
+                (Node::Leaf { member: m, .. }, Node::Leaf { member: n, .. }) => {
+                    assert_eq!(m, n);
+                    assert!(!Arc::ptr_eq(m, n));
+                }
+                (
+                    Node::Internal { left, right, .. },
+                    Node::Internal {
+                        left: l, right: r, ..
+                    },
+                ) => {
+                    assert!(!Arc::ptr_eq(left, l) && !Arc::ptr_eq(right, r));
+                    check(left, l);
+                    check(right, r);
+                }
+                _ => panic!("the copy's shape differs"),
+            }
+        }
+        let names: Vec<String> = (0..11).map(|i| format!("m{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let t = build(&refs);
+        let c = t.own_copy();
+        assert!(t.same_shape(&c));
+        check(&t, &c);
     }
 
     #[test]
