@@ -67,6 +67,12 @@ pub trait Group: Clone + Send + Sync + 'static {
         let enc = elems.iter().map(Self::encode).collect();
         (elems, enc)
     }
+    /// `g^{s_i}` for every scalar, with the results' encodings, batched as [`Group::exp_batch`].
+    fn exp_g_batch(scalars: &[Self::Scalar]) -> (Vec<Self::Element>, Vec<Vec<u8>>) {
+        let elems: Vec<Self::Element> = scalars.iter().map(Self::exp_g).collect();
+        let enc = elems.iter().map(Self::encode).collect();
+        (elems, enc)
+    }
     /// The encodings of `g^{s_i}`, batched as [`Group::exp_batch`].
     fn exp_g_batch_encoded(scalars: &[Self::Scalar]) -> Vec<Vec<u8>> {
         scalars

@@ -241,6 +241,13 @@ mod tests {
             G::exp_g_batch_encoded(&[a.clone(), b.clone()]),
             vec![G::encode(&ga), G::encode(&gb)]
         );
+        assert_eq!(
+            G::exp_g_batch(&[a.clone(), b.clone()]),
+            (
+                vec![ga.clone(), gb.clone()],
+                vec![G::encode(&ga), G::encode(&gb)]
+            )
+        );
         // inverse exponents factor out
         let ainv = G::scalar_inv(&a).unwrap();
         assert_eq!(G::exp(&G::exp(&gb, &a), &ainv), gb);

@@ -108,16 +108,20 @@ impl Group for Ristretto255 {
         let elems = halves.iter().map(|h| h + h).collect();
         (elems, enc)
     }
-    fn exp_g_batch_encoded(scalars: &[WipedScalar]) -> Vec<Vec<u8>> {
+    fn exp_g_batch(scalars: &[WipedScalar]) -> (Vec<RistrettoPoint>, Vec<Vec<u8>>) {
         let inv2 = Scalar::from(2u64).invert();
         let halves: Vec<RistrettoPoint> = scalars
             .iter()
             .map(|s| &WipedScalar(s.0 * inv2).0 * RISTRETTO_BASEPOINT_TABLE)
             .collect();
-        RistrettoPoint::double_and_compress_batch(&halves)
+        let enc = RistrettoPoint::double_and_compress_batch(&halves)
             .into_iter()
             .map(|c| c.as_bytes().to_vec())
-            .collect()
+            .collect();
+        (halves.iter().map(|h| h + h).collect(), enc)
+    }
+    fn exp_g_batch_encoded(scalars: &[WipedScalar]) -> Vec<Vec<u8>> {
+        Self::exp_g_batch(scalars).1
     }
     fn decode(bytes: &[u8], allow_identity: bool) -> Result<RistrettoPoint, GroupError> {
         let c = CompressedRistretto::from_slice(bytes).map_err(|_| GroupError::BadLength {

@@ -11,6 +11,14 @@ pub(crate) fn exp_g<G: Group>(m: &mut Meter, s: &G::Scalar) -> G::Element {
     m.exps += 1;
     G::exp_g(s)
 }
+/// `g^{s_i}` for every scalar, with the encodings, sharing work across the batch.
+pub(crate) fn exp_g_batch<G: Group>(
+    m: &mut Meter,
+    s: &[G::Scalar],
+) -> (Vec<G::Element>, Vec<Vec<u8>>) {
+    m.exps += s.len() as u64;
+    G::exp_g_batch(s)
+}
 /// Decodes a group element received from another member (never the identity).
 pub(crate) fn decode<G: Group>(m: &mut Meter, bytes: &[u8]) -> Result<G::Element, GroupError> {
     m.decodes += 1;

@@ -34,7 +34,7 @@ use crate::api::{
 use crate::core::Core;
 use crate::members::MemberSet;
 use crate::ops;
-use crate::tree::{Bk, BkData};
+use crate::tree::{Bk, BkData, OwnCopies};
 use conclave_crypto::{CryptoRng, Group, Identity, Meter};
 use conclave_wire::gka::{ProtocolId, StrMsg};
 use std::collections::BTreeSet;
@@ -68,18 +68,17 @@ impl<G: Group> Drop for Chain<G> {
 }
 
 impl<G: Group> Chain<G> {
-    /// A copy sharing no name or blinded key with this one (see `KeyAgreement::own_copy`).
-    fn own_copy(&self) -> Self {
-        let bks =
-            |v: &[Option<Bk<G>>]| v.iter().map(|b| b.as_ref().map(BkData::own_copy)).collect();
+    /// A copy sharing no name or blinded key with anything outside `copies` (see
+    /// `KeyAgreement::own_copy`).
+    fn own_copy(&self, copies: &mut OwnCopies<G>) -> Self {
+        let mut bks = |v: &[Option<Bk<G>>]| -> Vec<Option<Bk<G>>> {
+            v.iter().map(|b| b.as_ref().map(|b| copies.bk(b))).collect()
+        };
+        let (leaf_bk, node_bk) = (bks(&self.leaf_bk), bks(&self.node_bk));
         Chain {
-            members: self
-                .members
-                .iter()
-                .map(|m| std::sync::Arc::from(&**m))
-                .collect(),
-            leaf_bk: bks(&self.leaf_bk),
-            node_bk: bks(&self.node_bk),
+            members: self.members.iter().map(|m| copies.name(m)).collect(),
+            leaf_bk,
+            node_bk,
             leaf_key: self.leaf_key.clone(),
             node_key: self.node_key.clone(),
         }
@@ -430,14 +429,15 @@ impl<G: Group> KeyAgreement for Str<G> {
     forward_to_core!();
 
     fn own_copy(&self) -> Box<dyn KeyAgreement> {
+        let mut copies = OwnCopies::default();
         let mut c = self.clone();
-        c.secure = self.secure.as_ref().map(Chain::own_copy);
+        c.secure = self.secure.as_ref().map(|s| s.own_copy(&mut copies));
         if let Some(r) = c.run.as_mut() {
-            r.chain = r.chain.own_copy();
-            r.foreign = r.foreign.iter().map(Chain::own_copy).collect();
+            r.chain = r.chain.own_copy(&mut copies);
+            r.foreign = r.foreign.iter().map(|f| f.own_copy(&mut copies)).collect();
             for bks in r.leaves.values_mut() {
                 for (_, bk) in bks.iter_mut() {
-                    *bk = BkData::own_copy(bk);
+                    *bk = copies.bk(bk);
                 }
             }
         }

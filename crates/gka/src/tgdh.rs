@@ -46,7 +46,7 @@ use crate::api::{
 };
 use crate::core::Core;
 use crate::ops;
-use crate::tree::{Bk, BkData, Node, PathIndex};
+use crate::tree::{Bk, BkData, Node, OwnCopies, PathIndex};
 use conclave_crypto::{CryptoRng, Group, Identity};
 use conclave_wire::gka::{NodePath, ProtocolId, TgdhMsg};
 use std::collections::BTreeSet;
@@ -170,10 +170,16 @@ fn advance<G: Group>(
                 .map(|n| n.rightmost() == me)
                 .unwrap_or(false)
         {
-            for d in computed {
+            // Blinded all at once: one field inversion encodes the lot (ristretto255).
+            let keys: Vec<G::Scalar> = computed
+                .iter()
+                .map(|&d| tree.at(&path[..d]).and_then(|n| n.key()).cloned())
+                .collect::<Option<_>>()
+                .expect("just computed");
+            let (elems, encodings) = ops::exp_g_batch::<G>(meter, &keys);
+            for ((d, elem), bytes) in computed.into_iter().zip(elems).zip(encodings) {
+                let bk: Bk<G> = BkData::from_parts(elem, bytes);
                 let node = tree.at_mut(&path[..d]).expect("ancestor exists");
-                let key = node.key().cloned().expect("just computed");
-                let bk: Bk<G> = BkData::from_elem(ops::exp_g::<G>(meter, &key));
                 node.set_bk(Some(bk.clone()));
                 bks.push((path[..d].to_vec(), bk));
             }
@@ -380,12 +386,13 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
     forward_to_core!();
 
     fn own_copy(&self) -> Box<dyn KeyAgreement> {
+        let mut copies = OwnCopies::default();
         let mut c = self.clone();
-        c.secure = self.secure.as_ref().map(Node::own_copy);
+        c.secure = self.secure.as_ref().map(|t| t.own_copy(&mut copies));
         c.secure_paths = self.secure_paths.own_copy();
         if let Some(r) = c.run.as_mut() {
-            r.tree = r.tree.own_copy();
-            r.foreign = r.foreign.iter().map(Node::own_copy).collect();
+            r.tree = r.tree.own_copy(&mut copies);
+            r.foreign = r.foreign.iter().map(|t| t.own_copy(&mut copies)).collect();
             r.paths = r.paths.own_copy();
         }
         Box::new(c)

@@ -52,12 +52,52 @@ impl<G: Group> BkData<G> {
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
     }
-    /// A copy in an allocation of its own (see `KeyAgreement::own_copy`).
-    pub fn own_copy(bk: &Bk<G>) -> Bk<G> {
-        Arc::new(BkData::clone(bk))
-    }
     pub fn elem(&self) -> &G::Element {
         &self.elem
+    }
+}
+
+/// Copies of a member's shared values (nodes, blinded keys, names) for
+/// `KeyAgreement::own_copy`: each value gets one new allocation, however many places of the
+/// state share it (a run's tree shares most of its nodes with the last completed one), so the
+/// copy shares within itself what the original did, and nothing with anything else.
+pub(crate) struct OwnCopies<G: Group> {
+    nodes: std::collections::HashMap<usize, Arc<Node<G>>>,
+    bks: std::collections::HashMap<usize, Bk<G>>,
+    names: std::collections::HashMap<usize, Arc<str>>,
+}
+
+impl<G: Group> Default for OwnCopies<G> {
+    fn default() -> Self {
+        OwnCopies {
+            nodes: Default::default(),
+            bks: Default::default(),
+            names: Default::default(),
+        }
+    }
+}
+
+impl<G: Group> OwnCopies<G> {
+    pub fn node(&mut self, n: &Arc<Node<G>>) -> Arc<Node<G>> {
+        let at = Arc::as_ptr(n) as usize;
+        if let Some(c) = self.nodes.get(&at) {
+            return c.clone();
+        }
+        let c = Arc::new(n.own_copy(self));
+        self.nodes.insert(at, c.clone());
+        c
+    }
+    pub fn bk(&mut self, b: &Bk<G>) -> Bk<G> {
+        self.bks
+            .entry(Arc::as_ptr(b) as usize)
+            .or_insert_with(|| Arc::new(BkData::clone(b)))
+            .clone()
+    }
+    pub fn name(&mut self, m: &Arc<str>) -> Arc<str> {
+        self.names
+            .entry(Arc::as_ptr(m) as *const u8 as usize)
+            .or_insert_with(|| Arc::from(&**m))
+            .clone()
     }
 }
 
@@ -203,9 +243,9 @@ impl<G: Group> Node<G> {
             stale,
         }
     }
-    /// A copy of the whole tree sharing no node, name or blinded key with this one (see
-    /// `KeyAgreement::own_copy`).
-    pub fn own_copy(&self) -> Self {
+    /// A copy of the whole tree sharing no node, name or blinded key with anything outside
+    /// `copies` (see [`OwnCopies`]).
+    pub fn own_copy(&self, copies: &mut OwnCopies<G>) -> Self {
         match self {
             Node::Leaf {
                 member,
@@ -213,8 +253,8 @@ impl<G: Group> Node<G> {
                 key,
                 stale,
             } => Node::Leaf {
-                member: Arc::from(&**member),
-                bk: bk.as_ref().map(BkData::own_copy),
+                member: copies.name(member),
+                bk: bk.as_ref().map(|b| copies.bk(b)),
                 key: key.clone(),
                 stale: *stale,
             },
@@ -227,10 +267,10 @@ impl<G: Group> Node<G> {
                 size,
                 stale,
             } => Node::Internal {
-                bk: bk.as_ref().map(BkData::own_copy),
+                bk: bk.as_ref().map(|b| copies.bk(b)),
                 key: key.clone(),
-                left: Arc::new(left.own_copy()),
-                right: Arc::new(right.own_copy()),
+                left: copies.node(left),
+                right: copies.node(right),
                 height: *height,
                 size: *size,
                 stale: *stale,
@@ -791,9 +831,29 @@ mod tests {
         let names: Vec<String> = (0..11).map(|i| format!("m{i}")).collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let t = build(&refs);
-        let c = t.own_copy();
+        let mut copies = OwnCopies::default();
+        let c = t.own_copy(&mut copies);
         assert!(t.same_shape(&c));
         check(&t, &c);
+        // Within the copy, what the original shared is shared again, once.
+        let mut u = t.clone();
+        let p = u.find("m3").unwrap();
+        u.at_mut(&p).unwrap().set_key(None);
+        let d = u.own_copy(&mut copies);
+        let (Node::Internal { left: a, .. }, Node::Internal { left: b, .. }) = (&c, &d) else {
+            panic!("a tree of 11 has an internal root");
+        };
+        let (Node::Internal { right: x, .. }, Node::Internal { right: y, .. }) = (&c, &d) else {
+            unreachable!()
+        };
+        assert!(
+            !Arc::ptr_eq(a, b) || !Arc::ptr_eq(x, y),
+            "the changed side is copied apart"
+        );
+        assert!(
+            Arc::ptr_eq(a, b) || Arc::ptr_eq(x, y),
+            "the unchanged side is shared"
+        );
     }
 
     #[test]
