@@ -42,7 +42,7 @@ macro_rules! forward_to_core {
 use crate::api::{
     Dest, GkaError, GroupViewId, MemberId, Order, SecureView, SharedDirectory, Transmit, View,
 };
-use crate::members::{MemberSet, Members};
+use crate::members::{in_order, MemberSet, Members};
 use conclave_crypto::{GroupKey, Identity, Meter};
 use conclave_wire::gka::{Envelope, ProtocolId, MAX_MEMBERS, MAX_NAME_BYTES};
 use hashbrown::{DefaultHashBuilder, HashMap, HashSet};
@@ -152,15 +152,20 @@ impl Core {
         if !set.contains(&self.me) {
             return Err(GkaError::InvalidView("this member is not in the view"));
         }
-        // The transitional set, by position in the view: found with the lookups that check it.
+        // The transitional set, by position in the view. It usually lists its members in the
+        // view's order, and is then matched by walking both lists; otherwise by lookups, which
+        // also check it.
         let mut in_trans = vec![false; view.members.len()];
-        for m in &view.transitional {
-            match set.position(m) {
-                Some(i) => in_trans[i] = true,
-                None => {
-                    return Err(GkaError::InvalidView(
-                        "transitional set must be a subset of the view containing this member",
-                    ))
+        if !in_order(&view.transitional, &view.members, |i| in_trans[i] = true) {
+            in_trans.fill(false);
+            for m in &view.transitional {
+                match set.position(m) {
+                    Some(i) => in_trans[i] = true,
+                    None => {
+                        return Err(GkaError::InvalidView(
+                            "transitional set must be a subset of the view containing this member",
+                        ))
+                    }
                 }
             }
         }
@@ -179,7 +184,9 @@ impl Core {
         let trans = |m: &str| set.position(m).is_some_and(|i| in_trans[i]);
         if self.side.is_empty() {
             self.side = Arc::new(MemberSet::single(&self.me));
-        } else if !self.side.contains(&self.me) || !self.side.all(trans) {
+        } else if !self.side.contains(&self.me)
+            || !(self.side.in_order_within(&view.transitional) || self.side.all(trans))
+        {
             let mut side = self.side.filtered(trans);
             side.insert(&self.me);
             self.side = Arc::new(side);
@@ -563,6 +570,36 @@ mod tests {
         ));
         core.install_view(two(2)).unwrap();
         apply(&mut core, 0).unwrap();
+    }
+
+    /// A transitional set in another order than the view's is found by lookups, and one that
+    /// names a member outside the view is refused, as when it is in order.
+    #[test]
+    fn a_transitional_set_in_any_order_is_taken_and_a_foreign_one_refused() {
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(3);
+        let identity = Identity::generate(SigScheme::Ed25519, &mut rng).unwrap();
+        let mut core = Core::new(
+            "b".into(),
+            "g".into(),
+            ProtocolId::Bd,
+            identity,
+            Default::default(),
+        );
+        let with = |index, transitional: &[&str]| View {
+            members: vec!["a".into(), "b".into(), "c".into()].into(),
+            transitional: transitional.iter().map(|m| m.to_string()).collect(),
+            ..view(4, index)
+        };
+        core.install_view(with(1, &["b"])).unwrap();
+        core.install_view(with(2, &["c", "b", "a"])).unwrap();
+        assert_eq!(core.side.len(), 1);
+        core.install_view(with(3, &["a", "b", "c"])).unwrap();
+        assert_eq!(
+            core.install_view(with(4, &["b", "x"])),
+            Err(GkaError::InvalidView(
+                "transitional set must be a subset of the view containing this member"
+            ))
+        );
     }
 
     #[test]

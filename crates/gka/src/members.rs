@@ -63,6 +63,14 @@ impl MemberSet {
             }
         }
     }
+    /// True if every member of this set is in `list`, found by walking both in order, without a
+    /// lookup per name: when the set holds its whole list of names and `list` keeps their order
+    /// (a view's transitional set lists the members of the view before in that view's order,
+    /// and the side is that view's whole set after a completed run). False when the walk cannot
+    /// tell, whatever the answer.
+    pub fn in_order_within(&self, list: &[MemberId]) -> bool {
+        self.table.len() == self.names.len() && in_order(&self.names, list, |_| {})
+    }
     /// The members `keep` accepts, with their positions.
     pub fn filtered(&self, keep: impl Fn(&str) -> bool) -> Self {
         let mut table = self.table.clone();
@@ -111,6 +119,26 @@ impl MemberSet {
     }
 }
 
+/// Walks `within` once, finding each name of `names` in turn after the last one found, and calls
+/// `found` with its position; false, having stopped, at the first name not found so.
+pub(crate) fn in_order(
+    names: &[MemberId],
+    within: &[MemberId],
+    mut found: impl FnMut(usize),
+) -> bool {
+    let mut at = 0;
+    for name in names {
+        match within[at..].iter().position(|m| m == name) {
+            Some(i) => {
+                found(at + i);
+                at += i + 1;
+            }
+            None => return false,
+        }
+    }
+    true
+}
+
 impl std::fmt::Debug for MemberSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut names: Vec<&str> = self
@@ -155,6 +183,25 @@ mod tests {
         assert_eq!(s.position("b"), Some(2));
         assert_eq!(s.position("d"), None);
         assert_eq!(s.len(), 3);
+    }
+
+    #[test]
+    fn a_walk_in_order_finds_a_subsequence_and_nothing_else() {
+        let list: Vec<MemberId> = ["a", "b", "c", "d"].iter().map(|m| m.to_string()).collect();
+        let names = |ms: &[&str]| -> Vec<MemberId> { ms.iter().map(|m| m.to_string()).collect() };
+        let mut at = Vec::new();
+        assert!(in_order(&names(&["b", "d"]), &list, |i| at.push(i)));
+        assert_eq!(at, [1, 3]);
+        // Out of order, repeated or absent: the walk cannot tell.
+        for ms in [&["d", "b"][..], &["b", "b"], &["b", "x"]] {
+            assert!(!in_order(&names(ms), &list, |_| {}));
+        }
+        assert!(set(&["a", "c"]).in_order_within(&list));
+        assert!(!set(&["c", "a"]).in_order_within(&list));
+        // A filtered set does not hold its whole list: the caller looks each name up.
+        assert!(!set(&["a", "x", "c"])
+            .filtered(|m| m != "x")
+            .in_order_within(&list));
     }
 
     #[test]
