@@ -129,15 +129,17 @@ impl<G: Group> Chain<G> {
             self.node_key[k] = None;
         }
     }
-    /// Keeps only `keep`; returns the position from which nodes are invalid (len if none).
-    fn prune(&mut self, keep: &MemberSet) -> usize {
+    /// The chain of `keep` alone, and the position from which its nodes are invalid (its length
+    /// if none).
+    fn pruned(&self, keep: &MemberSet) -> (Self, usize) {
         let mut lowest = None;
+        let n = keep.len().min(self.len());
         let mut out = Chain::<G> {
-            members: vec![],
-            leaf_bk: vec![],
-            node_bk: vec![],
+            members: Vec::with_capacity(n),
+            leaf_bk: Vec::with_capacity(n),
+            node_bk: Vec::with_capacity(n),
             leaf_key: self.leaf_key.clone(),
-            node_key: vec![],
+            node_key: Vec::with_capacity(n),
         };
         for i in 0..self.len() {
             if keep.contains(&self.members[i]) {
@@ -157,14 +159,14 @@ impl<G: Group> Chain<G> {
                 lowest = Some(out.members.len());
             }
         }
-        *self = out;
-        match lowest {
+        let from = match lowest {
             Some(l) => {
-                self.invalidate_from(l.max(1).min(self.len()));
+                out.invalidate_from(l.max(1).min(out.len()));
                 l
             }
-            None => self.len(),
-        }
+            None => out.len(),
+        };
+        (out, from)
     }
 }
 
@@ -453,11 +455,16 @@ impl<G: Group> KeyAgreement for Str<G> {
         }
         let me = self.core.me.clone();
         let side = self.core.side.clone();
-        let mut chain = self
-            .secure
-            .clone()
-            .unwrap_or_else(|| Chain::alone(me.clone()));
-        let invalid_from = chain.prune(&side);
+        // The secure chain's members are the side it completed with, and a side only shrinks:
+        // one of the same size is that side, and nothing need be pruned.
+        let (mut chain, invalid_from) = match &self.secure {
+            Some(c) if c.len() == side.len() => {
+                debug_assert!(c.members.iter().all(|m| side.contains(m)));
+                (c.clone(), c.len())
+            }
+            Some(c) => c.pruned(&side),
+            None => (Chain::alone(me.clone()), 1),
+        };
         if chain.len() != side.len() {
             return Err(GkaError::InvalidView(
                 "side is not covered by the secure chain",
