@@ -38,13 +38,7 @@ use rand_chacha::rand_core::SeedableRng;
 use serde::Serialize;
 use std::time::Instant;
 
-pub const PROTOCOLS: [ProtocolId; 5] = [
-    ProtocolId::Gdh,
-    ProtocolId::Ckd,
-    ProtocolId::Tgdh,
-    ProtocolId::Str,
-    ProtocolId::Bd,
-];
+pub const PROTOCOLS: [ProtocolId; 5] = ProtocolId::ALL;
 pub const EVENTS: [&str; 4] = ["join", "leave", "merge", "partition"];
 
 /// The cost of one operation of each kind, measured.

@@ -471,6 +471,19 @@ mod tests {
     use conclave_crypto::SigScheme;
     use rand_chacha::rand_core::SeedableRng;
 
+    /// A BD member `me` of group `g`, with an identity drawn from `seed`.
+    fn core(me: &str, seed: u64) -> Core {
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(seed);
+        let identity = Identity::generate(SigScheme::Ed25519, &mut rng).unwrap();
+        Core::new(
+            me.into(),
+            "g".into(),
+            ProtocolId::Bd,
+            identity,
+            Default::default(),
+        )
+    }
+
     fn view(seq: u64, index: u64) -> View {
         View {
             group: "g".into(),
@@ -492,15 +505,7 @@ mod tests {
     /// whatever its index, and the same view or an older one is refused.
     #[test]
     fn views_are_ordered_by_ring_then_index() {
-        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(1);
-        let identity = Identity::generate(SigScheme::Ed25519, &mut rng).unwrap();
-        let mut core = Core::new(
-            "a".into(),
-            "g".into(),
-            ProtocolId::Bd,
-            identity,
-            Default::default(),
-        );
+        let mut core = core("a", 1);
         core.install_view(view(4, 7)).unwrap();
         core.install_view(view(4, 8)).unwrap();
         core.install_view(view(8, 0)).unwrap();
@@ -516,15 +521,7 @@ mod tests {
     /// [`MAX_MESSAGES_PER_SENDER`] messages in a run; a new view starts both afresh.
     #[test]
     fn replays_and_too_many_messages_are_refused_until_the_next_view() {
-        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(2);
-        let identity = Identity::generate(SigScheme::Ed25519, &mut rng).unwrap();
-        let mut core = Core::new(
-            "a".into(),
-            "g".into(),
-            ProtocolId::Bd,
-            identity,
-            Default::default(),
-        );
+        let mut core = core("a", 2);
         let two = |index| View {
             members: vec!["a".into(), "b".into()].into(),
             transitional: vec!["a".into(), "b".into()],
@@ -576,15 +573,7 @@ mod tests {
     /// names a member outside the view is refused, as when it is in order.
     #[test]
     fn a_transitional_set_in_any_order_is_taken_and_a_foreign_one_refused() {
-        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(3);
-        let identity = Identity::generate(SigScheme::Ed25519, &mut rng).unwrap();
-        let mut core = Core::new(
-            "b".into(),
-            "g".into(),
-            ProtocolId::Bd,
-            identity,
-            Default::default(),
-        );
+        let mut core = core("b", 3);
         let with = |index, transitional: &[&str]| View {
             members: vec!["a".into(), "b".into(), "c".into()].into(),
             transitional: transitional.iter().map(|m| m.to_string()).collect(),

@@ -25,13 +25,7 @@ pub fn protocol_name(p: ProtocolId) -> &'static str {
 pub fn generate() -> Value {
     let steps = parse(KAT_SCRIPT).expect("the KAT script parses");
     let mut protocols = serde_json::Map::new();
-    for p in [
-        ProtocolId::Gdh,
-        ProtocolId::Ckd,
-        ProtocolId::Tgdh,
-        ProtocolId::Str,
-        ProtocolId::Bd,
-    ] {
+    for p in ProtocolId::ALL {
         let mut tb = Testbed::<Ristretto255>::new(p, SigScheme::Ed25519, KAT_SEED);
         tb.measure_time = false;
         tb.run_script(&steps).expect("the KAT script runs");

@@ -1199,13 +1199,7 @@ mod tests {
     #[test]
     fn the_replayed_chain_carries_the_views_critical_counts() {
         let names: Vec<String> = (0..9).map(|i| format!("m{i}")).collect();
-        for p in [
-            ProtocolId::Gdh,
-            ProtocolId::Ckd,
-            ProtocolId::Tgdh,
-            ProtocolId::Str,
-            ProtocolId::Bd,
-        ] {
+        for p in ProtocolId::ALL {
             for event in [
                 "join x".to_owned(),
                 format!("leave {}", names[4]),

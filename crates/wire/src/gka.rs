@@ -38,6 +38,14 @@ pub enum ProtocolId {
 }
 
 impl ProtocolId {
+    /// All five, in their wire order.
+    pub const ALL: [ProtocolId; 5] = [
+        ProtocolId::Gdh,
+        ProtocolId::Ckd,
+        ProtocolId::Tgdh,
+        ProtocolId::Str,
+        ProtocolId::Bd,
+    ];
     pub fn from_u8(v: u8) -> Result<Self, DecodeError> {
         Ok(match v {
             1 => ProtocolId::Gdh,

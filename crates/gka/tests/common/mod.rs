@@ -8,13 +8,7 @@ use conclave_gka::testbed::{Testbed, ViewRecord};
 use conclave_gka::ProtocolId;
 use std::collections::{BTreeMap, BTreeSet};
 
-pub const ALL: [ProtocolId; 5] = [
-    ProtocolId::Gdh,
-    ProtocolId::Ckd,
-    ProtocolId::Tgdh,
-    ProtocolId::Str,
-    ProtocolId::Bd,
-];
+pub const ALL: [ProtocolId; 5] = ProtocolId::ALL;
 
 pub fn testbed(p: ProtocolId, seed: u64) -> Testbed<Ristretto255> {
     let mut tb = Testbed::<Ristretto255>::new(p, SigScheme::Ed25519, seed);
