@@ -38,11 +38,16 @@ impl Meter {
     }
     /// A total order used to pick the longer of two paths: weighted by the typical relative cost
     /// of each operation (a verification and an exponentiation cost about the same on ristretto255,
-    /// a signature about half, a decoding about an eighth), ties broken by exponentiations.
-    pub fn weight(&self) -> (u64, u64) {
+    /// a signature about half, a decoding about an eighth), ties broken by exponentiations, then
+    /// verifications, signatures and decodings, so that two paths of equal weight are equal
+    /// only if every count is.
+    pub fn weight(&self) -> (u64, u64, u64, u64, u64) {
         (
             16 * self.exps + 8 * self.sigs + 16 * self.verifs + self.decodes,
             self.exps,
+            self.verifs,
+            self.sigs,
+            self.decodes,
         )
     }
 }

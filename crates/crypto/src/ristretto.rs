@@ -30,6 +30,24 @@ impl Drop for WipedScalar {
     }
 }
 
+/// `g^{s/2}` for each `s`: doubled and compressed in one batch, they give the encodings of the
+/// `g^s` with one field inversion for the lot.
+fn halves_of_g(scalars: &[WipedScalar]) -> Vec<RistrettoPoint> {
+    let inv2 = Scalar::from(2u64).invert();
+    scalars
+        .iter()
+        .map(|s| &WipedScalar(s.0 * inv2).0 * RISTRETTO_BASEPOINT_TABLE)
+        .collect()
+}
+
+/// The encodings of `2h` for each `h`, with one field inversion for the lot.
+fn double_and_encode(halves: &[RistrettoPoint]) -> Vec<Vec<u8>> {
+    RistrettoPoint::double_and_compress_batch(halves)
+        .into_iter()
+        .map(|c| c.as_bytes().to_vec())
+        .collect()
+}
+
 impl Group for Ristretto255 {
     type Scalar = WipedScalar;
     type Element = RistrettoPoint;
@@ -101,27 +119,17 @@ impl Group for Ristretto255 {
         let half = WipedScalar(s.0 * Scalar::from(2u64).invert());
         let half = &half.0;
         let halves: Vec<RistrettoPoint> = bases.iter().map(|b| *b * half).collect();
-        let enc = RistrettoPoint::double_and_compress_batch(&halves)
-            .into_iter()
-            .map(|c| c.as_bytes().to_vec())
-            .collect();
+        let enc = double_and_encode(&halves);
         let elems = halves.iter().map(|h| h + h).collect();
         (elems, enc)
     }
     fn exp_g_batch(scalars: &[WipedScalar]) -> (Vec<RistrettoPoint>, Vec<Vec<u8>>) {
-        let inv2 = Scalar::from(2u64).invert();
-        let halves: Vec<RistrettoPoint> = scalars
-            .iter()
-            .map(|s| &WipedScalar(s.0 * inv2).0 * RISTRETTO_BASEPOINT_TABLE)
-            .collect();
-        let enc = RistrettoPoint::double_and_compress_batch(&halves)
-            .into_iter()
-            .map(|c| c.as_bytes().to_vec())
-            .collect();
+        let halves = halves_of_g(scalars);
+        let enc = double_and_encode(&halves);
         (halves.iter().map(|h| h + h).collect(), enc)
     }
     fn exp_g_batch_encoded(scalars: &[WipedScalar]) -> Vec<Vec<u8>> {
-        Self::exp_g_batch(scalars).1
+        double_and_encode(&halves_of_g(scalars))
     }
     fn decode(bytes: &[u8], allow_identity: bool) -> Result<RistrettoPoint, GroupError> {
         let c = CompressedRistretto::from_slice(bytes).map_err(|_| GroupError::BadLength {

@@ -277,11 +277,13 @@ pub trait KeyAgreement: Send {
     /// message never reached them) resumes from the copy it kept at the last run they all
     /// completed.
     fn clone_box(&self) -> Box<dyn KeyAgreement>;
-    /// A copy in memory of its own: like [`KeyAgreement::clone_box`], but sharing nothing with
-    /// this state (a key tree's nodes are copied, not shared), so its values lie together as in
-    /// a member that holds its state alone. The testbed's replays start from one: a simulated
-    /// member's tree is spread among the allocations of every other member of the simulation,
-    /// which a real member's is not.
+    /// A copy in memory of its own: like [`KeyAgreement::clone_box`], but TGDH's key trees and
+    /// STR's chains (their nodes, names and blinded keys) are copied rather than shared, once
+    /// each however many places of the state share them, so that they lie together as in a
+    /// member that holds its state alone. The rest is as `clone_box` copies it (the protocols
+    /// without a tree or chain copy nothing more). The testbed's replays start from one: a
+    /// simulated member's tree is spread among the allocations of every other member of the
+    /// simulation, which a real member's is not.
     fn own_copy(&self) -> Box<dyn KeyAgreement> {
         self.clone_box()
     }

@@ -45,7 +45,8 @@ use crate::api::{
 use crate::members::{in_order, MemberSet, Members};
 use conclave_crypto::{GroupKey, Identity, Meter};
 use conclave_wire::gka::{Envelope, ProtocolId, MAX_MEMBERS, MAX_NAME_BYTES};
-use hashbrown::{DefaultHashBuilder, HashMap, HashSet};
+use foldhash::fast::RandomState;
+use hashbrown::{HashMap, HashSet};
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -77,10 +78,10 @@ pub(crate) struct Core {
     /// before, and a signature identifies its message without hashing the whole message again.
     /// Fixed-size entries: a new view empties the set without freeing one allocation per
     /// message of the last run (after a merge of many members, thousands).
-    seen: HashSet<[u8; 32], DefaultHashBuilder>,
+    seen: HashSet<[u8; 32], RandomState>,
     /// Messages applied from each sender in the current run, against [`MAX_MESSAGES_PER_SENDER`],
     /// by the sender's position in the view.
-    per_sender: HashMap<u32, u32, DefaultHashBuilder>,
+    per_sender: HashMap<u32, u32, RandomState>,
     pub in_progress: bool,
     /// The digest of the current view's member list, which every signature covers.
     members_hash: [u8; 32],

@@ -5,7 +5,7 @@
 //! with the view: building one allocates no name.
 
 use crate::api::MemberId;
-use hashbrown::DefaultHashBuilder;
+use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -16,11 +16,13 @@ pub(crate) struct MemberSet {
     /// The view's names (or a single name); the set holds the positions in `table`.
     names: Arc<[MemberId]>,
     table: HashTable<u32>,
-    /// Seeded at random (per process and per set): names are chosen by clients, so their hashes
-    /// must not be predictable. foldhash rather than SipHash: a member hashes every name of the
-    /// view at each view change (at n = 1,024, thousands of hashes of short names), and SipHash
-    /// made that a large share of a join's work.
-    hasher: DefaultHashBuilder,
+    /// Seeded at random (per process from the operating system, and per set): names are chosen
+    /// by clients, so their hashes must not be predictable. foldhash rather than SipHash: a
+    /// member hashes every name of the view at each view change (at n = 1,024, thousands of
+    /// hashes of short names), and SipHash made that a large share of a join's work. foldhash
+    /// does not claim to withstand an attacker who can watch its timing and choose names until
+    /// they collide; such names would cost at worst `MAX_MEMBERS`² comparisons per set built.
+    hasher: RandomState,
 }
 
 /// The shared form every protocol holds.
@@ -32,7 +34,7 @@ impl MemberSet {
         let mut set = MemberSet {
             names: members.clone(),
             table: HashTable::with_capacity(members.len()),
-            hasher: DefaultHashBuilder::default(),
+            hasher: RandomState::default(),
         };
         for i in 0..members.len() {
             if !set.add(i as u32) {

@@ -252,7 +252,7 @@ enum From {
     Sender(usize),
 }
 
-/// The chain of steps that ended last at a member's key, as timed in place.
+/// The chain of steps that is a view's critical path (see [`critical_chain`]).
 struct CriticalChain {
     /// Steps in order, each with where it starts.
     steps: Vec<(usize, From)>,
@@ -362,8 +362,9 @@ struct ChainCost {
 }
 
 impl ChainCost {
-    /// Chains compare by their operations (as the view's critical counts do), then by time.
-    fn rank(&self) -> ((u64, u64), u64) {
+    /// Chains compare by their operations (as the view's critical counts do), then by time:
+    /// two chains of equal operations have equal counts, whichever is kept.
+    fn rank(&self) -> ((u64, u64, u64, u64, u64), u64) {
         (self.ops.weight(), self.ns)
     }
     fn plus(mut self, ops: &Meter, ns: u64) -> Self {
@@ -1128,15 +1129,15 @@ impl<G: Group> Testbed<G> {
         });
     }
 
-    /// The critical path of the view numbered `view` (the chain of steps that ended last at a
-    /// member's key, as timed in place), timed again with each member on it computing alone: its
-    /// recorded inputs are replayed on a copy of its state in memory of its own
-    /// ([`KeyAgreement::own_copy`]), in one go, so that its own state is what the processor's
-    /// caches hold, as in a real member (in place, all simulated members' states compete for
-    /// them between its steps, and each member's tree lies scattered among theirs). Returns the replayed time in microseconds;
-    /// `None` if nothing was recorded or the view produced no key. Members stop sharing their
-    /// verifications first: a replayed member verifies every signature itself. The recording is
-    /// kept, so that the replay can be timed again.
+    /// The critical path of the view numbered `view` (see [`critical_chain`]), timed again with
+    /// each member on it computing alone: its recorded inputs are replayed on a copy of its
+    /// state in memory of its own ([`KeyAgreement::own_copy`]), in one go, so that its own state
+    /// is what the processor's caches hold, as in a real member (in place, all simulated
+    /// members' states compete for them between its steps, and each member's tree lies
+    /// scattered among theirs). Returns the replayed time in microseconds; `None` if nothing was
+    /// recorded or the view produced no key. Members stop sharing their verifications first: a
+    /// replayed member verifies every signature itself. The recording is kept, so that the
+    /// replay can be timed again.
     pub fn replay_alone(&mut self, view: u64) -> Option<f64> {
         self.share_verifications(false);
         let rec = self.recording.as_mut()?;
@@ -1155,13 +1156,19 @@ impl<G: Group> Testbed<G> {
             let (mut ka, mut rng) = (ka.own_copy(), rng.clone());
             for &i in own {
                 let input = steps[i].input.delivered();
+                let before = ka.meter();
                 let t = Instant::now();
                 let _ = input.apply(ka.as_mut(), &mut rng);
                 let main = t.elapsed().as_nanos() as u64;
+                let after_main = ka.meter();
                 while ka.poll_transmit().is_some() {}
                 let t = Instant::now();
                 while ka.poll_key().is_some() {}
                 alone.insert(i, (main, t.elapsed().as_nanos() as u64));
+                // The replay did what the step did in place (a copy that lost part of the
+                // state would time another computation).
+                debug_assert_eq!(after_main.since(&before), steps[i].main_ops, "step {i}");
+                debug_assert_eq!(ka.meter().since(&after_main), steps[i].key_ops, "step {i}");
             }
         }
         // Along the chain, with the replayed times.

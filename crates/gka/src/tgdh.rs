@@ -170,12 +170,18 @@ fn advance<G: Group>(
                 .map(|n| n.rightmost() == me)
                 .unwrap_or(false)
         {
-            // Blinded all at once: one field inversion encodes the lot (ristretto255).
+            // Blinded all at once: one field inversion encodes the lot (ristretto255). Collected
+            // in one allocation of the exact size: a vector that grew would leave node keys in
+            // the buffers it outgrew, which nothing wipes.
             let keys: Vec<G::Scalar> = computed
                 .iter()
-                .map(|&d| tree.at(&path[..d]).and_then(|n| n.key()).cloned())
-                .collect::<Option<_>>()
-                .expect("just computed");
+                .map(|&d| {
+                    tree.at(&path[..d])
+                        .and_then(|n| n.key())
+                        .cloned()
+                        .expect("just computed")
+                })
+                .collect();
             let (elems, encodings) = ops::exp_g_batch::<G>(meter, &keys);
             for ((d, elem), bytes) in computed.into_iter().zip(elems).zip(encodings) {
                 let bk: Bk<G> = BkData::from_parts(elem, bytes);

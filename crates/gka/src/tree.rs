@@ -125,7 +125,8 @@ impl PathIndex {
             walks: 0,
         }
     }
-    /// A copy sharing nothing with this index (see `KeyAgreement::own_copy`).
+    /// A copy sharing nothing with this index (see `KeyAgreement::own_copy`; two indexes that
+    /// shared their table each get a copy of it).
     pub fn own_copy(&self) -> Self {
         PathIndex {
             all: self.all.as_ref().map(|a| Arc::new(a.as_ref().clone())),
