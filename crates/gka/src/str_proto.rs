@@ -34,7 +34,7 @@ use crate::api::{
 use crate::core::Core;
 use crate::members::MemberSet;
 use crate::ops;
-use crate::tree::{Bk, BkData, OwnCopies};
+use crate::tree::{Bk, BkData, OwnCopies, TakeShared};
 use conclave_crypto::{CryptoRng, Group, Identity, Meter};
 use conclave_wire::gka::{ProtocolId, StrMsg};
 use std::collections::BTreeSet;

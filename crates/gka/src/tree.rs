@@ -77,23 +77,23 @@ impl<G: Group> Default for OwnCopies<G> {
     }
 }
 
-impl<G: Group> OwnCopies<G> {
-    pub fn node(&mut self, n: &Arc<Node<G>>) -> Arc<Node<G>> {
+impl<G: Group> TakeShared<G> for OwnCopies<G> {
+    fn node(&mut self, n: &Arc<Node<G>>) -> Arc<Node<G>> {
         let at = Arc::as_ptr(n) as usize;
         if let Some(c) = self.nodes.get(&at) {
             return c.clone();
         }
-        let c = Arc::new(n.own_copy(self));
+        let c = Arc::new(n.copy_with(self));
         self.nodes.insert(at, c.clone());
         c
     }
-    pub fn bk(&mut self, b: &Bk<G>) -> Bk<G> {
+    fn bk(&mut self, b: &Bk<G>) -> Bk<G> {
         self.bks
             .entry(Arc::as_ptr(b) as usize)
             .or_insert_with(|| Arc::new(BkData::clone(b)))
             .clone()
     }
-    pub fn name(&mut self, m: &Arc<str>) -> Arc<str> {
+    fn name(&mut self, m: &Arc<str>) -> Arc<str> {
         self.names
             .entry(Arc::as_ptr(m) as *const u8 as usize)
             .or_insert_with(|| Arc::from(&**m))
@@ -187,37 +187,32 @@ impl<G: Group> Drop for Node<G> {
 }
 
 impl<G: Group> Clone for Node<G> {
+    /// Shares the children, names and blinded keys.
     fn clone(&self) -> Self {
-        match self {
-            Node::Leaf {
-                member,
-                bk,
-                key,
-                stale,
-            } => Node::Leaf {
-                member: member.clone(),
-                bk: bk.clone(),
-                key: key.clone(),
-                stale: *stale,
-            },
-            Node::Internal {
-                bk,
-                key,
-                left,
-                right,
-                height,
-                size,
-                stale,
-            } => Node::Internal {
-                bk: bk.clone(),
-                key: key.clone(),
-                left: left.clone(),
-                right: right.clone(),
-                height: *height,
-                size: *size,
-                stale: *stale,
-            },
-        }
+        self.copy_with(&mut Shared)
+    }
+}
+
+/// How a copy of a node takes the parts a node may share with others: its children, its
+/// member's name and its blinded key.
+pub(crate) trait TakeShared<G: Group> {
+    fn node(&mut self, n: &Arc<Node<G>>) -> Arc<Node<G>>;
+    fn bk(&mut self, b: &Bk<G>) -> Bk<G>;
+    fn name(&mut self, m: &Arc<str>) -> Arc<str>;
+}
+
+/// A plain clone: every shared part stays shared.
+struct Shared;
+
+impl<G: Group> TakeShared<G> for Shared {
+    fn node(&mut self, n: &Arc<Node<G>>) -> Arc<Node<G>> {
+        n.clone()
+    }
+    fn bk(&mut self, b: &Bk<G>) -> Bk<G> {
+        b.clone()
+    }
+    fn name(&mut self, m: &Arc<str>) -> Arc<str> {
+        m.clone()
     }
 }
 
@@ -247,6 +242,10 @@ impl<G: Group> Node<G> {
     /// A copy of the whole tree sharing no node, name or blinded key with anything outside
     /// `copies` (see [`OwnCopies`]).
     pub fn own_copy(&self, copies: &mut OwnCopies<G>) -> Self {
+        self.copy_with(copies)
+    }
+    /// A copy of this node whose shared parts `take` provides.
+    fn copy_with(&self, take: &mut impl TakeShared<G>) -> Self {
         match self {
             Node::Leaf {
                 member,
@@ -254,8 +253,8 @@ impl<G: Group> Node<G> {
                 key,
                 stale,
             } => Node::Leaf {
-                member: copies.name(member),
-                bk: bk.as_ref().map(|b| copies.bk(b)),
+                member: take.name(member),
+                bk: bk.as_ref().map(|b| take.bk(b)),
                 key: key.clone(),
                 stale: *stale,
             },
@@ -268,10 +267,10 @@ impl<G: Group> Node<G> {
                 size,
                 stale,
             } => Node::Internal {
-                bk: bk.as_ref().map(|b| copies.bk(b)),
+                bk: bk.as_ref().map(|b| take.bk(b)),
                 key: key.clone(),
-                left: copies.node(left),
-                right: copies.node(right),
+                left: take.node(left),
+                right: take.node(right),
                 height: *height,
                 size: *size,
                 stale: *stale,
