@@ -630,6 +630,18 @@ impl KeyTree {
                 }
             }
         }
+        // `grow_to` put the old members under a keyless node on every new level. Usually a joiner
+        // lies below each of them; not when the joiners that would have filled a new level's first
+        // branch left again before the batch, and those slots stay empty.
+        for l in old_height + 1..=self.height {
+            let x = NodeIndex {
+                level: l,
+                offset: 0,
+            };
+            if self.get(x).is_some() {
+                changed.insert(x);
+            }
+        }
         let joined: BTreeSet<NodeIndex> = joins.iter().map(|(s, _)| NodeIndex::leaf(*s)).collect();
         // Bottom-up (BTreeSet orders by level first), so a child's new key exists before its parent's items.
         let mut new_keys: BTreeMap<NodeIndex, Zeroizing<[u8; 32]>> = BTreeMap::new();

@@ -238,3 +238,36 @@ fn a_batch_that_grows_the_tree_by_levels_keeps_old_members_out_of_new_branches()
         w.check_secrecy();
     }
 }
+
+/// A batch that grows the tree by two levels while the joiners that would have filled the first
+/// new level's left branch left again before the rekey: that branch holds only the old members, no
+/// changed leaf lies below it, and it still needs a key (their path runs through it).
+#[test]
+fn a_batch_that_grows_the_tree_past_emptied_slots_keys_the_old_members_branch() {
+    for strategy in [Rekeying::User, Rekeying::Key, Rekeying::Group] {
+        for signing in [Signing::None, Signing::Batch] {
+            for compact in [false, true] {
+                let mut w = World::with_members(
+                    config(GraphKind::Tree { degree: 2 }, strategy, signing, compact),
+                    31,
+                    2,
+                );
+                assert_eq!(w.server.height(), 1);
+                // Slots 2..8; the joiners in 2 and 3 leave before the rekey, so slots 4..8
+                // need height 3 and the node over slots 0..4 holds only members 0 and 1.
+                for u in 100..106 {
+                    w.queue_join(u);
+                }
+                w.queue_leave(100);
+                w.queue_leave(101);
+                w.flush();
+                assert_eq!(w.server.height(), 3);
+                w.leave(102);
+                w.join(200);
+                w.leave(0);
+                w.check();
+                w.check_secrecy();
+            }
+        }
+    }
+}
