@@ -7,6 +7,7 @@ pub mod groups;
 pub mod id_map;
 pub mod membership;
 pub mod ordering;
+mod seq_buffer;
 pub mod testnet;
 pub mod time;
 
