@@ -283,7 +283,20 @@ pub(crate) async fn wait_view(r: &mut Receiver, size: usize) -> Result<()> {
     }
 }
 
+/// The daemons' log on standard error when `RUST_LOG` asks for it (to see why a view changed
+/// in a run), timed from the start of the run.
+fn log_from_env() {
+    if let Ok(f) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(f)
+            .with_writer(std::io::stderr)
+            .with_timer(tracing_subscriber::fmt::time::uptime())
+            .try_init();
+    }
+}
+
 pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
+    log_from_env();
     let services = parse_services(&args.services)?;
     let secure = args
         .secure
@@ -810,12 +823,7 @@ async fn latency_once(
 }
 
 pub fn run_membership(args: MembershipArgs) -> Result<()> {
-    if let Ok(f) = tracing_subscriber::EnvFilter::try_from_default_env() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(f)
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    log_from_env();
     std::fs::create_dir_all(&args.out)?;
     let rt = tokio::runtime::Runtime::new()?;
     let rows = rt.block_on(async {
