@@ -29,13 +29,14 @@ pub struct DaemonArgs {
     /// Log filter (tracing's env-filter syntax); RUST_LOG overrides it.
     #[arg(long, default_value = "info")]
     log: String,
-    /// Threads for the daemon's sockets and tasks. With 1 (the default) the connections are read
-    /// and written on the thread that runs the protocol, and no input waits for a wake-up from
-    /// another thread: with three daemons and their members on two processors that delivered
-    /// about a tenth more. More threads read, write and run TLS handshakes beside the protocol,
-    /// which only pays with processors to spare.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-    threads: u16,
+    /// Worker threads of the daemon's runtime, shared by the protocol and the connections. With
+    /// 1 (the default) the connections are read and written on the thread that runs the
+    /// protocol, and no input waits for a wake-up from another thread: with three daemons and
+    /// their members on two processors that delivered about a tenth more. A daemon with a TLS
+    /// port takes 2 by default, so that a flood of handshakes cannot hold the protocol's thread
+    /// (and the ring's token) for long.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
 }
 
 /// The configuration a command uses: the file, or the three local daemons.
@@ -100,7 +101,11 @@ pub fn run_daemon(args: DaemonArgs) -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cfg = load_config(&args.config)?;
-    let rt = match args.threads {
+    let tls = cfg
+        .id_of(&args.name)
+        .and_then(|id| cfg.entry(id))
+        .is_some_and(|e| e.tls.is_some());
+    let rt = match args.threads.unwrap_or(if tls { 2 } else { 1 }) {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {
             let mut b = tokio::runtime::Builder::new_multi_thread();

@@ -63,8 +63,11 @@ const QUEUED_BYTES: usize = 8 << 20;
 
 /// Runs a relay until its standard input closes; says `{"listening":true}` once it takes members.
 pub fn run_relay(args: RelayArgs) -> Result<()> {
-    // The daemon's runtime, so that the limit's threads are those of a daemon.
-    let rt = tokio::runtime::Runtime::new()?;
+    // The daemon's runtime (one thread, as `conclave daemon` by default), so that the limit's
+    // threads are those of a daemon.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let udp = Arc::new(bind_udp(args.peer)?);
         let listener = TcpListener::bind(args.listen).await?;

@@ -39,7 +39,7 @@ use std::time::Duration;
 pub struct OrderingConfig {
     /// The last token holder sends the token again if it hears nothing for this long.
     pub token_retransmit_ms: u64,
-    /// Most new messages one token visit may send.
+    /// Most messages (new and retransmitted) one token visit may send.
     pub max_per_visit: u32,
     /// Most messages between the token's `aru` and `seq` (sent but not yet everywhere).
     pub window: u64,
@@ -67,7 +67,7 @@ impl Default for OrderingConfig {
             // Each visit costs the ring a pass of the token from one daemon to the next (a
             // wake-up, a datagram, a round of the protocol): with three daemons on two
             // processors, 200 a visit delivered 1 KiB agreed messages about a quarter faster
-            // than 60, and 600 no faster than 200.
+            // than 60, and 600 less than 200.
             max_per_visit: 200,
             // Above the messages of a rotation's visits at full load, so that it is the visits
             // that pace the ring; 600 to 2,000 delivered the same.
@@ -616,9 +616,10 @@ impl Ordering {
             .saturating_add(4 * (self.cfg.window + self.cfg.max_per_visit as u64))
     }
 
-    /// Wire input is hostile: a token whose numbers no ring could produce is refused.
+    /// Wire input is hostile: a token whose numbers no ring could produce is refused. A newer
+    /// token has numbered every message this member holds.
     fn plausible(&self, t: &Token) -> bool {
-        t.aru <= t.seq && t.seq <= self.horizon() && t.token_seq < u64::MAX
+        t.aru <= t.seq && self.my_aru <= t.seq && t.seq <= self.horizon() && t.token_seq < u64::MAX
     }
 
     fn on_data(&mut self, d: Data) {

@@ -142,6 +142,46 @@ fn impossible_tokens_and_far_messages_are_refused() {
     assert!(n.poll_transmit().is_none());
 }
 
+/// What a member holds ahead of what it has in order is bounded (the windows bound what an
+/// honest ring sends before everyone has it): a message at the bound is held, one past it is
+/// refused; and a newer token numbering fewer messages than the member holds is refused.
+#[test]
+fn the_horizon_bounds_what_is_held_and_tokens_behind_it_are_refused() {
+    let cfg = OrderingConfig::default();
+    let horizon = 4 * (cfg.window + cfg.max_per_visit as u64);
+    let mut n = Ordering::new(cfg, 2, ring(), vec![1, 2, 3]);
+    let data = |seq| {
+        Packet::Data(Data {
+            ring: ring(),
+            seq,
+            sender: 1,
+            origin: None,
+            body: msg(ServiceType::Agreed, 0).into(),
+        })
+    };
+    n.handle_packet(Time::from_micros(1), data(horizon + 1));
+    assert_eq!((n.refused(), n.buffered()), (1, 0));
+    n.handle_packet(Time::from_micros(2), data(horizon));
+    assert_eq!((n.refused(), n.buffered()), (1, 1));
+    for seq in 1..=3 {
+        n.handle_packet(Time::from_micros(3), data(seq));
+    }
+    assert_eq!(n.my_aru(), 3);
+    let behind = Token {
+        ring: ring(),
+        token_seq: 1,
+        seq: 2,
+        aru: 0,
+        aru_id: None,
+        fcc: 0,
+        backlog: 0,
+        rtr: vec![],
+    };
+    n.handle_packet(Time::from_micros(4), Packet::Token(behind));
+    assert_eq!(n.refused(), 2);
+    assert!(n.poll_transmit().is_none());
+}
+
 #[test]
 fn recovered_messages_from_outsiders_or_past_the_limits_are_refused() {
     use conclave_gcs::ordering::UNSEQUENCED;

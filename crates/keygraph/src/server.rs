@@ -1134,6 +1134,13 @@ mod state_tests {
             t.second_root_for_test();
         }
         assert!(reread(&bad).is_err());
+
+        // A node with members and no key.
+        let (mut bad, _) = server();
+        if let Graph::Tree(t) = &mut bad.graph {
+            t.keyless_root_for_test();
+        }
+        assert!(reread(&bad).is_err());
     }
 
     #[test]

@@ -202,6 +202,12 @@ impl KeyTree {
             self.levels[l].clear();
         }
     }
+    /// Gives the root the placeholder key of a node no operation keyed.
+    #[cfg(test)]
+    pub(crate) fn keyless_root_for_test(&mut self) {
+        let top = self.levels.last_mut().expect("levels");
+        top[0].key = [0; 32];
+    }
     /// Occupies a second node at the root's level.
     #[cfg(test)]
     pub(crate) fn second_root_for_test(&mut self) {
@@ -784,7 +790,14 @@ impl KeyTree {
                     users: r.u32("users").map_err(bad)?,
                 };
                 key.zeroize();
+                // A node above the leaves (whose keys the members gave) with members and the
+                // all-zero placeholder key: a batch before a fix could save one (see `batch`),
+                // and anything sealed under it is open to all.
+                let keyless = l > 0 && node.users > 0 && node.key.iter().all(|&b| b == 0);
                 t.levels[l].push(node);
+                if keyless {
+                    return Err("an occupied node without a key");
+                }
             }
             let (below, level) = match l {
                 0 => (None, &t.levels[0]),

@@ -121,10 +121,12 @@ impl Membership {
                     (None, Body::RecoveryDone) => {}
                     // Honest members send new messages only once they have ended recovery,
                     // which this one does within two token visits of them: at most two
-                    // rotations of every member's sends. More is hostile and dropped.
+                    // rotations of every member's sends, and no more than the window lets
+                    // the ring send in two rotations. More is hostile and dropped.
                     (None, _)
                         if early.len()
-                            < 2 * MAX_RING_MEMBERS * self.cfg.ordering.max_per_visit as usize =>
+                            < 2 * (members * self.cfg.ordering.max_per_visit as usize)
+                                .min(self.cfg.ordering.window as usize) =>
                     {
                         early.push(d)
                     }
