@@ -594,6 +594,8 @@ pub(crate) async fn run_load<M: Members>(
     let refused = refused.load(Relaxed);
     let total = sent.load(Relaxed) - refused;
     let (min, mean, delivered_min) = await_deliveries(net, &counters, &views, total).await?;
+    // Counted before the members leave: a member still reading sees the others' departures.
+    let view_changes = views.load(Relaxed);
     for s in keep.into_iter().chain(quiet) {
         M::close(s).await;
     }
@@ -603,7 +605,7 @@ pub(crate) async fn run_load<M: Members>(
         "daemons": net.daemons.len(), "members": receivers,
         "senders": senders, "size": size, "service": service_name(service),
         "messages": total, "refused": refused, "delivered_min": delivered_min,
-        "view_changes": views.load(Relaxed),
+        "view_changes": view_changes,
         "msgs_per_s_min": min.round(), "msgs_per_s_mean": mean.round(),
         "mbytes_per_s_min": (min * size as f64 / 1e6 * 10.0).round() / 10.0,
     }))
