@@ -8,7 +8,6 @@
 use std::collections::VecDeque;
 
 /// Values by sequence number, each at most once.
-#[derive(Debug)]
 pub(crate) struct SeqBuffer<T> {
     /// The number of `slots[0]`; nothing below it is held.
     base: u64,
@@ -48,10 +47,9 @@ impl<T> SeqBuffer<T> {
     /// dropped is not held again (the caller has delivered it). The caller bounds how far ahead
     /// `seq` may be: the slots up to it are made.
     pub(crate) fn insert(&mut self, seq: u64, value: T) {
-        let Some(i) = seq.checked_sub(self.base) else {
+        let Some(Ok(i)) = seq.checked_sub(self.base).map(usize::try_from) else {
             return;
         };
-        let i = usize::try_from(i).expect("the caller bounds the window");
         if i >= self.slots.len() {
             self.slots.resize_with(i + 1, || None);
         }
