@@ -331,8 +331,8 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
                 let mut cfg = Config::local_on_free_ports(args.daemons)?;
                 cfg.links.mode = mode;
                 if args.spread {
-                    for d in &mut cfg.daemon {
-                        d.spread = Some(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?);
+                    for i in 0..cfg.daemon.len() {
+                        cfg.daemon[i].spread = Some(cfg.free_tcp_port()?);
                     }
                 }
                 if args.processes {

@@ -96,8 +96,8 @@ pub fn run(args: SealedArgs) -> Result<()> {
                 let mut cfg = Config::local_on_free_ports(args.daemons)?;
                 cfg.links.mode = parse_link_mode(links)?;
                 if tls {
-                    for d in &mut cfg.daemon {
-                        d.tls = Some(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?);
+                    for i in 0..cfg.daemon.len() {
+                        cfg.daemon[i].tls = Some(cfg.free_tcp_port()?);
                     }
                 }
                 let net = Network::start_with(cfg).await?;

@@ -371,19 +371,14 @@ fn spawn_daemon(path: &std::path::Path) -> std::process::Child {
 fn one_daemon_config(tag: &str) -> (std::path::PathBuf, conclave_daemon::Config) {
     let dir = std::env::temp_dir().join(format!("conclave-{tag}-daemon-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let cfg = conclave_daemon::Config::local_on_free_ports(1)
+    let mut cfg = conclave_daemon::Config::local_on_free_ports(1)
         .unwrap()
         .with_identity_files(&dir, &mut rand_core::OsRng)
         .unwrap();
+    cfg.daemon[0].metrics = Some(cfg.free_tcp_port().unwrap());
+    cfg.daemon[0].tls = Some(cfg.free_tcp_port().unwrap());
     let d = &cfg.daemon[0];
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let tls = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let (metrics, tls) = (d.metrics.unwrap(), d.tls.unwrap());
     let token = dir.join("metrics-token");
     std::fs::write(&token, format!("{METRICS_TOKEN}\n")).unwrap();
     let text = format!(
@@ -394,9 +389,6 @@ fn one_daemon_config(tag: &str) -> (std::path::PathBuf, conclave_daemon::Config)
         d.key.as_ref().unwrap(),
         d.identity.as_ref().unwrap(),
     );
-    let mut cfg = cfg;
-    cfg.daemon[0].metrics = Some(metrics);
-    cfg.daemon[0].tls = Some(tls);
     let path = dir.join("conclave.toml");
     std::fs::write(&path, text).unwrap();
     (path, cfg)

@@ -16,13 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn free_port() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 /// A process whose JSON lines on stdout are collected.
 struct Proc {
     child: Child,
@@ -181,11 +174,14 @@ async fn spread_and_conclave_clients_share_a_group_through_a_partition_and_a_mer
     let dir = std::env::temp_dir().join(format!("conclave-spread-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let cfg = Config::local_on_free_ports(2)
+    let mut cfg = Config::local_on_free_ports(2)
         .unwrap()
         .with_identity_files(&dir, &mut rand_core::OsRng)
         .unwrap();
-    let spread: Vec<_> = (0..2).map(|_| free_port()).collect();
+    for i in 0..2 {
+        cfg.daemon[i].spread = Some(cfg.free_tcp_port().unwrap());
+    }
+    let spread: Vec<_> = cfg.daemon.iter().map(|d| d.spread.unwrap()).collect();
     let unix: PathBuf = dir.join("4803");
     let mut text = String::new();
     for (i, d) in cfg.daemon.iter().enumerate() {

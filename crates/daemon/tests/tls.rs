@@ -20,12 +20,8 @@ async fn ends<T>(f: impl std::future::Future<Output = T>) -> T {
 async fn a_client_over_tls_talks_to_the_daemon_whose_key_it_knows() {
     let alice = Identity::generate(SigScheme::Ed25519, &mut rand_core::OsRng).unwrap();
     let key = public_text(&alice.public());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
     let (d, _, cfg) = one_daemon(|c| {
-        c.daemon[0].tls = Some(port);
+        c.daemon[0].tls = Some(c.free_tcp_port().unwrap());
         c.client = vec![conclave_daemon::config::ClientEntry {
             name: "alice".into(),
             key,
@@ -34,6 +30,7 @@ async fn a_client_over_tls_talks_to_the_daemon_whose_key_it_knows() {
     })
     .await;
     let daemon_key = parse_public_text("d1", cfg.daemon[0].key.as_ref().unwrap()).unwrap();
+    let port = cfg.daemon[0].tls.unwrap();
     let addr: Address = format!("tls:{port}").parse().unwrap();
     let opts = |daemon_key, identity| Options {
         daemon_key,

@@ -324,6 +324,28 @@ impl Config {
         Ok(c)
     }
 
+    /// A loopback TCP port free right now that no daemon of this configuration names (for
+    /// tests and benches adding a TLS, Spread or metrics port). The ports `local_on_free_ports`
+    /// picked are no longer held, so the kernel may offer one of them again: it is skipped.
+    pub fn free_tcp_port(&self) -> std::io::Result<SocketAddr> {
+        let named: BTreeSet<SocketAddr> = self
+            .daemon
+            .iter()
+            .flat_map(|d| [d.client, d.tls, d.spread, d.admin, d.metrics])
+            .flatten()
+            .collect();
+        let mut held = Vec::new();
+        loop {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let a = l.local_addr()?;
+            if !named.contains(&a) {
+                return Ok(a);
+            }
+            // Held until a fresh port comes, so the kernel cannot offer this one again.
+            held.push(l);
+        }
+    }
+
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let c: Config = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         c.validate()?;
