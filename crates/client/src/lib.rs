@@ -39,6 +39,7 @@
 //! request would have changed (a group joined, a place in the window) is rolled back.
 
 pub mod core;
+mod group_table;
 pub mod secure;
 pub mod tls;
 

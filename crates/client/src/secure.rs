@@ -32,12 +32,13 @@
 //! cannot go comes back from [`SecureReceiver::receive`] as an error that does not end the
 //! session ([`SecureClientError::is_final`] tells the two kinds apart).
 
+use crate::group_table::GroupTable;
 use crate::{Client, ClientError, ClientEvent, ServiceType, EVENT_QUEUE};
 use bytes::Bytes;
 use conclave_crypto::Identity;
 use conclave_gka::{Directory, SharedDirectory};
 use conclave_wire::client::ClientCommand;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot};
@@ -119,7 +120,7 @@ impl SecureClient {
             client,
             identity,
             directory: Arc::new(RwLock::new(directory)),
-            groups: HashMap::new(),
+            groups: GroupTable::default(),
             events: tx,
             waiting: waiting.clone(),
             out: Vec::new(),
@@ -282,7 +283,7 @@ struct Driver {
     identity: Identity,
     directory: SharedDirectory,
     /// Looked up at every event: a member in hundreds of groups pays no ordered search.
-    groups: HashMap<String, SecureGroup>,
+    groups: GroupTable,
     events: mpsc::UnboundedSender<Vec<Item>>,
     waiting: Arc<AtomicUsize>,
     /// Events of the batch under way, handed over at its end.
@@ -418,7 +419,7 @@ impl Driver {
                     };
                     asked
                         .map(|()| {
-                            self.groups.insert(group.clone(), g);
+                            self.groups.insert(g);
                         })
                         .map_err(Into::into)
                 };
