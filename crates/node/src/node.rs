@@ -810,11 +810,11 @@ impl Node {
                 } else if let Some(s) = self.sessions.get_mut(&id) {
                     // As many as the groups a client may be in: the map is the session's to keep.
                     let max = self.cfg.core.max_groups_per_client;
-                    if s.keyed.len() >= max && !s.keyed.contains_key(&group) {
+                    if s.keyed.len() >= max && !s.keyed.contains_key(group.as_str()) {
                         let reason = format!("keys asked for {max} groups already");
                         self.refuse(id, Refusal::TooManyGroups, reason);
                     } else {
-                        s.keyed.entry(group).or_insert(None);
+                        s.keyed.entry(group.into()).or_insert(None);
                     }
                 }
             }
@@ -1582,7 +1582,7 @@ impl Node {
         let Some(&view) = s.evs_views.get(group) else {
             return;
         };
-        if !s.keyed.contains_key(group) {
+        if !s.keyed.contains_key(group.as_str()) {
             return;
         }
         let (group, client) = (group.clone(), client.clone());
@@ -1650,7 +1650,7 @@ impl Node {
                 let keyed = self
                     .sessions
                     .get(&id)
-                    .is_some_and(|s| s.keyed.contains_key(group));
+                    .is_some_and(|s| s.keyed.contains_key(group.as_str()));
                 if keyed {
                     let group = group.clone();
                     self.reply(id, Reply::Event(ev));
@@ -1661,7 +1661,7 @@ impl Node {
             }
             ClientEvent::Left { ref group } => {
                 if let Some(s) = self.sessions.get_mut(&id) {
-                    s.keyed.remove(group);
+                    s.keyed.remove(group.as_str());
                     s.evs.remove(group);
                     s.evs_views.remove(group);
                 }

@@ -44,8 +44,13 @@ pub(crate) struct Session {
     /// growing it step by step and the kernel zeroing its new pages.
     spare: Vec<Vec<u8>>,
     /// Groups whose keys the client asked the daemons for ([`Request::Keys`]), with the view
-    /// it was last given while that view's key is not derived yet.
-    pub keyed: std::collections::BTreeMap<String, Option<conclave_wire::client::GroupViewId>>,
+    /// it was last given while that view's key is not derived yet. Names of up to 24 bytes are
+    /// held inline: at a configuration change the daemon derives a key for each of thousands of
+    /// them in one pass, which would otherwise read each name from a cold allocation of its own.
+    pub keyed: std::collections::BTreeMap<
+        compact_str::CompactString,
+        Option<conclave_wire::client::GroupViewId>,
+    >,
     /// The name this connection asked for and the nonce it must sign, when the daemons know a
     /// key for that name ([`conclave_wire::client::Reply::Challenge`]).
     pub challenged: Option<(String, [u8; 32])>,

@@ -346,7 +346,8 @@ struct Keyed {
 
 /// One member of one secure group (see the module doc).
 pub struct SecureGroup {
-    group: String,
+    /// Inline: a member in hundreds of groups finds each by it, cold, at a configuration change.
+    group: compact_str::CompactString,
     me: MemberId,
     cfg: SecureConfig,
     identity: Identity,
@@ -422,7 +423,7 @@ impl SecureGroup {
             &mut *rng,
         );
         let mut g = SecureGroup {
-            group: group.to_owned(),
+            group: group.into(),
             me: me.to_owned(),
             cfg,
             identity,
@@ -505,7 +506,7 @@ impl SecureGroup {
     /// It holds the key: keep it as secret as the member's own.
     pub fn view_key(&self) -> Option<ViewKey> {
         self.keyed.as_ref().map(|k| ViewKey {
-            group: self.group.clone(),
+            group: self.group.to_string(),
             view: k.info.view,
             alg: self.cfg.aead,
             key: k.key.clone(),
@@ -551,7 +552,7 @@ impl SecureGroup {
             self.left = true;
             self.drop_queued();
             self.commands.push_back(ClientCommand::Leave {
-                group: self.group.clone(),
+                group: self.group.to_string(),
             });
         }
     }
@@ -714,7 +715,7 @@ impl SecureGroup {
             // that came through this view.
             self.fresh_member();
             self.events.push_back(SecureEvent::Untrusted {
-                group: self.group.clone(),
+                group: self.group.to_string(),
                 view: view.view_id,
                 members: untrusted,
             });
@@ -904,7 +905,7 @@ impl SecureGroup {
             Ok(plain) => {
                 window.accept(counter);
                 self.events.push_back(SecureEvent::Message {
-                    group: self.group.clone(),
+                    group: self.group.to_string(),
                     sender,
                     service,
                     view,
@@ -1010,7 +1011,7 @@ impl SecureGroup {
         if self.flushed || self.view.as_ref().map(|v| v.id) != Some(view) {
             // Still acknowledged: the daemons wait for every VS member.
             self.commands.push_back(ClientCommand::FlushAck {
-                group: self.group.clone(),
+                group: self.group.to_string(),
                 view,
             });
             return;
@@ -1018,12 +1019,12 @@ impl SecureGroup {
         // Everything sealed in the view is ahead of the acknowledgement in the command queue.
         self.flushed = true;
         self.commands.push_back(ClientCommand::FlushAck {
-            group: self.group.clone(),
+            group: self.group.to_string(),
             view,
         });
         if self.keyed.is_some() {
             self.events.push_back(SecureEvent::ViewEnding {
-                group: self.group.clone(),
+                group: self.group.to_string(),
                 view,
             });
         }
@@ -1078,7 +1079,7 @@ impl SecureGroup {
                 }
                 self.commands.push_back(ClientCommand::Multicast {
                     service: ServiceType::Agreed,
-                    groups: vec![self.group.clone()],
+                    groups: vec![self.group.to_string()],
                     payload: SecureMessage::KeyGraph(&b).encode().into(),
                 });
                 self.inflight.push_back(Inflight::Protocol(at));
@@ -1139,7 +1140,7 @@ impl SecureGroup {
         self.leave();
         self.told_left = true;
         self.events.push_back(SecureEvent::Left {
-            group: self.group.clone(),
+            group: self.group.to_string(),
             reason: error.to_string(),
         });
     }
@@ -1202,7 +1203,7 @@ impl SecureGroup {
             };
             self.commands.push_back(ClientCommand::Multicast {
                 service,
-                groups: vec![self.group.clone()],
+                groups: vec![self.group.to_string()],
                 payload: payload.into(),
             });
             self.inflight.push_back(Inflight::Protocol(t.view_id));
@@ -1235,7 +1236,7 @@ impl SecureGroup {
             })
             .unwrap_or_default();
         let info = SecureViewInfo {
-            group: self.group.clone(),
+            group: self.group.to_string(),
             view,
             members,
             without,
@@ -1254,7 +1255,7 @@ impl SecureGroup {
         let view = info.view;
         self.events.push_back(SecureEvent::View(info));
         if self.flushed {
-            let group = self.group.clone();
+            let group = self.group.to_string();
             self.events
                 .push_back(SecureEvent::ViewEnding { group, view });
         }
@@ -1295,7 +1296,7 @@ impl SecureGroup {
         let sealed = mine.seal(group, &view, me, service, counter, &payload);
         self.commands.push_back(ClientCommand::Multicast {
             service,
-            groups: vec![self.group.clone()],
+            groups: vec![self.group.to_string()],
             payload: sealed.into(),
         });
         self.inflight.push_back(Inflight::Data {
@@ -1333,7 +1334,7 @@ impl SecureGroup {
 
     fn refused(&mut self, sender: String, error: SecureError) {
         self.events.push_back(SecureEvent::Refused {
-            group: self.group.clone(),
+            group: self.group.to_string(),
             sender,
             error,
         });
