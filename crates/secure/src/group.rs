@@ -506,7 +506,7 @@ impl SecureGroup {
     /// It holds the key: keep it as secret as the member's own.
     pub fn view_key(&self) -> Option<ViewKey> {
         self.keyed.as_ref().map(|k| ViewKey {
-            group: self.group.to_string(),
+            group: self.group.as_str().to_owned(),
             view: k.info.view,
             alg: self.cfg.aead,
             key: k.key.clone(),
@@ -552,7 +552,7 @@ impl SecureGroup {
             self.left = true;
             self.drop_queued();
             self.commands.push_back(ClientCommand::Leave {
-                group: self.group.to_string(),
+                group: self.group.as_str().to_owned(),
             });
         }
     }
@@ -715,7 +715,7 @@ impl SecureGroup {
             // that came through this view.
             self.fresh_member();
             self.events.push_back(SecureEvent::Untrusted {
-                group: self.group.to_string(),
+                group: self.group.as_str().to_owned(),
                 view: view.view_id,
                 members: untrusted,
             });
@@ -905,7 +905,7 @@ impl SecureGroup {
             Ok(plain) => {
                 window.accept(counter);
                 self.events.push_back(SecureEvent::Message {
-                    group: self.group.to_string(),
+                    group: self.group.as_str().to_owned(),
                     sender,
                     service,
                     view,
@@ -1011,7 +1011,7 @@ impl SecureGroup {
         if self.flushed || self.view.as_ref().map(|v| v.id) != Some(view) {
             // Still acknowledged: the daemons wait for every VS member.
             self.commands.push_back(ClientCommand::FlushAck {
-                group: self.group.to_string(),
+                group: self.group.as_str().to_owned(),
                 view,
             });
             return;
@@ -1019,12 +1019,12 @@ impl SecureGroup {
         // Everything sealed in the view is ahead of the acknowledgement in the command queue.
         self.flushed = true;
         self.commands.push_back(ClientCommand::FlushAck {
-            group: self.group.to_string(),
+            group: self.group.as_str().to_owned(),
             view,
         });
         if self.keyed.is_some() {
             self.events.push_back(SecureEvent::ViewEnding {
-                group: self.group.to_string(),
+                group: self.group.as_str().to_owned(),
                 view,
             });
         }
@@ -1079,7 +1079,7 @@ impl SecureGroup {
                 }
                 self.commands.push_back(ClientCommand::Multicast {
                     service: ServiceType::Agreed,
-                    groups: vec![self.group.to_string()],
+                    groups: vec![self.group.as_str().to_owned()],
                     payload: SecureMessage::KeyGraph(&b).encode().into(),
                 });
                 self.inflight.push_back(Inflight::Protocol(at));
@@ -1140,7 +1140,7 @@ impl SecureGroup {
         self.leave();
         self.told_left = true;
         self.events.push_back(SecureEvent::Left {
-            group: self.group.to_string(),
+            group: self.group.as_str().to_owned(),
             reason: error.to_string(),
         });
     }
@@ -1203,7 +1203,7 @@ impl SecureGroup {
             };
             self.commands.push_back(ClientCommand::Multicast {
                 service,
-                groups: vec![self.group.to_string()],
+                groups: vec![self.group.as_str().to_owned()],
                 payload: payload.into(),
             });
             self.inflight.push_back(Inflight::Protocol(t.view_id));
@@ -1236,7 +1236,7 @@ impl SecureGroup {
             })
             .unwrap_or_default();
         let info = SecureViewInfo {
-            group: self.group.to_string(),
+            group: self.group.as_str().to_owned(),
             view,
             members,
             without,
@@ -1255,7 +1255,7 @@ impl SecureGroup {
         let view = info.view;
         self.events.push_back(SecureEvent::View(info));
         if self.flushed {
-            let group = self.group.to_string();
+            let group = self.group.as_str().to_owned();
             self.events
                 .push_back(SecureEvent::ViewEnding { group, view });
         }
@@ -1296,7 +1296,7 @@ impl SecureGroup {
         let sealed = mine.seal(group, &view, me, service, counter, &payload);
         self.commands.push_back(ClientCommand::Multicast {
             service,
-            groups: vec![self.group.to_string()],
+            groups: vec![self.group.as_str().to_owned()],
             payload: sealed.into(),
         });
         self.inflight.push_back(Inflight::Data {
@@ -1334,7 +1334,7 @@ impl SecureGroup {
 
     fn refused(&mut self, sender: String, error: SecureError) {
         self.events.push_back(SecureEvent::Refused {
-            group: self.group.to_string(),
+            group: self.group.as_str().to_owned(),
             sender,
             error,
         });
