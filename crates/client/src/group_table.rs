@@ -45,7 +45,7 @@ impl GroupTable {
             |x| x.group() == g.group(),
             |x| hasher.hash_one(x.group()),
         ) {
-            hashbrown::hash_table::Entry::Occupied(mut o) => *o.get_mut() = Box::new(g),
+            hashbrown::hash_table::Entry::Occupied(mut o) => **o.get_mut() = g,
             hashbrown::hash_table::Entry::Vacant(v) => {
                 v.insert(Box::new(g));
             }
