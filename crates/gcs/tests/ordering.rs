@@ -70,6 +70,45 @@ fn every_member_delivers_the_same_sequence() {
 }
 
 #[test]
+fn a_message_at_an_idle_ring_asks_for_the_token_rather_than_wait_out_the_holds() {
+    // Holds far longer than the hops: without asking, a message waits up to two of them.
+    let hold = 20_000;
+    let cfg = OrderingConfig {
+        idle_hold_us: hold,
+        ..OrderingConfig::default()
+    };
+    let nodes = (1..=3)
+        .map(|m| Ordering::new(cfg.clone(), m, ring(), vec![1, 2, 3]))
+        .collect();
+    let mut net = TestNet::new(nodes, Hop::default());
+    start(&mut net);
+    for round in 0..6u8 {
+        net.run_to(net.now() + std::time::Duration::from_millis(35));
+        let holder = net.peers.iter().position(|n| n.holds_idle_token());
+        let holder = holder.expect("an idle ring rests its token somewhere");
+        // Each member but the holder, in turn: the holder's own message needs no asking.
+        let at = (holder + 1 + round as usize % 2) % 3;
+        net.peers[at]
+            .submit(msg(ServiceType::Agreed, round))
+            .unwrap();
+        net.send(at);
+        let asked = net.now();
+        let n = round as u64 + 1;
+        let all = |net: &mut TestNet<Ordering>| net.peers.iter().all(|p| p.delivered_up_to() == n);
+        assert!(net.run_until(10_000, all));
+        let waited = net.now().as_micros() - asked.as_micros();
+        assert!(
+            waited < hold / 10,
+            "round {round}: delivered {waited} µs after it was submitted at member {}, the token \
+             resting at member {}",
+            at + 1,
+            holder + 1
+        );
+    }
+    assert!(net.refusals.is_empty(), "{:?}", net.refusals);
+}
+
+#[test]
 fn a_safe_message_waits_until_every_member_has_it() {
     let mut net = three();
     net.peers[0].submit(msg(ServiceType::Safe, 1)).unwrap();

@@ -1731,6 +1731,7 @@ fn trace_membership(me: DaemonId, peer: DaemonId, packet: &[u8]) {
             members = ?c.members.iter().map(|m| m.id).collect::<Vec<_>>(), "commit"
         ),
         Ok(Packet::MergeDetect { ring }) => tracing::trace!(me, peer, ?ring, "merge detect"),
+        Ok(Packet::Wake { ring }) => tracing::trace!(me, peer, ?ring, "wake"),
         _ => {}
     }
 }

@@ -112,9 +112,10 @@ pub struct SimResult {
 /// What the ordering cost and how long delivery took.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Stats {
-    /// Token and data packets sent (each copy to each daemon counts).
+    /// Token, data and wake packets sent (each copy to each daemon counts).
     pub token_packets: u64,
     pub data_packets: u64,
+    pub wake_packets: u64,
     /// Median and 99th percentile, submit to delivery, microseconds, over all deliveries.
     pub agreed_latency_us_p50: u64,
     pub agreed_latency_us_p99: u64,

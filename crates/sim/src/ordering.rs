@@ -24,6 +24,7 @@ struct SimLinks {
     packets: u64,
     token_packets: u64,
     data_packets: u64,
+    wake_packets: u64,
     token_visits: Vec<u64>,
 }
 
@@ -55,10 +56,10 @@ impl Links for SimLinks {
     fn carry(&mut self, now: Time, _: DaemonId, to: DaemonId, packet: &Packet) -> Vec<Time> {
         self.packets += 1;
         let token = matches!(packet, Packet::Token(_));
-        if token {
-            self.token_packets += 1;
-        } else {
-            self.data_packets += 1;
+        match packet {
+            Packet::Token(_) => self.token_packets += 1,
+            Packet::Wake { .. } => self.wake_packets += 1,
+            _ => self.data_packets += 1,
         }
         if self.lost() {
             return Vec::new();
@@ -210,6 +211,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
         packets: 0,
         token_packets: 0,
         data_packets: 0,
+        wake_packets: 0,
         token_visits: Vec::new(),
     };
     let mut net = TestNet::new(nodes, links);
@@ -301,6 +303,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
     let stats = Stats {
         token_packets: links.token_packets,
         data_packets: links.data_packets,
+        wake_packets: links.wake_packets,
         agreed_latency_us_p50: pct(&mut tally.agreed_lat, 0.5),
         agreed_latency_us_p99: pct(&mut tally.agreed_lat, 0.99),
         safe_latency_us_p50: pct(&mut tally.safe_lat, 0.5),

@@ -287,6 +287,11 @@ pub enum Packet {
     MergeDetect {
         ring: RingId,
     },
+    /// A member with a message to send asks the ring for its idle token: whoever holds it
+    /// passes it on now, and the others pass it on at once until it has gone by.
+    Wake {
+        ring: RingId,
+    },
 }
 
 pub(crate) fn write_ring(w: &mut Writer, r: &RingId) {
@@ -556,6 +561,10 @@ impl Packet {
                 w.u8(5);
                 write_ring(&mut w, ring);
             }
+            Packet::Wake { ring } => {
+                w.u8(6);
+                write_ring(&mut w, ring);
+            }
         }
         w.into_vec()
     }
@@ -661,6 +670,9 @@ impl Packet {
                 })
             }
             5 => Packet::MergeDetect {
+                ring: read_ring(&mut r)?,
+            },
+            6 => Packet::Wake {
                 ring: read_ring(&mut r)?,
             },
             tag => {
@@ -834,6 +846,7 @@ mod tests {
                         .collect()
                 })),
             ring().prop_map(|ring| Packet::MergeDetect { ring }),
+            ring().prop_map(|ring| Packet::Wake { ring }),
         ]
     }
 

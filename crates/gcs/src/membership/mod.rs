@@ -320,7 +320,12 @@ impl Membership {
     /// (reported by [`RingEvent::Sent`]).
     pub fn submit(&mut self, body: Body) -> Result<(), OrderingError> {
         match (&self.state, &mut self.regular) {
-            (State::Operational, Some(o)) => o.submit(body),
+            (State::Operational, Some(o)) => {
+                let r = o.submit(body);
+                // A wake for the token goes now, not with the next packet.
+                self.out.extend(std::iter::from_fn(|| o.poll_transmit()));
+                r
+            }
             _ if self.waiting.len() >= self.cfg.ordering.max_queued => {
                 Err(OrderingError::QueueFull {
                     max: self.cfg.ordering.max_queued,
@@ -343,7 +348,10 @@ impl Membership {
     /// [`Ordering::submit_control`]).
     pub fn submit_control(&mut self, body: Body) {
         match (&self.state, &mut self.regular) {
-            (State::Operational, Some(o)) => o.submit_control(body),
+            (State::Operational, Some(o)) => {
+                o.submit_control(body);
+                self.out.extend(std::iter::from_fn(|| o.poll_transmit()));
+            }
             _ => {
                 self.waiting_bytes += body_bytes(&body);
                 self.waiting.push_back(body);
@@ -373,7 +381,7 @@ impl Membership {
         let seq = match &packet {
             Packet::Join(j) => j.ring_seq,
             Packet::Commit(c) => c.ring.seq,
-            Packet::MergeDetect { ring } => ring.seq,
+            Packet::MergeDetect { ring } | Packet::Wake { ring } => ring.seq,
             Packet::Token(t) => t.ring.seq,
             Packet::Data(d) => d.ring.seq,
         };
@@ -392,7 +400,7 @@ impl Membership {
                     }
                 }
             }
-            p @ (Packet::Token(_) | Packet::Data(_)) => {
+            p @ (Packet::Token(_) | Packet::Data(_) | Packet::Wake { .. }) => {
                 let loss = now + ms(self.cfg.token_loss_ms);
                 let Some(ordering) = self.running_ordering_mut() else {
                     return Ok(());
