@@ -1716,8 +1716,8 @@ fn reserved_group(cmd: &ClientCommand) -> Option<&str> {
     .filter(|g| is_reserved_group(g))
 }
 
-/// The membership protocol's packets, at trace level, for following a ring change in the logs
-/// (`RUST_LOG=conclave_node=trace`).
+/// The membership protocol's packets and the ring's wakes, at trace level, for following a ring
+/// change in the logs (`RUST_LOG=conclave_node=trace`).
 fn trace_membership(me: DaemonId, peer: DaemonId, packet: &[u8]) {
     if !tracing::enabled!(tracing::Level::TRACE) {
         return;

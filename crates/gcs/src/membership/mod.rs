@@ -401,11 +401,18 @@ impl Membership {
                 }
             }
             p @ (Packet::Token(_) | Packet::Data(_) | Packet::Wake { .. }) => {
-                let loss = now + ms(self.cfg.token_loss_ms);
+                let (loss, me) = (now + ms(self.cfg.token_loss_ms), self.me);
                 let Some(ordering) = self.running_ordering_mut() else {
                     return Ok(());
                 };
                 let token_of_ring = matches!(&p, Packet::Token(t) if t.ring == ordering.ring());
+                // Only a member of the ring may ask for its token: anyone else would keep it
+                // from ever resting.
+                if matches!(p, Packet::Wake { .. })
+                    && (from == me || !ordering.members().contains(&from))
+                {
+                    return Ok(());
+                }
                 ordering.handle_packet(now, p);
                 if token_of_ring {
                     self.timers.set(Timer::TokenLoss, loss);
