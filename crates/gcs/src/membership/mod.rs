@@ -463,6 +463,12 @@ impl Membership {
         self.drain_ordering(now);
     }
 
+    /// Whether this daemon rests its ring's idle token.
+    pub fn holds_idle_token(&self) -> bool {
+        self.running_ordering()
+            .is_some_and(Ordering::holds_idle_token)
+    }
+
     pub fn poll_timeout(&self) -> Option<Time> {
         let ring = self.running_ordering().and_then(|o| o.poll_timeout());
         match (self.timers.next(), ring) {
