@@ -185,9 +185,19 @@ impl Core {
         let trans = |m: &str| set.position(m).is_some_and(|i| in_trans[i]);
         if self.side.is_empty() {
             self.side = Arc::new(MemberSet::single(&self.me));
-        } else if !self.side.contains(&self.me)
-            || !(self.side.in_order_within(&view.transitional) || self.side.all(trans))
+        } else if self.side.len() <= view.transitional.len()
+            && self.side.contains(&self.me)
+            && self.side.in_order_within(&view.transitional)
         {
+            // Everyone on the side moved with this member (a join): the side stays as it is.
+        } else if self.side.is_whole_list()
+            && in_order(&view.transitional, self.side.names(), |_| {})
+        {
+            // The side was a whole view (a completed run) that the transitional set walks in
+            // order, so the set is within it: the new side is the transitional set, taken by
+            // position from the new view's set without hashing a name (a leave or partition).
+            self.side = Arc::new(set.filtered_by_position(|i| in_trans[i]));
+        } else if !self.side.contains(&self.me) || !self.side.all(trans) {
             let mut side = self.side.filtered(trans);
             side.insert(&self.me);
             self.side = Arc::new(side);

@@ -71,7 +71,25 @@ impl MemberSet {
     /// and the side is that view's whole set after a completed run). False when the walk cannot
     /// tell, whatever the answer.
     pub fn in_order_within(&self, list: &[MemberId]) -> bool {
-        self.table.len() == self.names.len() && in_order(&self.names, list, |_| {})
+        self.is_whole_list() && in_order(&self.names, list, |_| {})
+    }
+    /// True when the set holds every name of its list: the whole view it was built from.
+    pub fn is_whole_list(&self) -> bool {
+        self.table.len() == self.names.len()
+    }
+    /// The list of names the set's positions refer to.
+    pub fn names(&self) -> &[MemberId] {
+        &self.names
+    }
+    /// The members at the positions `keep` accepts, found without hashing a name.
+    pub fn filtered_by_position(&self, keep: impl Fn(usize) -> bool) -> Self {
+        let mut table = self.table.clone();
+        table.retain(|&mut i| keep(i as usize));
+        MemberSet {
+            names: self.names.clone(),
+            table,
+            hasher: self.hasher.clone(),
+        }
     }
     /// The members `keep` accepts, with their positions.
     pub fn filtered(&self, keep: impl Fn(&str) -> bool) -> Self {
@@ -118,6 +136,37 @@ impl MemberSet {
             }
         };
         self.add(at as u32);
+    }
+}
+
+/// A set of positions in a view, with its size: members named by where they stand rather than
+/// by name, so that building, checking and dropping one hashes and frees no name.
+#[derive(Clone, Default)]
+pub(crate) struct Positions {
+    at: Vec<bool>,
+    count: usize,
+}
+
+impl Positions {
+    pub fn contains(&self, i: usize) -> bool {
+        self.at.get(i).copied().unwrap_or(false)
+    }
+    pub fn len(&self) -> usize {
+        self.count
+    }
+    /// Adds (`on`) or removes the positions `all` of a view of `n` members; each must be in the
+    /// state it is not being put in.
+    pub fn set(&mut self, all: &[usize], on: bool, n: usize) {
+        self.at.resize(n, false);
+        for &i in all {
+            debug_assert_ne!(self.at[i], on);
+            self.at[i] = on;
+        }
+        if on {
+            self.count += all.len();
+        } else {
+            self.count -= all.len();
+        }
     }
 }
 

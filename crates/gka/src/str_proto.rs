@@ -32,12 +32,11 @@ use crate::api::{
     Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, View,
 };
 use crate::core::Core;
-use crate::members::MemberSet;
+use crate::members::{MemberSet, Positions};
 use crate::ops;
 use crate::tree::{Bk, BkData, OwnCopies, TakeShared};
 use conclave_crypto::{CryptoRng, Group, Identity, Meter};
 use conclave_wire::gka::{ProtocolId, StrMsg};
-use std::collections::BTreeSet;
 
 const NODE_LABEL: &[u8] = b"conclave str node";
 
@@ -227,7 +226,8 @@ struct Run<G: Group> {
     collecting: bool,
     got_own: bool,
     foreign: Vec<Chain<G>>,
-    covered: BTreeSet<MemberId>,
+    /// Merge round 1: the members, by position in the view, that other sides' chains cover.
+    covered: Positions,
     /// Merge round 1: leaf blinded keys sent by the bottom members of sides, by sender.
     leaves: std::collections::BTreeMap<MemberId, Vec<(u16, Bk<G>)>>,
     /// Merge round 1: whether this member's side's bottom member sends its leaves.
@@ -476,7 +476,7 @@ impl<G: Group> KeyAgreement for Str<G> {
             collecting: false,
             got_own: true,
             foreign: vec![],
-            covered: BTreeSet::new(),
+            covered: Positions::default(),
             leaves: Default::default(),
             own_leaves: false,
             round2: None,
@@ -595,12 +595,11 @@ impl<G: Group> KeyAgreement for Str<G> {
         let inc = self.core.open(from, bytes)?;
         let msg = StrMsg::decode(inc.kind, &inc.body)?;
         let me = self.core.me.clone();
-        let members = self.core.member_set.clone();
         let side = self.core.side.clone();
         if self.run.is_none() {
             return Err(GkaError::Misplaced("no STR run in progress"));
         }
-        self.apply(msg, &inc.sender, &me, &members, &side)?;
+        self.apply(msg, &inc.sender, &me, &side)?;
         self.core.applied(&inc);
         Ok(())
     }
@@ -619,7 +618,6 @@ impl<G: Group> Str<G> {
         msg: StrMsg,
         sender: &str,
         me: &str,
-        members: &MemberSet,
         side: &MemberSet,
     ) -> Result<(), GkaError> {
         let run = self.run.as_ref().expect("checked by caller");
@@ -705,10 +703,13 @@ impl<G: Group> Str<G> {
                     }
                     Ok(())
                 } else {
-                    if (0..len).any(|k| {
-                        let m = name(k);
-                        !members.contains(m) || side.contains(m) || run.covered.contains(m)
-                    }) {
+                    // Each leaf's view position was checked above, once: the names are the
+                    // view's, and the chain's positions are its members.
+                    let at: Vec<usize> = leaves.iter().map(|(i, _)| *i as usize).collect();
+                    if at
+                        .iter()
+                        .any(|&i| side.contains(&view_members[i]) || run.covered.contains(i))
+                    {
                         return Err(GkaError::Misplaced(
                             "chain names members outside the view or twice",
                         ));
@@ -722,26 +723,20 @@ impl<G: Group> Str<G> {
                     for (k, b) in &nodes {
                         node_bk[*k as usize] = Some(BkData::checked(meter, b)?);
                     }
-                    let names: Vec<MemberId> = (0..len).map(|k| name(k).to_owned()).collect();
                     let c = Chain::<G> {
-                        members: names
-                            .iter()
-                            .map(|m| std::sync::Arc::from(m.as_str()))
-                            .collect(),
+                        members: (0..len).map(|k| std::sync::Arc::from(name(k))).collect(),
                         leaf_bk,
                         node_bk,
                         leaf_key: None,
                         node_key: vec![None; len],
                     };
                     let run = self.run.as_mut().expect("checked");
-                    run.covered.extend(names.iter().cloned());
+                    run.covered.set(&at, true, view_members.len());
                     run.foreign.push(c);
                     if let Err(e) = self.try_merge() {
                         let run = self.run.as_mut().expect("checked");
                         run.foreign.pop();
-                        for m in &names {
-                            run.covered.remove(m);
-                        }
+                        run.covered.set(&at, false, view_members.len());
                         return Err(e);
                     }
                     Ok(())

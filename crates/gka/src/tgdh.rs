@@ -41,14 +41,13 @@
 //! `d`, so it is bounded by `3h` (plus one for a leave), with `h` the height after the event.
 //! Cascades restart from the newest view (see `core`).
 
-use crate::api::{
-    Dest, GkaError, KeyAgreement, MemberId, Order, SecureView, SharedDirectory, View,
-};
+use crate::api::{Dest, GkaError, KeyAgreement, Order, SecureView, SharedDirectory, View};
 use crate::core::Core;
+use crate::members::Positions;
 use crate::ops;
 use crate::tree::{Bk, BkData, Node, OwnCopies, PathIndex};
 use conclave_crypto::{CryptoRng, Group, Identity};
-use conclave_wire::gka::{NodePath, ProtocolId, TgdhMsg};
+use conclave_wire::gka::{NodePath, ProtocolId, ShapeNode, TgdhMsg};
 use std::collections::BTreeSet;
 
 const NODE_LABEL: &[u8] = b"conclave tgdh node";
@@ -70,7 +69,10 @@ struct Run<G: Group> {
     /// Merge round 1: whether this member has its own side's root blinded key from its sponsor.
     got_own: bool,
     foreign: Vec<Node<G>>,
-    covered: BTreeSet<MemberId>,
+    /// Merge round 1: the members, by position in the view, that other sides' shapes cover.
+    /// Positions rather than names: after a merge of many members the run ends holding
+    /// hundreds, and a set of names cost a free per name at the next view.
+    covered: Positions,
     /// Whether this run merges sides: its sponsors send the co-path newcomers lack.
     merge: bool,
     /// Whether some side drew a leaf key in this run (a newcomer, or a refresh after departures).
@@ -100,11 +102,11 @@ fn refresh<G: Group>(
     (path, bk)
 }
 
-/// Marks a member's leaf and everything above it stale: it is about to be refreshed.
-fn mark_refresh<G: Group>(tree: &mut Node<G>, member: &str) {
-    if let Some(p) = tree.find(member) {
-        tree.at_mut(&p).expect("found").make_stale();
-        tree.invalidate_above(&p);
+/// Marks the leaf at `path` and everything above it stale: its member is about to refresh it.
+fn mark_refresh<G: Group>(tree: &mut Node<G>, path: &[bool]) {
+    if let Some(leaf) = tree.at_mut(path) {
+        leaf.make_stale();
+        tree.invalidate_above(path);
     }
 }
 
@@ -422,8 +424,12 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
                 (Some(t), Vec::new(), self.secure_paths.clone())
             }
             Some(t) => {
-                let (t, refreshers) = t.prune(&side);
-                (t, refreshers, PathIndex::default())
+                let pruned = t.prune(&side, &me);
+                let paths = match pruned.tracked {
+                    Some(p) => PathIndex::knowing(&me, p),
+                    None => PathIndex::default(),
+                };
+                (pruned.tree, pruned.promoted, paths)
             }
             None => (None, Vec::new(), PathIndex::default()),
         };
@@ -439,7 +445,7 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
             collecting: merge,
             got_own: !merge,
             foreign: vec![],
-            covered: BTreeSet::new(),
+            covered: Positions::default(),
             merge,
             fresh,
             side_fresh: fresh,
@@ -461,13 +467,14 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
             // Leave or partition: a fresh leaf under every subtree that moved up, or at the
             // rightmost member if none did.
             if refreshers.is_empty() {
-                refreshers.push(tree.rightmost().to_owned());
+                let path = tree.rightmost_path(&[]).expect("the root");
+                refreshers.push((tree.rightmost().to_owned(), path));
             }
-            for r in &refreshers {
-                mark_refresh(&mut tree, r);
+            for (_, p) in &refreshers {
+                mark_refresh(&mut tree, p);
             }
             let mut extra = Vec::new();
-            if refreshers.contains(&me) {
+            if refreshers.iter().any(|(m, _)| *m == me) {
                 let p = paths
                     .get(&tree, &me)
                     .ok_or(GkaError::Misplaced("member missing from its tree"))?;
@@ -479,10 +486,10 @@ impl<G: Group> KeyAgreement for Tgdh<G> {
         }
         // Merge, round 1: each side's rightmost member broadcasts the side's shape and its root's
         // blinded key (unless departures made the root stale).
-        for r in &refreshers {
-            mark_refresh(&mut tree, r);
+        for (_, p) in &refreshers {
+            mark_refresh(&mut tree, p);
         }
-        let refresh_me = refreshers.contains(&me);
+        let refresh_me = refreshers.iter().any(|(m, _)| *m == me);
         let mut fresh = !refreshers.is_empty();
         if !refresh_me {
             let p = paths
@@ -564,7 +571,6 @@ impl<G: Group> Tgdh<G> {
         sender: &str,
         rng: &mut dyn CryptoRng,
     ) -> Result<(), GkaError> {
-        let members = self.core.member_set.clone();
         let side = self.core.side.clone();
         let run = self
             .run
@@ -581,7 +587,7 @@ impl<G: Group> Tgdh<G> {
                         "tree outside the first round of a merge",
                     ));
                 }
-                let view_members = &self.core.view()?.members;
+                let view_members = self.core.view()?.members.clone();
                 if side.contains(sender) {
                     // This member's own side: the shape must be the tree it holds, which is
                     // checked in place rather than rebuilt (at n = 1,024 a second tree of n
@@ -589,7 +595,7 @@ impl<G: Group> Tgdh<G> {
                     if run.got_own
                         || fresh != run.side_fresh
                         || run.tree.rightmost() != sender
-                        || !run.tree.has_shape(&nodes, view_members)
+                        || !run.tree.has_shape(&nodes, &view_members)
                     {
                         return Err(GkaError::Misplaced(
                             "unexpected tree from this member's own side",
@@ -618,8 +624,8 @@ impl<G: Group> Tgdh<G> {
                     }
                     Ok(())
                 } else {
-                    let mut t =
-                        Node::<G>::from_shape(&nodes, view_members).map_err(GkaError::Misplaced)?;
+                    let mut t = Node::<G>::from_shape(&nodes, &view_members)
+                        .map_err(GkaError::Misplaced)?;
                     if t.rightmost() != sender {
                         return Err(GkaError::Misplaced("tree not sent by its sponsor"));
                     }
@@ -628,10 +634,18 @@ impl<G: Group> Tgdh<G> {
                             "a side's root blinded key must come exactly when the root is not stale",
                         ));
                     }
-                    let leaves = t.leaves();
-                    if leaves.iter().any(|m| {
-                        !members.contains(m) || side.contains(m) || run.covered.contains(m)
-                    }) {
+                    // `from_shape` took each leaf from the view, once: its index is its position.
+                    let leaves: Vec<usize> = nodes
+                        .iter()
+                        .filter_map(|n| match n {
+                            ShapeNode::Leaf { index, .. } => Some(*index as usize),
+                            ShapeNode::Internal { .. } => None,
+                        })
+                        .collect();
+                    if leaves
+                        .iter()
+                        .any(|&i| side.contains(&view_members[i]) || run.covered.contains(i))
+                    {
                         return Err(GkaError::Misplaced(
                             "tree names members outside the view or twice",
                         ));
@@ -642,15 +656,13 @@ impl<G: Group> Tgdh<G> {
                     let run = self.run.as_mut().expect("checked");
                     let was_fresh = run.fresh;
                     run.fresh |= fresh;
-                    run.covered.extend(leaves.iter().cloned());
+                    run.covered.set(&leaves, true, view_members.len());
                     run.foreign.push(t);
                     if let Err(e) = self.try_merge(rng) {
                         let run = self.run.as_mut().expect("checked");
                         run.foreign.pop();
                         run.fresh = was_fresh;
-                        for m in &leaves {
-                            run.covered.remove(m);
-                        }
+                        run.covered.set(&leaves, false, view_members.len());
                         return Err(e);
                     }
                     Ok(())

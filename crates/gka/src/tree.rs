@@ -159,6 +159,15 @@ impl PathIndex {
     }
 }
 
+/// What [`Node::prune`] leaves.
+pub(crate) struct Pruned<G: Group> {
+    pub tree: Option<Node<G>>,
+    /// The rightmost member of each unchanged subtree that moved up, with its path.
+    pub promoted: Vec<(MemberId, NodePath)>,
+    /// The tracked member's path, if its leaf is kept.
+    pub tracked: Option<NodePath>,
+}
+
 pub(crate) enum Node<G: Group> {
     Leaf {
         member: Arc<str>,
@@ -453,28 +462,73 @@ impl<G: Group> Node<G> {
         }
     }
     /// Removes the leaves not in `keep`; a removed leaf's sibling takes its parent's place, and
-    /// every node above a removed leaf is stale. Returns `None` if no leaf is kept, and the
-    /// rightmost member of every unchanged subtree that moved up (whose new sibling's members
-    /// may not know its blinded key).
-    pub fn prune(self, keep: &MemberSet) -> (Option<Node<G>>, Vec<MemberId>) {
-        let mut promoted = Vec::new();
-        let tree = Self::prune_arc(Arc::new(self), keep, &mut promoted)
+    /// every node above a removed leaf is stale. Returns `None` if no leaf is kept; the rightmost
+    /// member of every unchanged subtree that moved up (whose new sibling's members may not know
+    /// its blinded key), by name, with its path in the pruned tree; and the path of `track`'s
+    /// leaf if it is kept. The paths come from the walk itself: at n = 1,024 another walk of the
+    /// tree to find a leaf costs about as much as the whole prune.
+    pub fn prune(self, keep: &MemberSet, track: &str) -> Pruned<G> {
+        let mut out = Pruned {
+            tree: None,
+            promoted: Vec::new(),
+            tracked: None,
+        };
+        out.tree = Self::prune_arc(Arc::new(self), keep, track, &mut out)
             .0
             .map(|a| Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()));
-        promoted.sort();
-        promoted.dedup();
-        (tree, promoted)
+        // Paths were built from the leaf up.
+        for (_, p) in &mut out.promoted {
+            p.reverse();
+        }
+        if let Some(p) = &mut out.tracked {
+            p.reverse();
+        }
+        out.promoted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        out.promoted.dedup_by(|a, b| a.0 == b.0);
+        out
+    }
+    /// The promoted members' names alone, as the walk found them before it gave paths: what
+    /// the test of the paths compares with.
+    #[cfg(test)]
+    fn prune_names(self, keep: &MemberSet) -> Vec<MemberId> {
+        fn walk<G: Group>(n: &Node<G>, keep: &MemberSet, out: &mut Vec<MemberId>) -> (bool, bool) {
+            // (anything kept, anything changed)
+            match n {
+                Node::Leaf { member, .. } => (keep.contains(member), !keep.contains(member)),
+                Node::Internal { left, right, .. } => {
+                    let (lk, lc) = walk(left, keep, out);
+                    let (rk, rc) = walk(right, keep, out);
+                    if lk != rk {
+                        let (x, changed) = if lk { (left, lc) } else { (right, rc) };
+                        if !changed {
+                            out.push(x.rightmost().to_owned());
+                        }
+                    }
+                    (lk || rk, lc || rc || lk != rk)
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self, keep, &mut out);
+        out.sort();
+        out.dedup();
+        out
     }
     /// Unchanged subtrees come back as the same shared node: pruning copies only the paths above
-    /// removed leaves.
+    /// removed leaves. Paths in `out` added under `node` are relative to what it returns, written
+    /// leaf first; the second value says whether anything under `node` changed.
     fn prune_arc(
         node: Arc<Node<G>>,
         keep: &MemberSet,
-        promoted: &mut Vec<MemberId>,
+        track: &str,
+        out: &mut Pruned<G>,
     ) -> (Option<Arc<Node<G>>>, bool) {
         match &*node {
             Node::Leaf { member, .. } => {
                 if keep.contains(member) {
+                    if **member == *track {
+                        out.tracked = Some(NodePath::new());
+                    }
                     (Some(node), false)
                 } else {
                     (None, true)
@@ -487,10 +541,26 @@ impl<G: Group> Node<G> {
                 right,
                 ..
             } => {
-                let (l, lc) = Self::prune_arc(left.clone(), keep, promoted);
-                let (r, rc) = Self::prune_arc(right.clone(), keep, promoted);
+                let (p0, t0) = (out.promoted.len(), out.tracked.is_some());
+                let (l, lc) = Self::prune_arc(left.clone(), keep, track, out);
+                let (p1, t1) = (out.promoted.len(), out.tracked.is_some());
+                let (r, rc) = Self::prune_arc(right.clone(), keep, track, out);
+                let t2 = out.tracked.is_some();
+                // Which side `track` was found under, if under this node.
+                let tracked_side = match (t0, t1, t2) {
+                    (false, true, _) => Some(false),
+                    (false, false, true) => Some(true),
+                    _ => None,
+                };
                 match (l, r) {
                     (Some(l), Some(r)) => {
+                        // Both stay: each side's paths go one level down.
+                        for (i, (_, p)) in out.promoted[p0..].iter_mut().enumerate() {
+                            p.push(i >= p1 - p0);
+                        }
+                        if let (Some(b), Some(p)) = (tracked_side, out.tracked.as_mut()) {
+                            p.push(b);
+                        }
                         if !(lc || rc) {
                             return (Some(node), false);
                         }
@@ -509,15 +579,20 @@ impl<G: Group> Node<G> {
                             true,
                         )
                     }
+                    // The survivor takes this node's place: its paths stand as they are.
                     (Some(x), None) => {
                         if !lc {
-                            promoted.push(x.rightmost().to_owned());
+                            let path = x.rightmost_path(&[]).expect("the root");
+                            out.promoted
+                                .push((x.rightmost().to_owned(), path.into_iter().rev().collect()));
                         }
                         (Some(x), true)
                     }
                     (None, Some(x)) => {
                         if !rc {
-                            promoted.push(x.rightmost().to_owned());
+                            let path = x.rightmost_path(&[]).expect("the root");
+                            out.promoted
+                                .push((x.rightmost().to_owned(), path.into_iter().rev().collect()));
                         }
                         (Some(x), true)
                     }
@@ -882,7 +957,7 @@ mod tests {
                 ))));
         }
         let keep: MemberSet = ["a", "b", "c"].into_iter().collect();
-        let t = t.prune(&keep).0.unwrap();
+        let t = t.prune(&keep, "a").tree.unwrap();
         assert_eq!(t.size(), 3);
         assert!(t.bk().is_none());
         assert!(t.find("d").is_none());
@@ -966,16 +1041,54 @@ mod tests {
             t.at(&s).unwrap().rightmost().to_owned()
         };
         // Removing e moves its sibling up, unchanged.
-        let (pruned, promoted) = t.clone().prune(&keep(&["a", "b", "c", "d"]));
-        let pruned = pruned.unwrap();
-        assert_eq!(promoted, vec![rightmost_of_sibling]);
+        let out = t.clone().prune(&keep(&["a", "b", "c", "d"]), "a");
+        let (pruned, promoted) = (out.tree.unwrap(), out.promoted);
+        let names: Vec<&str> = promoted.iter().map(|(m, _)| m.as_str()).collect();
+        assert_eq!(names, vec![rightmost_of_sibling.as_str()]);
         // Stale: the nodes above e's parent, if it had any.
         assert_eq!(pruned.settled(), pair_of(&t, "e").len() <= 2);
         // Removing two leaves of different subtrees: two promotions, stale nodes above them.
-        let (pruned, promoted) = t.prune(&keep(&["b", "c", "e"]));
-        let pruned = pruned.unwrap();
+        let out = t.prune(&keep(&["b", "c", "e"]), "e");
+        let (pruned, promoted) = (out.tree.unwrap(), out.promoted);
         assert_eq!(pruned.size(), 3);
         assert_eq!(promoted.len(), 2, "{promoted:?}");
         assert!(!pruned.settled());
+        assert_eq!(out.tracked, pruned.find("e"));
+    }
+
+    /// The paths a prune gives are those a walk of the pruned tree finds, whatever is removed:
+    /// the promoted members' and the tracked member's (none when its leaf goes).
+    #[test]
+    fn pruned_paths_are_the_paths_in_the_pruned_tree() {
+        let names: Vec<String> = (0..23).map(|i| format!("m{i:02}")).collect();
+        let refs: Vec<&str> = names.iter().map(|m| m.as_str()).collect();
+        let t = build(&refs);
+        // Keep sets by bit patterns of a few shapes: single leaves, halves, scattered members.
+        for pattern in [
+            0x7ffffeu32,
+            0x7fff00,
+            0x0000ff,
+            0x555555,
+            0x3c3c3c,
+            0x400001,
+            0x7ffbff,
+        ] {
+            let kept: Vec<&str> = (0..names.len())
+                .filter(|i| pattern >> i & 1 == 1)
+                .map(|i| refs[i])
+                .collect();
+            let keep: MemberSet = kept.iter().collect();
+            for track in [kept[0], kept[kept.len() - 1], "m05", "absent"] {
+                let out = t.clone().prune(&keep, track);
+                let pruned = out.tree.as_ref().unwrap();
+                assert_eq!(out.tracked, pruned.find(track), "{pattern:x} {track}");
+                for (m, p) in &out.promoted {
+                    assert_eq!(pruned.find(m).as_ref(), Some(p), "{pattern:x} {m}");
+                }
+                let old = t.clone().prune_names(&keep);
+                let got: Vec<&String> = out.promoted.iter().map(|(m, _)| m).collect();
+                assert_eq!(got, old.iter().collect::<Vec<_>>(), "{pattern:x}");
+            }
+        }
     }
 }
