@@ -193,9 +193,10 @@ impl Core {
         } else if self.side.is_whole_list()
             && in_order(&view.transitional, self.side.names(), |_| {})
         {
-            // The side was a whole view (a completed run) that the transitional set walks in
-            // order, so the set is within it: the new side is the transitional set, taken by
-            // position from the new view's set without hashing a name (a leave or partition).
+            // The side holds every name of its list (the whole view of a completed run, most
+            // often) and the transitional set walks that list in order, so it lies within the
+            // side: the new side is the transitional set, taken by position from the new view's
+            // set without hashing a name (a leave or partition).
             self.side = Arc::new(set.filtered_by_position(|i| in_trans[i]));
         } else if !self.side.contains(&self.me) || !self.side.all(trans) {
             let mut side = self.side.filtered(trans);
@@ -600,6 +601,78 @@ mod tests {
                 "transitional set must be a subset of the view containing this member"
             ))
         );
+    }
+
+    /// Over random views, completed runs and cascades, the side is always
+    /// `(side ∩ transitional set) ∪ {me}` (the whole view after a completed run), whichever way
+    /// `install_view` finds it: transitional sets in order or not, repeating a name, or naming a
+    /// member of the view that was not in the one before.
+    #[test]
+    fn the_side_is_the_old_side_within_the_transitional_set() {
+        use rand_chacha::rand_core::RngCore;
+        use std::collections::BTreeSet;
+        let universe = ["a", "b", "c", "d", "e", "f"];
+        let me = "c";
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);
+        let mut core = core(me, 4);
+        let mut expected: BTreeSet<String> = BTreeSet::new();
+        let mut old: Vec<String> = Vec::new();
+        for index in 1..3000u64 {
+            let mut bits = rng.next_u32();
+            // The view, in name order as the daemons give it, always with this member.
+            let members: Vec<String> = universe
+                .iter()
+                .filter(|m| **m == me || bits & (1 << (m.as_bytes()[0] - b'a')) != 0)
+                .map(|m| m.to_string())
+                .collect();
+            bits >>= 6;
+            // Mostly members that were in the view before too; now and then one that was not.
+            let mut transitional: Vec<String> = members
+                .iter()
+                .filter(|m| {
+                    let keep = *m == me
+                        || (bits & 1 != 0 && (old.contains(m) || bits & 2 != 0 && index % 7 == 0));
+                    bits = bits.rotate_right(2);
+                    keep
+                })
+                .cloned()
+                .collect();
+            match rng.next_u32() % 8 {
+                0 => transitional.reverse(),
+                1 => {
+                    let again = transitional[0].clone();
+                    transitional.push(again);
+                }
+                _ => {}
+            }
+            let view = View {
+                members: members.clone().into(),
+                transitional: transitional.clone(),
+                ..view(4, index)
+            };
+            core.install_view(view).unwrap();
+            expected = if expected.is_empty() {
+                BTreeSet::from([me.to_owned()])
+            } else {
+                let trans: BTreeSet<String> = transitional.iter().cloned().collect();
+                let mut side: BTreeSet<String> = expected.intersection(&trans).cloned().collect();
+                side.insert(me.to_owned());
+                side
+            };
+            for m in universe {
+                assert_eq!(
+                    core.side.contains(m),
+                    expected.contains(m),
+                    "view {index}: {m} (members {members:?}, transitional {transitional:?})"
+                );
+            }
+            assert_eq!(core.side.len(), expected.len(), "view {index}");
+            if rng.next_u32() % 3 != 0 {
+                core.complete(b"secret", b"").unwrap();
+                expected = members.iter().cloned().collect();
+            }
+            old = members;
+        }
     }
 
     #[test]

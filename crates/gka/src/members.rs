@@ -154,18 +154,17 @@ impl Positions {
     pub fn len(&self) -> usize {
         self.count
     }
-    /// Adds (`on`) or removes the positions `all` of a view of `n` members; each must be in the
-    /// state it is not being put in.
+    /// Adds (`on`) or removes the positions `all` of a view of `n` members (each below `n`).
     pub fn set(&mut self, all: &[usize], on: bool, n: usize) {
         self.at.resize(n, false);
         for &i in all {
-            debug_assert_ne!(self.at[i], on);
-            self.at[i] = on;
-        }
-        if on {
-            self.count += all.len();
-        } else {
-            self.count -= all.len();
+            if std::mem::replace(&mut self.at[i], on) != on {
+                if on {
+                    self.count += 1;
+                } else {
+                    self.count -= 1;
+                }
+            }
         }
     }
 }

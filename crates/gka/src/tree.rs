@@ -526,7 +526,7 @@ impl<G: Group> Node<G> {
         match &*node {
             Node::Leaf { member, .. } => {
                 if keep.contains(member) {
-                    if **member == *track {
+                    if **member == *track && out.tracked.is_none() {
                         out.tracked = Some(NodePath::new());
                     }
                     (Some(node), false)
