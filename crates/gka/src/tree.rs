@@ -462,7 +462,7 @@ impl<G: Group> Node<G> {
         }
     }
     /// Removes the leaves not in `keep`; a removed leaf's sibling takes its parent's place, and
-    /// every node above a removed leaf is stale. Returns `None` if no leaf is kept; the rightmost
+    /// every node above a removed leaf is stale. Returns no tree if no leaf is kept; the rightmost
     /// member of every unchanged subtree that moved up (whose new sibling's members may not know
     /// its blinded key), by name, with its path in the pruned tree; and the path of `track`'s
     /// leaf if it is kept. The paths come from the walk itself: at n = 1,024 another walk of the
