@@ -2,6 +2,7 @@
 //! and within its bounds, and a packet that comes out is handed to the packet decoder.
 #![no_main]
 use conclave_node::frag::{Reassembly, MAX_PACKET_BYTES};
+use conclave_wire::client::Bytes;
 use conclave_wire::gcs::Packet;
 use libfuzzer_sys::fuzz_target;
 
@@ -14,9 +15,10 @@ fuzz_target!(|data: &[u8]| {
         rest = &rest[2..];
         let d = &rest[..n.min(rest.len())];
         rest = &rest[d.len()..];
-        for p in r.push(d).unwrap_or_default() {
+        // As the daemon does: packets are views of the datagram, decoded with shared payloads.
+        let _ = r.push_each(&Bytes::copy_from_slice(d), |p| {
             assert!(p.len() <= MAX_PACKET_BYTES);
-            let _ = Packet::decode(&p);
-        }
+            let _ = Packet::decode_shared(&p);
+        });
     }
 });

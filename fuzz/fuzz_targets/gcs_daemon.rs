@@ -30,7 +30,11 @@ fuzz_target!(|data: &[u8]| {
                 let (chunk, tail) = rest.split_at(len);
                 rest = tail;
                 let from = if head >> 6 == 0 { 1 } else { 3 };
-                let _ = d.handle_packet(now, from, chunk);
+                let _ = d.handle_packet(
+                    now,
+                    from,
+                    &conclave_wire::client::Bytes::copy_from_slice(chunk),
+                );
             }
             // A client command.
             2 => {

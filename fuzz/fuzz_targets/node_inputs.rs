@@ -39,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
             }
             1 | 2 => node.handle_session_bytes(now, session, bytes),
             3 => node.close_session(now, session),
-            4 | 5 => node.handle_datagram(now, peer, &mut bytes.to_vec()),
+            4 | 5 => node.handle_datagram(now, peer, bytes::BytesMut::from(bytes)),
             _ => {
                 now += std::time::Duration::from_millis(u64::from(
                     bytes.first().copied().unwrap_or(1),

@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::record::HistoryFile;
 use crate::session::{self, Written};
 use anyhow::Context;
+use bytes::BytesMut;
 use conclave_crypto::identity_file::IdentityFile;
 use conclave_node::{IdMap, Node, NodeOptions, SessionId, SessionOutput, Time};
 use std::net::SocketAddr;
@@ -426,10 +427,43 @@ impl Sessions {
 
 /// What woke the node's task.
 enum Woke {
-    Datagram(usize, SocketAddr),
+    Datagram(SocketAddr),
     Input(ToCore),
     Closed,
     Timer,
+}
+
+/// Room for the largest datagram.
+const DATAGRAM_ROOM: usize = 65_536;
+
+/// Where datagrams are received, and what each is handed to the node in. The client messages a
+/// datagram carries keep views of its buffer (no copy per message), so the buffer must not be
+/// much larger than the datagram: a small one is copied out to a buffer of its size and the room
+/// received into again; a large one keeps its room (at most four times its size) and the next
+/// datagram gets fresh room.
+struct Inbox {
+    room: BytesMut,
+}
+
+impl Default for Inbox {
+    fn default() -> Self {
+        Inbox {
+            room: BytesMut::with_capacity(DATAGRAM_ROOM),
+        }
+    }
+}
+
+impl Inbox {
+    /// The datagram just received into `room`.
+    fn take(&mut self) -> BytesMut {
+        if self.room.len() < DATAGRAM_ROOM / 4 {
+            let d = BytesMut::from(&self.room[..]);
+            self.room.clear();
+            d
+        } else {
+            std::mem::take(self).room
+        }
+    }
 }
 
 /// The node's task: inputs in, outputs out, nothing decided.
@@ -455,7 +489,7 @@ impl Pump {
 
     async fn run(mut self, mut rx: mpsc::Receiver<ToCore>) -> anyhow::Result<()> {
         let udp = self.udp.clone();
-        let mut buf = vec![0u8; 65_536];
+        let mut inbox = Inbox::default();
         while !self.node.is_stopping() {
             if let Some(until) = self.node.take_pause() {
                 tokio::time::sleep_until(self.start + Duration::from_micros(until.as_micros()))
@@ -467,8 +501,8 @@ impl Pump {
                 .map(|t| self.start + Duration::from_micros(t.as_micros()))
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             let woke = tokio::select! {
-                r = udp.recv_from(&mut buf) => match r {
-                    Ok((n, from)) => Woke::Datagram(n, from),
+                r = udp.recv_buf_from(&mut inbox.room) => match r {
+                    Ok((_, from)) => Woke::Datagram(from),
                     Err(_) => Woke::Timer,
                 },
                 m = rx.recv() => m.map_or(Woke::Closed, Woke::Input),
@@ -481,12 +515,12 @@ impl Pump {
             }
             let now = self.now();
             match woke {
-                Woke::Datagram(n, from) => {
-                    self.node.handle_datagram(now, from, &mut buf[..n]);
+                Woke::Datagram(from) => {
+                    self.node.handle_datagram(now, from, inbox.take());
                     // Take in what else has arrived before answering.
                     for _ in 0..64 {
-                        match udp.try_recv_from(&mut buf) {
-                            Ok((n, from)) => self.node.handle_datagram(now, from, &mut buf[..n]),
+                        match udp.try_recv_buf_from(&mut inbox.room) {
+                            Ok((_, from)) => self.node.handle_datagram(now, from, inbox.take()),
                             Err(_) => break,
                         }
                     }

@@ -61,7 +61,11 @@ impl Peer for Daemon {
         Daemon::poll_transmit(self)
     }
     fn handle_bytes(&mut self, now: Time, from: DaemonId, bytes: &[u8]) -> Result<(), PeerRefusal> {
-        self.handle_packet(now, from, bytes)
+        self.handle_packet(
+            now,
+            from,
+            &conclave_wire::client::Bytes::copy_from_slice(bytes),
+        )
     }
     fn poll_timeout(&self) -> Option<Time> {
         Daemon::poll_timeout(self)

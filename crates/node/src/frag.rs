@@ -16,6 +16,7 @@
 //! kind 2    = (length (u32) packet)*                    -- several whole packets, in order
 //! ```
 
+use bytes::Bytes;
 use conclave_wire::{DecodeError, Reader, Writer};
 use std::collections::VecDeque;
 
@@ -138,22 +139,22 @@ impl Reassembly {
     /// A datagram from the peer: the packets it carries or completes, in order.
     pub fn push(&mut self, datagram: &[u8]) -> Result<Vec<Vec<u8>>, DatagramError> {
         let mut out = Vec::new();
-        self.push_each(datagram, |p| out.push(p.to_vec()))?;
+        self.push_each(&Bytes::copy_from_slice(datagram), |p| out.push(p.to_vec()))?;
         Ok(out)
     }
 
-    /// As [`Reassembly::push`], handing each packet to `f` where it lies in the datagram (no
-    /// copy, but for reassembled fragments). A malformed datagram hands over nothing.
+    /// As [`Reassembly::push`], handing each packet to `f` as a view of the datagram (no copy,
+    /// but for reassembled fragments). A malformed datagram hands over nothing.
     pub fn push_each(
         &mut self,
-        datagram: &[u8],
-        mut f: impl FnMut(&[u8]),
+        datagram: &Bytes,
+        mut f: impl FnMut(Bytes),
     ) -> Result<(), DatagramError> {
         match self.push_one(datagram)? {
             Packets::None => {}
-            Packets::One(p) => f(p),
-            Packets::Owned(p) => f(&p),
-            Packets::Many(v) => v.into_iter().for_each(f),
+            Packets::One(p) => f(datagram.slice_ref(p)),
+            Packets::Owned(p) => f(Bytes::from(p)),
+            Packets::Many(v) => v.into_iter().for_each(|p| f(datagram.slice_ref(p))),
         }
         Ok(())
     }

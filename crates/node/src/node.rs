@@ -34,6 +34,7 @@ use crate::link::{LinkMode, LinkSetupError, Links, Opened};
 use crate::metrics::Metrics;
 use crate::record::Recorder;
 use crate::session::{next_request, Session, SessionId, SessionOutput};
+use bytes::BytesMut;
 use conclave_crypto::identity_file::IdentityFile;
 use conclave_crypto::CryptoRng;
 use conclave_gcs::{ClientEvent, Daemon, Delivery, Dest, IdMap, LocalEvent, Phase, Time};
@@ -372,8 +373,10 @@ impl Node {
 
     /// A datagram from `from`. One from an address that is no configured daemon, or that its
     /// link refuses (forged, altered, replayed: docs/links.md), or that does not decode, is
-    /// dropped and counted, and changes nothing. The datagram is opened in place.
-    pub fn handle_datagram(&mut self, now: Time, from: SocketAddr, datagram: &mut [u8]) {
+    /// dropped and counted, and changes nothing. The datagram is opened in place, and the client
+    /// messages it carries keep views of it: the driver hands over a buffer not much larger than
+    /// the datagram, since each message keeps all of it.
+    pub fn handle_datagram(&mut self, now: Time, from: SocketAddr, mut datagram: BytesMut) {
         self.input(now);
         let m = &self.metrics;
         m.bytes_received.fetch_add(datagram.len() as u64, Relaxed);
@@ -389,8 +392,8 @@ impl Node {
             return;
         }
         let name = &self.peer_names[(peer - 1) as usize];
-        let body = match self.links.open(self.now, peer, datagram) {
-            Ok(Opened::Data(range)) => &datagram[range],
+        let body = match self.links.open(self.now, peer, &mut datagram) {
+            Ok(Opened::Data(range)) => datagram.freeze().slice(range),
             Ok(Opened::Control) => return,
             Err(e) => {
                 m.bad_datagrams.fetch_add(1, Relaxed);
@@ -405,10 +408,10 @@ impl Node {
             .reassembly
             .entry(peer)
             .or_default()
-            .push_each(body, |packet| {
-                trace_membership(me, peer, packet);
+            .push_each(&body, |packet| {
+                trace_membership(me, peer, &packet);
                 m.packets_to_core.fetch_add(1, Relaxed);
-                match daemon.handle_packet(now, peer, packet) {
+                match daemon.handle_packet(now, peer, &packet) {
                     Ok(()) => {
                         m.packets_received.fetch_add(1, Relaxed);
                     }

@@ -86,7 +86,7 @@ fn replayed_altered_and_forged_datagrams_change_nothing() {
     let now = net.time();
     // Replayed, every one of them.
     for d in &to_d1 {
-        net.nodes[0].handle_datagram(now, d2, &mut d.clone());
+        net.nodes[0].handle_datagram(now, d2, bytes::BytesMut::from(&d[..]));
     }
     // A question ("I do not know your epoch") is answered again, within its limit, and changes
     // nothing else; everything else is refused.
@@ -112,7 +112,7 @@ fn replayed_altered_and_forged_datagrams_change_nothing() {
         let mut x = d.clone();
         let at = [1, 10, 20, 30, 40, x.len() - 1][k % 6].min(x.len() - 1);
         x[at] ^= 0x10;
-        net.nodes[0].handle_datagram(now, d2, &mut x);
+        net.nodes[0].handle_datagram(now, d2, bytes::BytesMut::from(&x[..]));
         altered += 1;
     }
     assert_eq!(link_refusals(&net) - so_far, altered);
@@ -133,9 +133,9 @@ fn replayed_altered_and_forged_datagrams_change_nothing() {
     for step in 0..200u64 {
         let t = Time::from_micros(net.now + step * 1_000);
         impostor.handle_timeout(t);
-        while let Some((to, mut d)) = impostor.poll_datagram() {
+        while let Some((to, d)) = impostor.poll_datagram() {
             if to == net.addrs[0] {
-                net.nodes[0].handle_datagram(now, d2, &mut d);
+                net.nodes[0].handle_datagram(now, d2, bytes::BytesMut::from(&d[..]));
                 forged += 1;
             }
         }
@@ -144,9 +144,9 @@ fn replayed_altered_and_forged_datagrams_change_nothing() {
     assert_eq!(net.refusals(0, "d2", "link_forged") - forged_before, forged);
     // From an address no daemon has, and in the clear.
     let stranger: SocketAddr = "127.0.0.1:9".parse().unwrap();
-    net.nodes[0].handle_datagram(now, stranger, &mut to_d1[0].clone());
+    net.nodes[0].handle_datagram(now, stranger, bytes::BytesMut::from(&to_d1[0][..]));
     assert_eq!(net.refusals(0, "unknown", "unknown_sender"), 1);
-    net.nodes[0].handle_datagram(now, d2, &mut [1, 0, 1, 2, 3]);
+    net.nodes[0].handle_datagram(now, d2, bytes::BytesMut::from(&[1u8, 0, 1, 2, 3][..]));
     assert!(net.refusals(0, "d2", "link_malformed") >= 1);
     // Nothing reached the core, and the ring is the same.
     assert_eq!(
@@ -182,10 +182,10 @@ fn a_restarted_daemon_rejoins_and_its_old_runs_datagrams_are_refused() {
     let now = net.time();
     let (d1, d2) = (net.addrs[0], net.addrs[1]);
     for d in &old {
-        net.nodes[0].handle_datagram(now, d2, &mut d.clone());
+        net.nodes[0].handle_datagram(now, d2, bytes::BytesMut::from(&d[..]));
     }
     for d in &old_to_d2 {
-        net.nodes[1].handle_datagram(now, d1, &mut d.clone());
+        net.nodes[1].handle_datagram(now, d1, bytes::BytesMut::from(&d[..]));
     }
     let questions = old.iter().filter(|d| to_epoch(d) == 0).count() as u64;
     assert_eq!(
@@ -219,8 +219,8 @@ fn links_off_and_sealed_do_not_mix_and_off_needs_no_keys() {
     for step in 1..100u64 {
         let t = Time::from_micros(step * 1_000);
         open.handle_timeout(t);
-        while let Some((_, mut d)) = open.poll_datagram() {
-            sealed.handle_datagram(t, cfg.daemon[1].peer, &mut d);
+        while let Some((_, d)) = open.poll_datagram() {
+            sealed.handle_datagram(t, cfg.daemon[1].peer, bytes::BytesMut::from(&d[..]));
         }
     }
     let refused = sealed.metrics().peer_refusals();

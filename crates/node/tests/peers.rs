@@ -14,14 +14,22 @@ fn refused_peer_input_is_counted_by_peer_and_reason() {
     let d2 = cfg.daemon[1].peer;
     let mut n = Node::new(cfg, "d1", NodeOptions::default(), Time::ZERO).unwrap();
     let stranger: SocketAddr = "127.0.0.1:9".parse().unwrap();
-    n.handle_datagram(Time::from_micros(1), stranger, &mut [1, 0, 7]);
+    n.handle_datagram(
+        Time::from_micros(1),
+        stranger,
+        bytes::BytesMut::from(&[1u8, 0, 7][..]),
+    );
     // Not a datagram at all.
-    n.handle_datagram(Time::from_micros(2), d2, &mut [0xff]);
+    n.handle_datagram(
+        Time::from_micros(2),
+        d2,
+        bytes::BytesMut::from(&[0xffu8][..]),
+    );
     // A datagram carrying a packet that does not decode.
     n.handle_datagram(
         Time::from_micros(3),
         d2,
-        &mut split(&[0xff, 0xee], 0).unwrap()[0],
+        bytes::BytesMut::from(&split(&[0xff, 0xee], 0).unwrap()[0][..]),
     );
     // A join of a ring no ring reaches.
     let join = Packet::Join(Join {
@@ -35,7 +43,7 @@ fn refused_peer_input_is_counted_by_peer_and_reason() {
         n.handle_datagram(
             Time::from_micros(t),
             d2,
-            &mut split(&join.encode(), 0).unwrap()[0],
+            bytes::BytesMut::from(&split(&join.encode(), 0).unwrap()[0][..]),
         );
     }
     let status = n

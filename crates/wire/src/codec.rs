@@ -1,5 +1,7 @@
 //! Bounded big-endian reader and writer.
 
+use bytes::Bytes;
+
 /// Why a byte string is not a valid message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
@@ -32,11 +34,26 @@ pub enum DecodeError {
 pub struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// The buffer `buf` is, when the input is shared: payloads are then views of it, not copies.
+    shared: Option<&'a Bytes>,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(buf: &'a [u8]) -> Self {
-        Reader { buf, pos: 0 }
+        Reader {
+            buf,
+            pos: 0,
+            shared: None,
+        }
+    }
+    /// A reader whose [`Reader::payload`]s share `buf` instead of copying out of it. A payload
+    /// keeps all of `buf` alive: the caller bounds how much larger than its messages `buf` is.
+    pub fn shared(buf: &'a Bytes) -> Self {
+        Reader {
+            buf,
+            pos: 0,
+            shared: Some(buf),
+        }
     }
     pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
@@ -84,6 +101,15 @@ impl<'a> Reader<'a> {
     pub fn bytes(&mut self, what: &'static str, max: usize) -> Result<&'a [u8], DecodeError> {
         let n = self.count(what, max)?;
         self.take(n, what)
+    }
+    /// [`Reader::bytes`] as a buffer of their own: a view of the input if it is shared, a
+    /// copy otherwise.
+    pub fn payload(&mut self, what: &'static str, max: usize) -> Result<Bytes, DecodeError> {
+        let b = self.bytes(what, max)?;
+        Ok(match self.shared {
+            Some(all) => all.slice_ref(b),
+            None => Bytes::copy_from_slice(b),
+        })
     }
     /// A non-empty UTF-8 string with a u8 length prefix, at most `max` bytes.
     pub fn name(&mut self, what: &'static str, max: usize) -> Result<String, DecodeError> {

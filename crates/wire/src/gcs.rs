@@ -420,7 +420,7 @@ impl Body {
                     groups.push((g, r.u64("view")?));
                 }
                 let service = ServiceType::from_u8(r.u8("service type")?)?;
-                let payload = Bytes::copy_from_slice(r.bytes("payload", MAX_PAYLOAD_BYTES)?);
+                let payload = r.payload("payload", MAX_PAYLOAD_BYTES)?;
                 let spread = if tag == 8 {
                     let hint: [u8; 4] = r.take(4, "hint")?.try_into().expect("4 bytes");
                     let self_discard = read_bool(r, "self discard")?;
@@ -570,7 +570,15 @@ impl Packet {
     }
 
     pub fn decode(buf: &[u8]) -> Result<Packet, DecodeError> {
-        let mut r = Reader::new(buf);
+        Packet::read(Reader::new(buf))
+    }
+
+    /// [`Packet::decode`], with the payloads of client messages views of `buf`, not copies.
+    pub fn decode_shared(buf: &Bytes) -> Result<Packet, DecodeError> {
+        Packet::read(Reader::shared(buf))
+    }
+
+    fn read(mut r: Reader<'_>) -> Result<Packet, DecodeError> {
         let v = r.u8("version")?;
         if v != VERSION {
             return Err(DecodeError::BadVersion(v));
@@ -925,8 +933,24 @@ mod tests {
         }
 
         #[test]
+        fn shared_decoding_decodes_alike_and_copies_no_payload(p in packet()) {
+            let bytes = Bytes::from(p.encode());
+            let q = Packet::decode_shared(&bytes).unwrap();
+            if let Packet::Data(d) = &q {
+                if let Body::Client { payload, .. } = &*d.body {
+                    if !payload.is_empty() {
+                        let within = bytes.as_ptr_range();
+                        prop_assert!(within.contains(&payload.as_ptr()));
+                    }
+                }
+            }
+            prop_assert_eq!(q, p);
+        }
+
+        #[test]
         fn garbage_never_panics(junk in prop::collection::vec(any::<u8>(), 0..300)) {
             let _ = Packet::decode(&junk);
+            let _ = Packet::decode_shared(&Bytes::from(junk));
         }
     }
 

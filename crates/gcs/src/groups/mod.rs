@@ -620,9 +620,10 @@ impl Daemon {
         &mut self,
         now: Time,
         from: DaemonId,
-        bytes: &[u8],
+        bytes: &Bytes,
     ) -> Result<(), PeerRefusal> {
-        let p = Packet::decode(bytes)?;
+        // Client payloads stay views of the datagram: no copy, no allocation per message.
+        let p = Packet::decode_shared(bytes)?;
         let r = self.ring.handle_packet(now, from, p);
         // What the packet changed before it was found out is followed through.
         self.after(now);

@@ -102,8 +102,11 @@ impl Net {
                         moved = true;
                         let j = self.addrs.iter().position(|a| *a == to).unwrap();
                         self.captured.push((i, j, d.clone()));
-                        let mut d = d;
-                        self.nodes[j].handle_datagram(now, self.addrs[i], &mut d);
+                        self.nodes[j].handle_datagram(
+                            now,
+                            self.addrs[i],
+                            bytes::BytesMut::from(&d[..]),
+                        );
                     }
                 }
             }

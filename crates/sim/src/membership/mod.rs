@@ -593,16 +593,18 @@ pub fn run_membership(cfg: &MembershipSimConfig) -> SimResult {
                 // The wire is hostile even here: a packet that does not decode is refused.
                 let at = Time::from_micros(now);
                 let sent = wire.attacker.is_some().then(|| bytes.clone());
-                let mut bytes = bytes;
-                w.nodes[to].handle_datagram(at, wire.peers[from], &mut bytes);
+                w.nodes[to].handle_datagram(
+                    at,
+                    wire.peers[from],
+                    bytes::BytesMut::from(&bytes[..]),
+                );
                 touched.push(to);
                 if let (Some(a), Some(sent)) = (wire.attacker.as_mut(), sent) {
-                    if let Some((kind, src, mut d)) =
-                        a.strike(&wire.peers, from, to, w.dinc[to], &sent)
+                    if let Some((kind, src, d)) = a.strike(&wire.peers, from, to, w.dinc[to], &sent)
                     {
                         let core = |w: &World| w.nodes[to].metrics().packets_to_core.load(Relaxed);
                         let before = core(&w);
-                        w.nodes[to].handle_datagram(at, src, &mut d);
+                        w.nodes[to].handle_datagram(at, src, bytes::BytesMut::from(&d[..]));
                         let taken = core(&w) - before;
                         let kind = kind.to_owned();
                         w.push(
