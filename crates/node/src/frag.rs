@@ -49,14 +49,35 @@ enum Packets<'a> {
     Many(Vec<&'a [u8]>),
 }
 
+/// Bytes each datagram leaves free before and after itself: the link's header and tag, so that
+/// the link seals the datagram where it lies ([`crate::link::Links::seal_framed`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Room {
+    pub head: usize,
+    pub tail: usize,
+}
+
+impl Room {
+    /// A writer for a datagram of `n` bytes, its head room already there (zeroed).
+    fn writer(self, n: usize) -> Writer {
+        let mut v = Vec::with_capacity(self.head + n + self.tail);
+        v.resize(self.head, 0);
+        Writer::from_vec(v)
+    }
+}
+
 /// Splits a packet into the datagrams that carry it. `id` names the packet among the sender's
 /// fragmented packets.
 pub fn split(packet: &[u8], id: u32) -> Result<Vec<Vec<u8>>, DatagramError> {
+    split_with(packet, id, Room::default())
+}
+
+fn split_with(packet: &[u8], id: u32, room: Room) -> Result<Vec<Vec<u8>>, DatagramError> {
     if packet.len() > MAX_PACKET_BYTES {
         return Err(DatagramError::TooLarge(packet.len()));
     }
     if packet.len() <= MAX_PART_BYTES {
-        let mut w = Writer::with_capacity(packet.len() + 2);
+        let mut w = room.writer(packet.len() + 2);
         w.u8(DATAGRAM_VERSION);
         w.u8(0);
         w.raw(packet);
@@ -67,7 +88,7 @@ pub fn split(packet: &[u8], id: u32) -> Result<Vec<Vec<u8>>, DatagramError> {
         .chunks(MAX_PART_BYTES)
         .enumerate()
         .map(|(i, part)| {
-            let mut w = Writer::with_capacity(part.len() + 10);
+            let mut w = room.writer(part.len() + 10);
             w.u8(DATAGRAM_VERSION);
             w.u8(1);
             w.u32(id);
@@ -80,18 +101,23 @@ pub fn split(packet: &[u8], id: u32) -> Result<Vec<Vec<u8>>, DatagramError> {
 }
 
 /// The datagrams that carry `packets` (in order) to one daemon: small ones packed together up to
-/// [`MAX_PART_BYTES`], large ones alone or in fragments. `next_id` numbers fragmented packets.
-pub fn pack(packets: &[&[u8]], next_id: &mut u32) -> Result<Vec<Vec<u8>>, DatagramError> {
+/// [`MAX_PART_BYTES`], large ones alone or in fragments. `next_id` numbers fragmented packets;
+/// each datagram comes after `room.head` zeroed bytes, with capacity for `room.tail` more.
+pub fn pack(
+    packets: &[&[u8]],
+    next_id: &mut u32,
+    room: Room,
+) -> Result<Vec<Vec<u8>>, DatagramError> {
     let mut out = Vec::new();
     let mut batch: Vec<&[u8]> = Vec::new();
     let mut batch_bytes = 0;
     let flush = |batch: &mut Vec<&[u8]>, out: &mut Vec<Vec<u8>>| {
         match batch.len() {
             0 => {}
-            1 => out.extend(split(batch[0], 0).expect("small")),
+            1 => out.extend(split_with(batch[0], 0, room).expect("small")),
             _ => {
                 let n: usize = batch.iter().map(|p| p.len() + 4).sum();
-                let mut w = Writer::with_capacity(n + 2);
+                let mut w = room.writer(n + 2);
                 w.u8(DATAGRAM_VERSION);
                 w.u8(2);
                 for p in batch.iter() {
@@ -107,7 +133,7 @@ pub fn pack(packets: &[&[u8]], next_id: &mut u32) -> Result<Vec<Vec<u8>>, Datagr
         if p.len() + 4 > MAX_PART_BYTES {
             flush(&mut batch, &mut out);
             batch_bytes = 0;
-            out.extend(split(p, *next_id)?);
+            out.extend(split_with(p, *next_id, room)?);
             *next_id = next_id.wrapping_add(1);
             continue;
         }
@@ -324,7 +350,7 @@ mod tests {
                 .collect();
             let mut id = 0;
             let slices: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
-            let datagrams = pack(&slices, &mut id).unwrap();
+            let datagrams = pack(&slices, &mut id, Room::default()).unwrap();
             prop_assert!(datagrams.iter().all(|d| d.len() <= MAX_PART_BYTES + 10));
             prop_assert!(datagrams.len() <= packets.len().max(1) * 2);
             let mut r = Reassembly::default();
@@ -333,6 +359,24 @@ mod tests {
                 out.extend(r.push(d).unwrap());
             }
             prop_assert_eq!(out, packets);
+        }
+
+        #[test]
+        fn packed_with_room_are_the_same_datagrams_after_their_head_room(
+            lens in proptest::collection::vec(0usize..70_000, 1..8),
+            head in 0usize..64,
+            tail in 0usize..32,
+        ) {
+            let packets: Vec<Vec<u8>> = lens.iter().map(|&n| vec![7; n]).collect();
+            let slices: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
+            let bare = pack(&slices, &mut 5, Room::default()).unwrap();
+            let roomy = pack(&slices, &mut 5, Room { head, tail }).unwrap();
+            prop_assert_eq!(bare.len(), roomy.len());
+            for (b, r) in bare.iter().zip(&roomy) {
+                prop_assert!(r[..head].iter().all(|&x| x == 0));
+                prop_assert_eq!(&r[head..], &b[..]);
+                prop_assert!(r.capacity() >= r.len() + tail);
+            }
         }
     }
 }

@@ -24,6 +24,7 @@
 //! instead of a signature, at the price of forward secrecy for what is sent under it (the
 //! daemons' contributory key, once agreed, replaces it for the ring's traffic).
 
+use crate::frag::Room;
 use conclave_crypto::aead::{Aead, AeadAlg};
 use conclave_crypto::{kdf, PublicIdentity, StaticDh};
 use conclave_gcs::Time;
@@ -430,9 +431,33 @@ impl Links {
     /// The datagram that carries `payload` to `to`, or `None` if its epoch is not known yet (a
     /// hello goes instead, from [`Links::poll_hello`]).
     pub fn seal(&mut self, now: Time, to: DaemonId, payload: Vec<u8>) -> Option<Vec<u8>> {
-        if self.mode == LinkMode::Off {
-            return Some(payload);
+        let room = self.room();
+        let mut framed = Vec::with_capacity(room.head + payload.len() + room.tail);
+        framed.resize(room.head, 0);
+        framed.extend_from_slice(&payload);
+        self.seal_framed(now, to, framed)
+    }
+
+    /// What a datagram leaves free before and after its payload for [`Links::seal_framed`]: the
+    /// link's header and tag (nothing when links are off).
+    pub fn room(&self) -> Room {
+        match self.mode {
+            LinkMode::Off => Room::default(),
+            LinkMode::Sealed | LinkMode::Authenticated => Room {
+                head: HEADER_BYTES,
+                tail: TAG_BYTES,
+            },
         }
+    }
+
+    /// [`Links::seal`] of a payload laid out after [`Links::room`]'s head (whatever those
+    /// bytes hold is overwritten), sealed where it lies: a datagram of up to 60,000 bytes is
+    /// not copied again on its way out.
+    pub fn seal_framed(&mut self, now: Time, to: DaemonId, mut framed: Vec<u8>) -> Option<Vec<u8>> {
+        if self.mode == LinkMode::Off {
+            return Some(framed);
+        }
+        debug_assert!(framed.len() >= HEADER_BYTES, "no room for the link header");
         let Some(pe) = self.peer(to)?.epoch else {
             self.hello(now, to, 0, Hello::Ask);
             return None;
@@ -464,11 +489,11 @@ impl Links {
             key,
             counter,
         };
-        let mut buf = Vec::with_capacity(OVERHEAD + payload.len());
-        header.encode_into(&mut buf);
-        buf.extend_from_slice(&payload);
-        seal(mode, aead, &header, &mut buf);
-        Some(buf)
+        let mut head = Vec::with_capacity(HEADER_BYTES);
+        header.encode_into(&mut head);
+        framed[..HEADER_BYTES].copy_from_slice(&head);
+        seal(mode, aead, &header, &mut framed);
+        Some(framed)
     }
 
     /// Queues a hello to `to` bound to its epoch `theirs` (0: unknown), unless one went less

@@ -1231,7 +1231,8 @@ impl Node {
             }
             let peer = peer as DaemonId;
             let packets: Vec<&[u8]> = packets.iter().map(|&i| encoded[i].as_slice()).collect();
-            let datagrams = match pack(&packets, &mut self.frag_id) {
+            // Each datagram leaves room for its link header and tag: sealed where it lies.
+            let datagrams = match pack(&packets, &mut self.frag_id, self.links.room()) {
                 Ok(d) => d,
                 Err(e) => {
                     tracing::warn!(error = %e, "a packet too large to send");
@@ -1239,7 +1240,7 @@ impl Node {
                 }
             };
             for d in datagrams {
-                match self.links.seal(self.now, peer, d) {
+                match self.links.seal_framed(self.now, peer, d) {
                     Some(d) => self.emit(peer, d),
                     None => {
                         self.metrics.link_waiting.fetch_add(1, Relaxed);
