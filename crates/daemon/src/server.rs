@@ -596,8 +596,12 @@ impl Pump {
         size
     }
 
-    /// The node's outputs, in its order: records, connections, datagrams.
+    /// The node's outputs: a token it passes on first ([`Node::poll_token`]), then in its order
+    /// records, connections, datagrams.
     async fn drain(&mut self) {
+        if let Some((addr, d)) = self.node.poll_token() {
+            send(&self.udp, addr, &d).await;
+        }
         while let Some(r) = self.node.poll_record() {
             if let Some(f) = self.recorder.as_mut() {
                 f.write(&r);
@@ -616,19 +620,24 @@ impl Pump {
             }
         }
         while let Some((addr, d)) = self.node.poll_datagram() {
-            match self.udp.try_send_to(&d, addr) {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    let _ = self.udp.send_to(&d, addr).await;
-                }
-                // Lost, as the network may lose it: the ring retransmits.
-                Err(_) => {}
-            }
+            send(&self.udp, addr, &d).await;
         }
         if !self.held_reads.is_empty() {
             // The node read on in the sessions it has room for again: their readers go on.
             let node = &self.node;
             self.held_reads.retain(|id, _| node.session_paused(*id));
         }
+    }
+}
+
+/// Sends a datagram, waiting for room in the socket's buffer if it has none.
+async fn send(udp: &UdpSocket, addr: SocketAddr, d: &[u8]) {
+    match udp.try_send_to(d, addr) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            let _ = udp.send_to(d, addr).await;
+        }
+        // Lost, as the network may lose it: the ring retransmits.
+        Err(_) => {}
     }
 }

@@ -1,7 +1,6 @@
 //! Datagrams between daemons: a daemon packet in one UDP datagram, several small packets to the
-//! same daemon in one datagram (a token and the messages that follow it: one system call instead
-//! of many, which is most of what a message costs on loopback), or one large packet split in
-//! fragments.
+//! same daemon in one datagram (the messages of a token visit: one system call instead of many,
+//! which is most of what a message costs on loopback), or one large packet split in fragments.
 //!
 //! The ring protocol already copes with lost packets (it retransmits), so a lost fragment simply
 //! loses its packet: there is no fragment retransmission. Reassembly keeps at most

@@ -700,6 +700,11 @@ impl Daemon {
         self.ring.has_transmit()
     }
 
+    /// The packet [`Daemon::poll_transmit`] gives next.
+    pub fn peek_transmit(&self) -> Option<&Transmit> {
+        self.ring.peek_transmit()
+    }
+
     /// The ring layer's events, if [`DaemonConfig::record_ring`] is set.
     pub fn poll_ring_event(&mut self) -> Option<RingEvent> {
         self.ring_log.pop_front()

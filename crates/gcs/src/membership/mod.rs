@@ -504,6 +504,11 @@ impl Membership {
         !self.out.is_empty()
     }
 
+    /// The packet [`Membership::poll_transmit`] gives next.
+    pub fn peek_transmit(&self) -> Option<&Transmit> {
+        self.out.front()
+    }
+
     /// What happened, in order: messages sent and delivered, transitional signals,
     /// configurations.
     pub fn poll_event(&mut self) -> Option<RingEvent> {

@@ -77,6 +77,8 @@ impl Net {
             while moved {
                 moved = false;
                 for i in 0..self.nodes.len() {
+                    // As the daemon's driver does: a token passed on goes before anything else.
+                    let token = self.nodes[i].poll_token();
                     while let Some((id, out)) = self.nodes[i].poll_session() {
                         moved = true;
                         if out == SessionOutput::Close {
@@ -98,7 +100,9 @@ impl Net {
                             self.nodes[i].handle_session_written(id, len, count, [b]);
                         }
                     }
-                    while let Some((to, d)) = self.nodes[i].poll_datagram() {
+                    let rest = std::iter::from_fn(|| self.nodes[i].poll_datagram());
+                    let datagrams: Vec<_> = token.into_iter().chain(rest).collect();
+                    for (to, d) in datagrams {
                         moved = true;
                         let j = self.addrs.iter().position(|a| *a == to).unwrap();
                         self.captured.push((i, j, d.clone()));

@@ -199,6 +199,10 @@ impl World {
     /// once (VS clients acknowledge flushes), which may give the node more to drain.
     pub(super) fn drain(&mut self, i: usize, wire: &mut Wire, rng: &mut ChaCha20Rng, faulty: bool) {
         loop {
+            // As the daemon's driver does: a token passed on goes before anything else.
+            if let Some((addr, d)) = self.nodes[i].poll_token() {
+                wire.send(rng, self.now, faulty, i, addr, d);
+            }
             while let Some(r) = self.nodes[i].poll_record() {
                 match &r.ev {
                     Event::View { group, .. } if group.is_empty() => self.views += 1,
