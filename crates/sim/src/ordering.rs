@@ -262,7 +262,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
             let sender = name(node as DaemonId + 1);
             let msg = format!("{sender}/0/{k}");
             let body = Body::Client {
-                client: sender.clone(),
+                client: sender.as_str().into(),
                 groups: vec![("g".into(), 0)],
                 service,
                 payload: msg.clone().into_bytes().into(),

@@ -5,6 +5,7 @@
 
 use crate::codec::{DecodeError, Reader, Writer};
 use bytes::Bytes;
+use compact_str::CompactString;
 use std::sync::Arc;
 
 /// The packet format version this build speaks.
@@ -89,10 +90,11 @@ pub struct Token {
 pub enum Body {
     /// A client's message to one or more groups.
     Client {
-        client: String,
+        /// Names held inline up to 24 bytes: no allocation per message for the usual names.
+        client: CompactString,
         /// Each group, with the number (on this ring) of the group's view the message was sent
         /// in.
-        groups: Vec<(String, u64)>,
+        groups: Vec<(CompactString, u64)>,
         service: ServiceType,
         payload: Bytes,
         /// What a Spread client's message carries beyond a Conclave client's.
@@ -405,16 +407,16 @@ impl Body {
     fn read(r: &mut Reader<'_>) -> Result<Body, DecodeError> {
         Ok(match r.u8("body")? {
             tag @ (1 | 8) => {
-                let client = r.name("client", MAX_NAME_BYTES)?;
+                let client = r.name_ref("client", MAX_NAME_BYTES)?.into();
                 let n = r.count("groups", MAX_GROUPS_PER_MESSAGE)?;
                 if n == 0 {
                     return Err(DecodeError::Empty { what: "groups" });
                 }
                 let mut groups = Vec::with_capacity(n.min(r.remaining() / 2));
                 for _ in 0..n {
-                    let g = r.name("group", MAX_NAME_BYTES)?;
+                    let g: CompactString = r.name_ref("group", MAX_NAME_BYTES)?.into();
                     // A member of the group would receive the message twice.
-                    if groups.iter().any(|(x, _): &(String, u64)| *x == g) {
+                    if groups.iter().any(|(x, _): &(CompactString, u64)| *x == g) {
                         return Err(DecodeError::Duplicate { what: "groups" });
                     }
                     groups.push((g, r.u64("view")?));
@@ -727,8 +729,8 @@ mod tests {
                 )),
             )
                 .prop_map(|(client, groups, service, payload, spread)| Body::Client {
-                    client,
-                    groups: groups.into_iter().collect(),
+                    client: client.into(),
+                    groups: groups.into_iter().map(|(g, v)| (g.into(), v)).collect(),
                     service,
                     payload: payload.into(),
                     spread: spread.map(|(hint, self_discard, names)| {

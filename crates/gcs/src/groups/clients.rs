@@ -229,8 +229,8 @@ impl Daemon {
                     );
                 }
                 self.submit(Body::Client {
-                    client: client.to_owned(),
-                    groups: sent.into_iter().map(|(g, v)| (g, v.index)).collect(),
+                    client: client.into(),
+                    groups: sent.into_iter().map(|(g, v)| (g.into(), v.index)).collect(),
                     service,
                     payload,
                     spread,

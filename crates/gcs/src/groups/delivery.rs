@@ -33,7 +33,7 @@ impl Daemon {
                     self.deliver_open(&body, index, ring, transitional);
                     continue;
                 }
-                let Some(view) = self.groups.get(group).and_then(|g| g.view) else {
+                let Some(view) = self.groups.get(group.as_str()).and_then(|g| g.view) else {
                     continue;
                 };
                 if view.ring != ring || view.index != *sent_in {
@@ -43,7 +43,7 @@ impl Daemon {
                     // deliver it in another view.
                     continue;
                 }
-                let sender_in = self.groups[group]
+                let sender_in = self.groups[group.as_str()]
                     .members
                     .iter()
                     .any(|m| m.name == *client && m.daemon == sender);
@@ -168,7 +168,7 @@ impl Daemon {
             }
             return;
         }
-        match self.groups.get(group).and_then(|g| g.view) {
+        match self.groups.get(group.as_str()).and_then(|g| g.view) {
             Some(view) if view.ring == ring => self.deliver(body, index, view, transitional),
             _ => {}
         }
@@ -191,7 +191,7 @@ impl Daemon {
         };
         // Not through `local_members`: this runs for every message at every member.
         for client in self.clients.values() {
-            if client.views.get(group) != Some(&view) {
+            if client.views.get(group.as_str()) != Some(&view) {
                 continue;
             }
             self.events.push_back(LocalEvent::Message(Delivery {
