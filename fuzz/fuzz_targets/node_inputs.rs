@@ -47,6 +47,8 @@ fuzz_target!(|data: &[u8]| {
                 node.handle_timeout(now);
             }
         }
+        // As the daemon drains a step: a token passed on first.
+        let _ = node.poll_token();
         while let Some((id, out)) = node.poll_session() {
             if let SessionOutput::Bytes(b, replies) = out {
                 if spread.contains(&id) {

@@ -67,9 +67,16 @@ extern "C" {
 /// tens of megabytes a second; kept for a second, they showed as a sawtooth of 25 MiB in the
 /// three daemons' memory, over their 100 MiB budget, for no throughput that a shorter delay
 /// lost (0 ms, returning them at once, cost a third of it).
+/// Call it before the process starts other threads: mimalloc reads its options without
+/// synchronization.
 pub fn purge_freed_pages_after(ms: u32) {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: sets one of mimalloc's options, which it reads atomically whenever it purges.
-        unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, ms.into()) }
+    let set = |name| std::env::var_os(name).is_some();
+    // The option's older name is read too.
+    if !set("MIMALLOC_PURGE_DELAY") && !set("MIMALLOC_RESET_DELAY") {
+        // At most i32::MAX, so that it fits a 32-bit `long` too.
+        let ms = ms.min(i32::MAX as u32) as std::os::raw::c_long;
+        // SAFETY: an option of the allocator linked into this binary, set (as documented above)
+        // before any other thread could read it.
+        unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, ms) }
     }
 }

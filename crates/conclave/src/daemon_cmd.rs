@@ -98,6 +98,7 @@ fn local_identity_dir() -> PathBuf {
 }
 
 pub fn run_daemon(args: DaemonArgs) -> Result<()> {
+    // First: the runtime's threads do not exist yet.
     conclave_bench::alloc::purge_freed_pages_after(PURGE_DELAY_MS);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))

@@ -12,10 +12,13 @@
 //! - [`Node::handle_admin`]: a request of `conclave admin`.
 //!
 //! Outputs, drained after each batch of inputs in this order (the order matters):
-//! 0. [`Node::poll_token`]: the ring's token, when this batch passes it on, alone and before
-//!    anything else is prepared. It carries no message, only the sequence numbers of those that
-//!    follow: after a crash before they leave, no daemon can deliver them, and the ring's
-//!    recovery treats them as lost, as it does any message of a daemon that crashed;
+//! 0. [`Node::poll_token`]: the ring's token, when this batch passes it on (and answers no
+//!    retransmission request), alone and before anything else is prepared. It carries no
+//!    message, only the sequence numbers of those that follow: after a crash before they leave,
+//!    no daemon can deliver them, and the ring's recovery treats them as lost, as it does any
+//!    message of a daemon that crashed. A configuration this batch installed is recorded after
+//!    the token has left: a crash in between leaves it out of this daemon's history, as a crash
+//!    just before the batch would;
 //! 1. [`Node::poll_record`]: history records, to be on disk before anything below leaves, so
 //!    that every message another daemon delivers has its send recorded even after a crash;
 //! 2. [`Node::poll_session`]: bytes for each connection (a client's replies keep the order of
@@ -1150,7 +1153,10 @@ impl Node {
     /// holder then has the token while this daemon frames its deliveries and encodes, packs and
     /// seals the messages of its visit (the Accelerated Ring's point, which a token packed with
     /// the first of those messages lost: at full load the next holder waited about 0.4 ms
-    /// for it). `None` also when the injected faults drop or delay it.
+    /// for it). A visit that answers retransmission requests sends those first, and the token
+    /// goes packed after them, as before. `None` also when the link cannot seal it yet (the
+    /// peer's run is unknown: a hello goes with the step's other datagrams) or the injected
+    /// faults drop or delay it; a duplicate the faults make goes with the other datagrams.
     pub fn poll_token(&mut self) -> Option<(SocketAddr, Vec<u8>)> {
         let token = |t: &Transmit| matches!(t.packet, Packet::Token(_));
         if !self.daemon.peek_transmit().is_some_and(token) {
@@ -1159,7 +1165,13 @@ impl Node {
         let queued = self.datagrams.len();
         let t = self.daemon.poll_transmit()?;
         self.send_packets(vec![t]);
-        self.datagrams.remove(queued)
+        // Nothing but the token (and a duplicate of it) was queued here: hellos wait for the
+        // step's other datagrams.
+        if self.datagrams.len() > queued {
+            self.datagrams.remove(queued)
+        } else {
+            None
+        }
     }
 
     /// Gauges that are sums over every session or group, at most every [`GAUGE_PERIOD`].
@@ -1219,6 +1231,7 @@ impl Node {
         let daemon = &mut self.daemon;
         let packets: Vec<Transmit> = std::iter::from_fn(|| daemon.poll_transmit()).collect();
         self.send_packets(packets);
+        self.emit_hellos();
     }
 
     /// `packets` by destination, in order, in as few datagrams as will carry them.
@@ -1250,7 +1263,6 @@ impl Node {
             }
         }
         if encoded.is_empty() {
-            self.emit_hellos();
             return;
         }
         for (peer, packets) in per_peer.into_iter().enumerate().skip(1) {
@@ -1276,7 +1288,6 @@ impl Node {
                 }
             }
         }
-        self.emit_hellos();
     }
 
     fn emit_hellos(&mut self) {

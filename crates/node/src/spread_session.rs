@@ -16,6 +16,7 @@ use conclave_wire::client::Reason;
 use conclave_wire::gcs::{Body, SpreadMeta};
 use conclave_wire::spread::{self as sp, Connect, GroupId, Reject};
 use std::collections::BTreeMap;
+use std::sync::Weak;
 
 /// Messages the daemon may have queued for the ring before it takes its Spread clients' requests
 /// no further (and on below three quarters of it): Spread has no window, and without a bound its
@@ -54,8 +55,9 @@ pub(crate) struct SpreadSession {
     /// The id of the view of each group this client was last shown.
     pub ids: BTreeMap<String, GroupId>,
     /// The message delivered last: a message to several of the client's groups is delivered to
-    /// it once.
-    pub last: Option<Arc<Body>>,
+    /// it once. Weak: its payload is a view of the datagram it came in, which an idle session
+    /// must not keep (the allocation stays, so no other message can take its address).
+    pub last: Option<Weak<Body>>,
     /// Its requests are not read further until the core has room for its next message
     /// ([`Node::session_paused`]).
     pub paused: bool,
@@ -564,10 +566,14 @@ impl Node {
         let Some(sp_s) = s.spread.as_deref_mut() else {
             return;
         };
-        if sp_s.last.as_ref().is_some_and(|l| Arc::ptr_eq(l, body)) {
+        if sp_s
+            .last
+            .as_ref()
+            .is_some_and(|l| std::ptr::eq(l.as_ptr(), Arc::as_ptr(body)))
+        {
             return;
         }
-        sp_s.last = Some(body.clone());
+        sp_s.last = Some(Arc::downgrade(body));
         let Body::Client {
             client,
             groups,

@@ -1,6 +1,7 @@
 //! A daemon passes the ring's token on in a datagram of its own, before the messages of its
 //! visit (the driver sends it first: `Node::poll_token`), so the next holder has it while this
-//! daemon packs and seals the rest.
+//! daemon packs and seals the rest. (On a network that loses nothing: a visit that answers
+//! retransmission requests sends those first and packs the token after them.)
 
 mod common;
 
