@@ -67,6 +67,7 @@ extern "C" {
 /// tens of megabytes a second; kept for a second, they showed as a sawtooth of 25 MiB in the
 /// three daemons' memory, over their 100 MiB budget, for no throughput that a shorter delay
 /// lost (0 ms, returning them at once, cost a third of it).
+///
 /// Call it before the process starts other threads: mimalloc reads its options without
 /// synchronization.
 pub fn purge_freed_pages_after(ms: u32) {

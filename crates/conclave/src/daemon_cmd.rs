@@ -40,8 +40,9 @@ pub struct DaemonArgs {
 }
 
 /// How long the daemon's allocator keeps freed pages before it returns them: a quarter of
-/// mimalloc's default second kept three daemons at full load under 100 MiB together (93-97 MiB
-/// at their peak, against 97-114), with no loss of throughput beyond the noise.
+/// mimalloc's default second kept three daemons at full load under 100 MiB together in most runs
+/// (92-96 MiB at their peak in alternated runs, against 97-134), with no loss of throughput
+/// beyond the noise.
 const PURGE_DELAY_MS: u32 = 250;
 
 /// The configuration a command uses: the file, or the three local daemons.
