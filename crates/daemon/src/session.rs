@@ -12,6 +12,7 @@
 use crate::server::ToCore;
 use bytes::BytesMut;
 use conclave_node::{SessionId, SessionOutput};
+use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -91,56 +92,159 @@ async fn read<R: AsyncRead + Unpin>(mut r: R, id: SessionId, core: mpsc::Sender<
     }
 }
 
+/// Most bytes, and most buffers, one write of a connection takes: what is queued beyond them
+/// waits for the next write, so that the node hears of written bytes as they go.
+const WRITE_BYTES: usize = 1 << 20;
+const WRITE_BUFFERS: usize = 64;
+
 async fn write<W: AsyncWrite + Unpin>(
     mut w: W,
     id: SessionId,
     mut rx: mpsc::UnboundedReceiver<SessionOutput>,
     written: mpsc::UnboundedSender<Written>,
 ) {
-    let mut out = Vec::new();
     while let Some(first) = rx.recv().await {
-        // Everything already queued goes out in one write.
+        // Everything already queued goes out in one write, as the node framed it: a vectored
+        // write copies each buffer once, into the socket.
         let mut next = Some(first);
         let mut close = false;
-        let mut replies = 0;
-        let mut spare = Vec::new();
+        let (mut bytes, mut replies) = (0, 0);
+        let mut bufs = Vec::new();
         while let Some(o) = next.take() {
             match o {
                 SessionOutput::Bytes(frames, n) => {
-                    if out.is_empty() {
-                        spare.push(std::mem::replace(&mut out, frames));
-                    } else {
-                        out.extend_from_slice(&frames);
-                        spare.push(frames);
-                    }
+                    bytes += frames.len();
                     replies += n;
+                    bufs.push(frames);
                 }
                 SessionOutput::Close => {
                     close = true;
                     break;
                 }
             }
-            if out.len() < 256 * 1024 {
+            if bytes < WRITE_BYTES && bufs.len() < WRITE_BUFFERS {
                 next = rx.try_recv().ok();
             }
         }
-        match tokio::time::timeout(WRITE_TIMEOUT, w.write_all(&out)).await {
+        match tokio::time::timeout(WRITE_TIMEOUT, write_all(&mut w, &bufs)).await {
             Ok(Ok(())) => {}
             _ => return,
         }
-        spare.retain(|b| b.capacity() > 0);
+        bufs.retain(|b| b.capacity() > 0);
         let _ = written.send(Written {
             id,
-            bytes: out.len(),
+            bytes,
             replies,
-            spare,
+            spare: bufs,
         });
-        out.clear();
         if close {
             let _ = w.flush().await;
             // Give the client a moment to read the last replies before the socket goes.
             let _ = tokio::time::timeout(Duration::from_millis(100), w.shutdown()).await;
             return;
         }
+    }
+}
+
+/// Writes every byte of `bufs`, in order, with vectored writes.
+async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, bufs: &[Vec<u8>]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = bufs
+        .iter()
+        .filter(|b| !b.is_empty())
+        .map(|b| IoSlice::new(b))
+        .collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = w.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A writer that takes at most `step` bytes of its first slice per write, as a full socket
+    /// may.
+    struct Trickle {
+        got: Vec<u8>,
+        step: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let n = buf.len().min(self.step);
+            self.got.extend_from_slice(&buf[..n]);
+            Poll::Ready(Ok(n))
+        }
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &b[..]);
+            self.poll_write(cx, first)
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn partial_vectored_writes_write_every_buffer_in_order() {
+        let bufs = vec![
+            b"abc".to_vec(),
+            Vec::new(),
+            b"defgh".to_vec(),
+            b"i".to_vec(),
+        ];
+        for step in [1, 2, 4, 100] {
+            let mut w = Trickle {
+                got: Vec::new(),
+                step,
+            };
+            write_all(&mut w, &bufs).await.unwrap();
+            assert_eq!(w.got, b"abcdefghi", "step {step}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_writer_writes_queued_outputs_and_gives_their_buffers_back() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (wtx, mut wrx) = mpsc::unbounded_channel();
+        tx.send(SessionOutput::Bytes(b"one".to_vec(), 1)).unwrap();
+        tx.send(SessionOutput::Bytes(b"two!".to_vec(), 2)).unwrap();
+        tx.send(SessionOutput::Close).unwrap();
+        let (client, server) = tokio::io::duplex(2);
+        let reading = tokio::spawn(async move {
+            let mut client = client;
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        write(server, 7, rx, wtx).await;
+        assert_eq!(reading.await.unwrap(), b"onetwo!");
+        let w = wrx.recv().await.unwrap();
+        assert_eq!((w.id, w.bytes, w.replies), (7, 7, 3));
+        assert_eq!(w.spare.len(), 2);
     }
 }

@@ -64,10 +64,14 @@ pub(crate) mod spread_session;
 /// Most bytes queued for one client before it is disconnected for not reading.
 pub const MAX_UNREAD_BYTES: usize = 64 << 20;
 /// A session's framed replies are handed out when the node's outputs are drained, or once they
-/// fill this many bytes (or half the replies a client may leave unread). Handing them over every
-/// 256 KiB was seen to cost the ring under heavy load (a daemon falsely suspected, 8 KiB messages
-/// from five senders): the writers' wake-ups compete with the daemon cores.
-const FLUSH_BYTES: usize = 4 << 20;
+/// fill this many bytes (or half the replies a client may leave unread), and the next replies
+/// are framed into a buffer of their own. A pass under full load frames a few hundred KiB for a
+/// client: framed into one buffer, that buffer grew by doubling, and copying it as it grew was
+/// 6% of a daemon's processor time. The driver writes a session's buffers with one vectored write
+/// when the pass is over, so handing them out in pieces adds no write and no wake-up.
+pub const CHUNK_BYTES: usize = 64 << 10;
+/// Room of a fresh buffer for a session that filled one: a chunk and a frame of up to 16 KiB.
+const CHUNK_ROOM: usize = CHUNK_BYTES + (16 << 10);
 /// Bytes the frame begun in `input` still lacks: up to its length's 4 bytes, then up to its end
 /// (a length past the request limit lacks nothing: reading it gives the error).
 fn missing(input: &[u8]) -> usize {
@@ -908,9 +912,7 @@ impl Node {
             s.pending.clear();
             s.pending_replies = 0;
             self.slow(id);
-        } else if s.pending.len() >= FLUSH_BYTES || s.pending_replies >= max_replies / 2 {
-            // A long pass (a recovery's deliveries) lets the writer work meanwhile, and counts
-            // against the limits only what it could not write.
+        } else if s.pending.len() >= CHUNK_BYTES || s.pending_replies >= max_replies / 2 {
             self.flush_session(id);
         }
     }
@@ -936,7 +938,7 @@ impl Node {
             return;
         }
         // The next pass likely frames as much: room for it saves growing the buffer step by step.
-        let room = s.pending.len().min(64 * 1024);
+        let room = (s.pending.len() + s.pending.len() / 4).min(CHUNK_ROOM);
         let fresh = s.buffer(room);
         let frames = std::mem::replace(&mut s.pending, fresh);
         let n = std::mem::take(&mut s.pending_replies);

@@ -20,9 +20,10 @@ pub enum SessionOutput {
 }
 
 /// Buffers kept for reuse per connection, and the largest kept: a pass under heavy load frames
-/// a few hundred KiB for a client, and an idle connection should not hold a burst's worth.
-const SPARE_BUFFERS: usize = 2;
-const SPARE_MAX_BYTES: usize = 1 << 20;
+/// a few hundred KiB for a client (in buffers of [`crate::node::CHUNK_BYTES`] and a frame), and
+/// an idle connection should not hold a burst's worth.
+const SPARE_BUFFERS: usize = 8;
+const SPARE_MAX_BYTES: usize = 128 << 10;
 
 pub(crate) struct Session {
     /// The client's qualified name and incarnation, once connected.

@@ -24,6 +24,8 @@ pub struct Net {
     pub raw: std::collections::HashMap<(usize, SessionId), Vec<u8>>,
     /// Sessions the nodes closed.
     pub closed: Vec<(usize, SessionId)>,
+    /// The size of every buffer of framed replies a node handed out: node, session, bytes.
+    pub handed_out: Vec<(usize, SessionId, usize)>,
 }
 
 pub fn network(n: usize, seed: u64) -> (Config, Identities) {
@@ -56,6 +58,7 @@ impl Net {
             spread: Default::default(),
             raw: Default::default(),
             closed: Vec::new(),
+            handed_out: Vec::new(),
         }
     }
 
@@ -96,7 +99,9 @@ impl Net {
                                 self.replies.push((i, id, Reply::decode(body).unwrap()));
                                 at += used;
                             }
+                            assert_eq!(at, b.len(), "a buffer ends with a whole reply");
                             let len = b.len();
+                            self.handed_out.push((i, id, len));
                             self.nodes[i].handle_session_written(id, len, count, [b]);
                         }
                     }
