@@ -147,6 +147,79 @@ pub fn pack(
     Ok(out)
 }
 
+/// [`pack`] of packets that `encode` writes straight into their datagrams, with the same
+/// datagrams as a result: a packet is not first encoded on its own and then copied. (One that
+/// overflows its datagram moves to the next; one too large for any is fragmented from a copy.)
+pub fn pack_with<P>(
+    packets: &[P],
+    encode: impl Fn(&P, &mut Writer),
+    next_id: &mut u32,
+    room: Room,
+) -> Result<Vec<Vec<u8>>, DatagramError> {
+    let mut out = Vec::new();
+    // The datagram being filled (a batch, kind 2, after its head room), and its packets.
+    let mut buf: Vec<u8> = Vec::new();
+    let mut count = 0;
+    let fresh = |left: usize| {
+        // A datagram of several packets is likely full: room for a whole one at once, rather
+        // than growing it (and copying it) step by step.
+        let n = if left > 1 { MAX_PART_BYTES + 2 } else { 256 };
+        let mut w = room.writer(n);
+        w.u8(DATAGRAM_VERSION);
+        w.u8(2);
+        w.into_vec()
+    };
+    let finish = |buf: &mut Vec<u8>, count: usize, out: &mut Vec<Vec<u8>>| {
+        let mut d = std::mem::take(buf);
+        if count > 0 {
+            // The link's tag goes after it (a lone packet may have outgrown its guess).
+            d.reserve(room.tail);
+        }
+        match count {
+            0 => {}
+            1 => {
+                // A lone packet goes whole (kind 0), without its length.
+                d[room.head + 1] = 0;
+                d.drain(room.head + 2..room.head + 6);
+                out.push(d);
+            }
+            _ => out.push(d),
+        }
+    };
+    for (i, p) in packets.iter().enumerate() {
+        if count == 0 {
+            buf = fresh(packets.len() - i);
+        }
+        let at = buf.len();
+        let mut w = Writer::from_vec(std::mem::take(&mut buf));
+        w.u32(0);
+        encode(p, &mut w);
+        buf = w.into_vec();
+        let len = buf.len() - at - 4;
+        buf[at..at + 4].copy_from_slice(&(len as u32).to_be_bytes());
+        if len + 4 > MAX_PART_BYTES {
+            let packet = buf[at + 4..].to_vec();
+            buf.truncate(at);
+            finish(&mut buf, count, &mut out);
+            count = 0;
+            out.extend(split_with(&packet, *next_id, room)?);
+            *next_id = next_id.wrapping_add(1);
+            continue;
+        }
+        if buf.len() - room.head - 2 > MAX_PART_BYTES {
+            let moved = buf[at..].to_vec();
+            buf.truncate(at);
+            finish(&mut buf, count, &mut out);
+            buf = fresh(packets.len() - i);
+            buf.extend_from_slice(&moved);
+            count = 0;
+        }
+        count += 1;
+    }
+    finish(&mut buf, count, &mut out);
+    Ok(out)
+}
+
 struct Partial {
     id: u32,
     parts: Vec<Option<Vec<u8>>>,
@@ -358,6 +431,32 @@ mod tests {
                 out.extend(r.push(d).unwrap());
             }
             prop_assert_eq!(out, packets);
+        }
+
+        #[test]
+        fn packed_as_encoded_are_the_datagrams_of_packing_encoded_packets(
+            lens in proptest::collection::vec(
+                prop_oneof![0usize..3_000, 19_000usize..21_000, 55_000usize..70_000],
+                0..80,
+            ),
+            head in 0usize..64,
+            tail in 0usize..32,
+        ) {
+            let packets: Vec<Vec<u8>> = lens
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| (0..n).map(|i| (i * 7 + k) as u8).collect())
+                .collect();
+            let slices: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
+            let room = Room { head, tail };
+            let (mut a, mut b) = (3, 3);
+            let copied = pack(&slices, &mut a, room).unwrap();
+            let encoded = pack_with(&packets, |p, w| w.raw(p), &mut b, room).unwrap();
+            prop_assert_eq!(a, b);
+            prop_assert_eq!(&copied, &encoded);
+            for d in &encoded {
+                prop_assert!(d.capacity() >= d.len() + tail);
+            }
         }
 
         #[test]

@@ -37,7 +37,7 @@ use crate::admin::{AdminReply, AdminRequest, Status, MAX_PAUSE_MS};
 use crate::config::{qualified_name, Config, ConfigError};
 use crate::daemons_key::{is_reserved_group, member_name, ServersAgreement};
 use crate::faults::{Faults, LinkFaults};
-use crate::frag::{pack, Reassembly};
+use crate::frag::{pack_with, Reassembly};
 use crate::link::{LinkMode, LinkSetupError, Links, Opened};
 use crate::metrics::Metrics;
 use crate::record::Recorder;
@@ -72,6 +72,13 @@ pub const MAX_UNREAD_BYTES: usize = 64 << 20;
 pub const CHUNK_BYTES: usize = 64 << 10;
 /// Room of a fresh buffer for a session that filled one: a chunk and a frame of up to 16 KiB.
 const CHUNK_ROOM: usize = CHUNK_BYTES + (16 << 10);
+/// A copy of a datagram, with room for `tail` more bytes (the link's tag).
+fn copy_with_room(d: &[u8], tail: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(d.len() + tail);
+    v.extend_from_slice(d);
+    v
+}
+
 /// Bytes the frame begun in `input` still lacks: up to its length's 4 bytes, then up to its end
 /// (a length past the request limit lacks nothing: reading it gives the error).
 fn missing(input: &[u8]) -> usize {
@@ -1239,9 +1246,8 @@ impl Node {
     /// `packets` by destination, in order, in as few datagrams as will carry them.
     fn send_packets(&mut self, packets: Vec<Transmit>) {
         let n = self.peers.len();
-        let mut encoded: Vec<Vec<u8>> = Vec::new();
         let mut per_peer: Vec<Vec<usize>> = vec![Vec::new(); n + 1];
-        for t in packets {
+        for (at, t) in packets.iter().enumerate() {
             if let Packet::Token(tok) = &t.packet {
                 if !tok.rtr.is_empty() {
                     self.metrics
@@ -1249,8 +1255,6 @@ impl Node {
                         .fetch_add(tok.rtr.len() as u64, Relaxed);
                 }
             }
-            let at = encoded.len();
-            encoded.push(t.packet.encode());
             self.metrics.packets_sent.fetch_add(1, Relaxed);
             match t.to {
                 Dest::One(d) if (d as usize) <= n && d > 0 => per_peer[d as usize].push(at),
@@ -1264,31 +1268,55 @@ impl Node {
                 }
             }
         }
-        if encoded.is_empty() {
-            return;
-        }
-        for (peer, packets) in per_peer.into_iter().enumerate().skip(1) {
-            if packets.is_empty() {
+        // Peers sent the same packets (a visit's messages go to all) share their datagrams:
+        // encoded and packed once, copied whole for each further peer, sealed for each.
+        let room = self.links.room();
+        let mut peer = 1;
+        while peer <= n {
+            let list = std::mem::take(&mut per_peer[peer]);
+            if list.is_empty() {
+                peer += 1;
                 continue;
             }
-            let peer = peer as DaemonId;
-            let packets: Vec<&[u8]> = packets.iter().map(|&i| encoded[i].as_slice()).collect();
-            // Each datagram leaves room for its link header and tag: sealed where it lies.
-            let datagrams = match pack(&packets, &mut self.frag_id, self.links.room()) {
-                Ok(d) => d,
-                Err(e) => {
-                    tracing::warn!(error = %e, "a packet too large to send");
-                    continue;
+            let mut same = vec![peer as DaemonId];
+            for (other, l) in per_peer.iter_mut().enumerate().skip(peer + 1) {
+                if *l == list {
+                    l.clear();
+                    same.push(other as DaemonId);
                 }
-            };
-            for d in datagrams {
-                match self.links.seal_framed(self.now, peer, d) {
-                    Some(d) => self.emit(peer, d),
-                    None => {
-                        self.metrics.link_waiting.fetch_add(1, Relaxed);
+            }
+            let chosen: Vec<&Packet> = list.iter().map(|&i| &packets[i].packet).collect();
+            let datagrams =
+                match pack_with(&chosen, |p, w| p.encode_into(w), &mut self.frag_id, room) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a packet too large to send");
+                        peer += 1;
+                        continue;
+                    }
+                };
+            let last = same.len() - 1;
+            let mut datagrams = Some(datagrams);
+            for (k, &to) in same.iter().enumerate() {
+                let mine = if k == last {
+                    datagrams.take().unwrap_or_default()
+                } else {
+                    datagrams
+                        .iter()
+                        .flatten()
+                        .map(|d| copy_with_room(d, room.tail))
+                        .collect()
+                };
+                for d in mine {
+                    match self.links.seal_framed(self.now, to, d) {
+                        Some(d) => self.emit(to, d),
+                        None => {
+                            self.metrics.link_waiting.fetch_add(1, Relaxed);
+                        }
                     }
                 }
             }
+            peer += 1;
         }
     }
 

@@ -500,11 +500,18 @@ impl Body {
 impl Packet {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(64);
+        self.encode_into(&mut w);
+        w.into_vec()
+    }
+
+    /// Appends the packet's encoding to `w` (a daemon encodes its packets straight into the
+    /// datagrams that carry them).
+    pub fn encode_into(&self, w: &mut Writer) {
         w.u8(VERSION);
         match self {
             Packet::Token(t) => {
                 w.u8(1);
-                write_ring(&mut w, &t.ring);
+                write_ring(w, &t.ring);
                 w.u64(t.token_seq);
                 w.u64(t.seq);
                 w.u64(t.aru);
@@ -524,36 +531,36 @@ impl Packet {
             }
             Packet::Data(d) => {
                 w.u8(2);
-                write_ring(&mut w, &d.ring);
+                write_ring(w, &d.ring);
                 w.u64(d.seq);
                 w.u32(d.sender);
                 match &d.origin {
                     None => w.u8(0),
                     Some((ring, seq, sender)) => {
                         w.u8(1);
-                        write_ring(&mut w, ring);
+                        write_ring(w, ring);
                         w.u64(*seq);
                         w.u32(*sender);
                     }
                 }
-                d.body.write(&mut w);
+                d.body.write(w);
             }
             Packet::Join(j) => {
                 w.u8(3);
                 w.u32(j.sender);
                 w.u32(j.incarnation);
                 w.u64(j.ring_seq);
-                write_ids(&mut w, &j.procs);
-                write_ids(&mut w, &j.failed);
+                write_ids(w, &j.procs);
+                write_ids(w, &j.failed);
             }
             Packet::Commit(c) => {
                 w.u8(4);
-                write_ring(&mut w, &c.ring);
+                write_ring(w, &c.ring);
                 w.u8(c.rotation);
                 w.count(c.members.len(), MAX_RING_MEMBERS);
                 for m in &c.members {
                     w.u32(m.id);
-                    write_ring(&mut w, &m.old_ring);
+                    write_ring(w, &m.old_ring);
                     w.u64(m.old_aru);
                     w.u64(m.high_delivered);
                     w.u8(m.filled as u8);
@@ -561,14 +568,13 @@ impl Packet {
             }
             Packet::MergeDetect { ring } => {
                 w.u8(5);
-                write_ring(&mut w, ring);
+                write_ring(w, ring);
             }
             Packet::Wake { ring } => {
                 w.u8(6);
-                write_ring(&mut w, ring);
+                write_ring(w, ring);
             }
         }
-        w.into_vec()
     }
 
     pub fn decode(buf: &[u8]) -> Result<Packet, DecodeError> {
