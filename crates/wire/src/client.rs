@@ -491,7 +491,10 @@ fn group(r: &mut Reader<'_>) -> Result<String, DecodeError> {
 
 /// Checks the version and returns the reader after it.
 fn open(buf: &[u8]) -> Result<Reader<'_>, DecodeError> {
-    let mut r = Reader::new(buf);
+    open_reader(Reader::new(buf))
+}
+
+fn open_reader(mut r: Reader<'_>) -> Result<Reader<'_>, DecodeError> {
     let v = r.u8("version")?;
     if v != CLIENT_VERSION {
         return Err(DecodeError::BadVersion(v));
@@ -550,7 +553,17 @@ impl Request {
     }
 
     pub fn decode(buf: &[u8]) -> Result<Request, DecodeError> {
-        let mut r = open(buf)?;
+        Request::read(Reader::new(buf))
+    }
+
+    /// [`Request::decode`], with a message's payload a view of `buf`, not a copy (a daemon
+    /// decodes the requests of a read this way).
+    pub fn decode_shared(buf: &Bytes) -> Result<Request, DecodeError> {
+        Request::read(Reader::shared(buf))
+    }
+
+    fn read(r: Reader<'_>) -> Result<Request, DecodeError> {
+        let mut r = open_reader(r)?;
         let req = match r.u8("request")? {
             1 => Request::Connect {
                 name: r.name("client name", MAX_NAME_BYTES)?,
@@ -575,7 +588,7 @@ impl Request {
                 Request::Command(ClientCommand::Multicast {
                     service,
                     groups,
-                    payload: Bytes::copy_from_slice(r.bytes("payload", MAX_PAYLOAD_BYTES)?),
+                    payload: r.payload("payload", MAX_PAYLOAD_BYTES)?,
                 })
             }
             5 => Request::Command(ClientCommand::FlushAck {
@@ -1164,6 +1177,24 @@ mod tests {
         #[test]
         fn requests_round_trip(q in request()) {
             prop_assert_eq!(Request::decode(&q.encode()).unwrap(), q);
+        }
+
+        #[test]
+        fn shared_request_decoding_decodes_alike_and_copies_no_payload(q in request()) {
+            let bytes = Bytes::from(q.encode());
+            let r = Request::decode_shared(&bytes).unwrap();
+            if let Request::Command(ClientCommand::Multicast { payload, .. }) = &r {
+                if !payload.is_empty() {
+                    prop_assert!(bytes.as_ptr_range().contains(&payload.as_ptr()));
+                }
+            }
+            prop_assert_eq!(r, q);
+        }
+
+        #[test]
+        fn garbage_requests_never_panic(junk in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = Request::decode(&junk);
+            let _ = Request::decode_shared(&Bytes::from(junk));
         }
 
         #[test]
