@@ -147,11 +147,14 @@ pub fn pack(
     Ok(out)
 }
 
-/// [`pack`] of packets that `encode` writes straight into their datagrams, with the same
-/// datagrams as a result: a packet is not first encoded on its own and then copied. (One that
-/// overflows its datagram moves to the next; one too large for any is fragmented from a copy.)
+/// [`pack`] of packets that `encode` writes straight into their datagrams: a packet is not
+/// first encoded on its own and then copied. `hint` tells about how many bytes a packet takes,
+/// to choose its datagram before encoding it there; with exact hints the datagrams are
+/// [`pack`]'s. (A packet that outgrows its datagram after all moves to the next one; one too
+/// large for any is fragmented from a copy.)
 pub fn pack_with<P>(
     packets: &[P],
+    hint: impl Fn(&P) -> usize,
     encode: impl Fn(&P, &mut Writer),
     next_id: &mut u32,
     room: Room,
@@ -160,10 +163,17 @@ pub fn pack_with<P>(
     // The datagram being filled (a batch, kind 2, after its head room), and its packets.
     let mut buf: Vec<u8> = Vec::new();
     let mut count = 0;
-    let fresh = |left: usize| {
-        // A datagram of several packets is likely full: room for a whole one at once, rather
-        // than growing it (and copying it) step by step.
-        let n = if left > 1 { MAX_PART_BYTES + 2 } else { 256 };
+    // Room for the packets that will likely fill the datagram: it is not grown (and copied)
+    // step by step.
+    let fresh = |rest: &[P]| {
+        let mut n = 2;
+        for p in rest {
+            let more = hint(p) + 4;
+            if n + more > MAX_PART_BYTES + 2 {
+                break;
+            }
+            n += more;
+        }
         let mut w = room.writer(n);
         w.u8(DATAGRAM_VERSION);
         w.u8(2);
@@ -172,7 +182,7 @@ pub fn pack_with<P>(
     let finish = |buf: &mut Vec<u8>, count: usize, out: &mut Vec<Vec<u8>>| {
         let mut d = std::mem::take(buf);
         if count > 0 {
-            // The link's tag goes after it (a lone packet may have outgrown its guess).
+            // The link's tag goes after it (a packet may have outgrown its hint).
             d.reserve(room.tail);
         }
         match count {
@@ -186,9 +196,47 @@ pub fn pack_with<P>(
             _ => out.push(d),
         }
     };
+    let encoded = |p: &P| {
+        let mut w = Writer::with_capacity(hint(p));
+        encode(p, &mut w);
+        w.into_vec()
+    };
+    let mut fragment = |packet: &[u8], out: &mut Vec<Vec<u8>>| -> Result<(), DatagramError> {
+        out.extend(split_with(packet, *next_id, room)?);
+        *next_id = next_id.wrapping_add(1);
+        Ok(())
+    };
     for (i, p) in packets.iter().enumerate() {
+        let h = hint(p) + 4;
+        if h > MAX_PART_BYTES {
+            // Likely fragmented: encoded on its own (a batch would only copy it out again).
+            let packet = encoded(p);
+            if packet.len() + 4 > MAX_PART_BYTES {
+                finish(&mut buf, count, &mut out);
+                count = 0;
+                fragment(&packet, &mut out)?;
+                continue;
+            }
+            if count > 0 && buf.len() - room.head - 2 + packet.len() + 4 > MAX_PART_BYTES {
+                finish(&mut buf, count, &mut out);
+                count = 0;
+            }
+            if count == 0 {
+                buf = fresh(&packets[i..]);
+            }
+            let mut w = Writer::from_vec(std::mem::take(&mut buf));
+            w.u32(packet.len() as u32);
+            w.raw(&packet);
+            buf = w.into_vec();
+            count += 1;
+            continue;
+        }
+        if count > 0 && buf.len() - room.head - 2 + h > MAX_PART_BYTES {
+            finish(&mut buf, count, &mut out);
+            count = 0;
+        }
         if count == 0 {
-            buf = fresh(packets.len() - i);
+            buf = fresh(&packets[i..]);
         }
         let at = buf.len();
         let mut w = Writer::from_vec(std::mem::take(&mut buf));
@@ -202,15 +250,14 @@ pub fn pack_with<P>(
             buf.truncate(at);
             finish(&mut buf, count, &mut out);
             count = 0;
-            out.extend(split_with(&packet, *next_id, room)?);
-            *next_id = next_id.wrapping_add(1);
+            fragment(&packet, &mut out)?;
             continue;
         }
         if buf.len() - room.head - 2 > MAX_PART_BYTES {
             let moved = buf[at..].to_vec();
             buf.truncate(at);
             finish(&mut buf, count, &mut out);
-            buf = fresh(packets.len() - i);
+            buf = fresh(&packets[i..]);
             buf.extend_from_slice(&moved);
             count = 0;
         }
@@ -451,12 +498,48 @@ mod tests {
             let room = Room { head, tail };
             let (mut a, mut b) = (3, 3);
             let copied = pack(&slices, &mut a, room).unwrap();
-            let encoded = pack_with(&packets, |p, w| w.raw(p), &mut b, room).unwrap();
+            let encoded = pack_with(&packets, Vec::len, |p, w| w.raw(p), &mut b, room).unwrap();
             prop_assert_eq!(a, b);
             prop_assert_eq!(&copied, &encoded);
             for d in &encoded {
                 prop_assert!(d.capacity() >= d.len() + tail);
             }
+        }
+
+        #[test]
+        fn packed_with_wrong_hints_still_carry_every_packet_in_order(
+            packets in proptest::collection::vec(
+                (prop_oneof![0usize..3_000, 19_000usize..21_000, 55_000usize..70_000],
+                 prop_oneof![0usize..100, 0usize..80_000]),
+                0..60,
+            ),
+            head in 0usize..64,
+            tail in 0usize..32,
+        ) {
+            let hints: Vec<usize> = packets.iter().map(|&(_, h)| h).collect();
+            let packets: Vec<Vec<u8>> = packets
+                .iter()
+                .enumerate()
+                .map(|(k, &(n, _))| (0..n).map(|i| (i * 3 + k) as u8).collect())
+                .collect();
+            let indexed: Vec<usize> = (0..packets.len()).collect();
+            let room = Room { head, tail };
+            let datagrams = pack_with(
+                &indexed,
+                |&i| hints[i],
+                |&i, w| w.raw(&packets[i]),
+                &mut 0,
+                room,
+            )
+            .unwrap();
+            let mut r = Reassembly::default();
+            let mut out = Vec::new();
+            for d in &datagrams {
+                prop_assert!(d.len() <= head + MAX_PART_BYTES + 10);
+                prop_assert!(d.capacity() >= d.len() + tail);
+                out.extend(r.push(&d[head..]).unwrap());
+            }
+            prop_assert_eq!(out, packets);
         }
 
         #[test]

@@ -1298,15 +1298,20 @@ impl Node {
                 }
             }
             let chosen: Vec<&Packet> = list.iter().map(|&i| &packets[i].packet).collect();
-            let datagrams =
-                match pack_with(&chosen, |p, w| p.encode_into(w), &mut self.frag_id, room) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "a packet too large to send");
-                        peer += 1;
-                        continue;
-                    }
-                };
+            let datagrams = match pack_with(
+                &chosen,
+                |p| p.size_hint(),
+                |p, w| p.encode_into(w),
+                &mut self.frag_id,
+                room,
+            ) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a packet too large to send");
+                    peer += 1;
+                    continue;
+                }
+            };
             let last = same.len() - 1;
             let mut datagrams = Some(datagrams);
             for (k, &to) in same.iter().enumerate() {

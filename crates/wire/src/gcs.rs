@@ -504,6 +504,36 @@ impl Packet {
         w.into_vec()
     }
 
+    /// The bytes of the packet's encoding for a client's message (which a daemon uses to choose
+    /// the datagram a packet goes in before encoding it there), and a small guess for the other
+    /// packets: they are small, or rare.
+    pub fn size_hint(&self) -> usize {
+        const RING: usize = 16;
+        const GUESS: usize = 96;
+        match self {
+            Packet::Data(d) => match &*d.body {
+                Body::Client {
+                    client,
+                    groups,
+                    payload,
+                    spread,
+                    ..
+                } => {
+                    let origin = if d.origin.is_some() { 1 + RING + 12 } else { 1 };
+                    let header = 2 + RING + 12 + origin;
+                    let groups: usize = groups.iter().map(|(g, _)| 1 + g.len() + 8).sum();
+                    let spread = spread.as_ref().map_or(0, |m| {
+                        4 + 1 + 4 + m.names.iter().map(|n| 1 + n.len()).sum::<usize>()
+                    });
+                    header + 1 + (1 + client.len()) + 4 + groups + 1 + 4 + payload.len() + spread
+                }
+                _ => GUESS,
+            },
+            Packet::Token(t) => GUESS + t.rtr.len() * 8,
+            _ => GUESS,
+        }
+    }
+
     /// Appends the packet's encoding to `w` (a daemon encodes its packets straight into the
     /// datagrams that carry them).
     pub fn encode_into(&self, w: &mut Writer) {
@@ -938,6 +968,15 @@ mod tests {
             let mut longer = bytes.clone();
             longer.push(7);
             prop_assert_eq!(Packet::decode(&longer).unwrap_err(), DecodeError::Trailing(1));
+        }
+
+        #[test]
+        fn a_client_messages_size_hint_is_its_size(p in packet()) {
+            if let Packet::Data(d) = &p {
+                if let Body::Client { .. } = &*d.body {
+                    prop_assert_eq!(p.size_hint(), p.encode().len());
+                }
+            }
         }
 
         #[test]
