@@ -10,6 +10,7 @@
 //! again and a message to that group is refused here. A message takes one place in the window
 //! per group, given back when the daemon acknowledges it in that group (`Sent`) or refuses it.
 
+use bytes::BytesMut;
 use conclave_wire::client::{
     frame, next_frame, ClientCommand, ClientEvent, Refusal, Reply, Request,
 };
@@ -42,22 +43,18 @@ impl From<std::io::Error> for ClientError {
     }
 }
 
-/// Splits replies off the daemon's byte stream.
+/// Splits replies off the daemon's byte stream. A message's payload is a view of the buffer it
+/// was read into (see [`ClientEvent::Message`]).
 #[derive(Default, Debug)]
 pub struct ReplyDecoder {
-    buf: Vec<u8>,
-    start: usize,
+    buf: BytesMut,
     /// The last view's member lists, shared with the next view that has the same ones.
     lists: conclave_wire::client::NameLists,
 }
 
 impl ReplyDecoder {
     /// Room to read into.
-    pub fn buffer(&mut self) -> &mut Vec<u8> {
-        if self.start > 0 && self.start * 2 >= self.buf.len() {
-            self.buf.drain(..self.start);
-            self.start = 0;
-        }
+    pub fn buffer(&mut self) -> &mut BytesMut {
         if self.buf.capacity() - self.buf.len() < 16 * 1024 {
             self.buf.reserve(64 * 1024);
         }
@@ -66,14 +63,13 @@ impl ReplyDecoder {
 
     /// The next complete reply, if one has arrived.
     pub fn next_reply(&mut self) -> Result<Option<Reply>, DecodeError> {
-        match next_frame(&self.buf[self.start..])? {
-            None => Ok(None),
-            Some((body, used)) => {
-                let r = Reply::decode_sharing(body, &mut self.lists)?;
-                self.start += used;
-                Ok(Some(r))
-            }
-        }
+        let used = match next_frame(&self.buf)? {
+            None => return Ok(None),
+            Some((_, used)) => used,
+        };
+        // The frame's length, then its body.
+        let body = self.buf.split_to(used).freeze().slice(4..);
+        Ok(Some(Reply::decode_shared(&body, &mut self.lists)?))
     }
 }
 
@@ -307,7 +303,7 @@ impl SessionCore {
     }
 
     /// Room to read the daemon's bytes into.
-    pub fn buffer(&mut self) -> &mut Vec<u8> {
+    pub fn buffer(&mut self) -> &mut BytesMut {
         self.input.buffer()
     }
 
@@ -463,6 +459,43 @@ mod tests {
         let mut d = ReplyDecoder::default();
         d.buffer().extend_from_slice(&[0, 0, 0, 2, 9, 9]);
         assert!(d.next_reply().is_err());
+    }
+
+    #[test]
+    fn a_messages_payload_is_a_view_of_what_was_read() {
+        let message = |k: u8| {
+            Reply::Event(ClientEvent::Message {
+                group: "g".into(),
+                sender: "a#d1".into(),
+                service: ServiceType::Agreed,
+                payload: vec![k; 1000].into(),
+                view: GroupViewId {
+                    ring: RingId {
+                        seq: 4,
+                        rep: 1,
+                        inc: 1,
+                    },
+                    index: 2,
+                },
+                transitional: false,
+            })
+        };
+        let mut d = ReplyDecoder::default();
+        for k in 0..3 {
+            d.buffer().extend_from_slice(&frame(&message(k).encode()));
+        }
+        // The buffer read into, as addresses (compared, never dereferenced).
+        let start = d.buffer().as_ptr();
+        let read = start..start.wrapping_add(64 * 1024);
+        for k in 0..3 {
+            let r = d.next_reply().unwrap().unwrap();
+            assert_eq!(r, message(k));
+            let Reply::Event(ClientEvent::Message { payload, .. }) = r else {
+                unreachable!()
+            };
+            assert!(read.contains(&payload.as_ptr()), "the payload was copied");
+        }
+        assert!(d.next_reply().unwrap().is_none());
     }
 
     #[test]

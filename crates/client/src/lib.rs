@@ -34,6 +34,11 @@
 //! have been. To go on, connect again (to this daemon or another) and join again: the client is
 //! a new member.
 //!
+//! **A message's payload is not copied** out of what the library read from the daemon: it is a
+//! view of that read's buffer (at most 64 KiB, shared by the messages read with it), so keeping
+//! one message keeps the buffer. An application that keeps a few small messages of many for
+//! long copies their payloads (`Bytes::copy_from_slice`).
+//!
 //! Refusals ([`ClientError::Refused`], with a code) are not fatal: the daemon refused one
 //! request (most are caught here before they travel) and the session goes on; what the refused
 //! request would have changed (a group joined, a place in the window) is rolled back.

@@ -144,6 +144,10 @@ pub enum ClientEvent {
         group: String,
         sender: String,
         service: ServiceType,
+        /// As the client library hands it over, a view of the bytes it was read with, not a
+        /// copy: keeping it keeps that read's buffer (at most 64 KiB, shared by the messages
+        /// read with it). An application that keeps a few small messages of many for long
+        /// copies them (`Bytes::copy_from_slice`).
         payload: Bytes,
         view: GroupViewId,
         transitional: bool,
@@ -490,11 +494,7 @@ fn group(r: &mut Reader<'_>) -> Result<String, DecodeError> {
 }
 
 /// Checks the version and returns the reader after it.
-fn open(buf: &[u8]) -> Result<Reader<'_>, DecodeError> {
-    open_reader(Reader::new(buf))
-}
-
-fn open_reader(mut r: Reader<'_>) -> Result<Reader<'_>, DecodeError> {
+fn open(mut r: Reader<'_>) -> Result<Reader<'_>, DecodeError> {
     let v = r.u8("version")?;
     if v != CLIENT_VERSION {
         return Err(DecodeError::BadVersion(v));
@@ -563,7 +563,7 @@ impl Request {
     }
 
     fn read(r: Reader<'_>) -> Result<Request, DecodeError> {
-        let mut r = open_reader(r)?;
+        let mut r = open(r)?;
         let req = match r.u8("request")? {
             1 => Request::Connect {
                 name: r.name("client name", MAX_NAME_BYTES)?,
@@ -737,7 +737,17 @@ impl Reply {
     /// holds, byte for byte: after a configuration change a client in hundreds of groups of
     /// the same members gets a view of each, and decodes and keeps their names once.
     pub fn decode_sharing(buf: &[u8], lists: &mut NameLists) -> Result<Reply, DecodeError> {
-        let mut r = open(buf)?;
+        Reply::read(Reader::new(buf), lists)
+    }
+
+    /// [`Reply::decode_sharing`], with a message's payload a view of `buf`, not a copy (the
+    /// client library decodes what it reads this way).
+    pub fn decode_shared(buf: &Bytes, lists: &mut NameLists) -> Result<Reply, DecodeError> {
+        Reply::read(Reader::shared(buf), lists)
+    }
+
+    fn read(r: Reader<'_>, lists: &mut NameLists) -> Result<Reply, DecodeError> {
+        let mut r = open(r)?;
         let ev = |e| Reply::Event(e);
         let reply = match r.u8("reply")? {
             1 => Reply::Connected {
@@ -759,7 +769,7 @@ impl Reply {
                 group: group(&mut r)?,
                 service: service(&mut r)?,
                 view: read_view(&mut r)?,
-                payload: Bytes::copy_from_slice(r.bytes("payload", MAX_PAYLOAD_BYTES)?),
+                payload: r.payload("payload", MAX_PAYLOAD_BYTES)?,
             }),
             6 => ev(ClientEvent::FlushAcked {
                 group: group(&mut r)?,
@@ -807,7 +817,7 @@ impl Reply {
                 service: service(&mut r)?,
                 view: read_view(&mut r)?,
                 transitional: read_bool(&mut r, "transitional")?,
-                payload: Bytes::copy_from_slice(r.bytes("payload", MAX_PAYLOAD_BYTES)?),
+                payload: r.payload("payload", MAX_PAYLOAD_BYTES)?,
             }),
             tag => return Err(DecodeError::BadTag { what: "reply", tag }),
         };
@@ -1189,6 +1199,24 @@ mod tests {
                 }
             }
             prop_assert_eq!(r, q);
+        }
+
+        #[test]
+        fn shared_reply_decoding_decodes_alike_and_copies_no_payload(p in reply()) {
+            let bytes = Bytes::from(p.encode());
+            let q = Reply::decode_shared(&bytes, &mut NameLists::default()).unwrap();
+            if let Reply::Event(ClientEvent::Message { payload, .. } | ClientEvent::Sent { payload, .. }) = &q {
+                if !payload.is_empty() {
+                    prop_assert!(bytes.as_ptr_range().contains(&payload.as_ptr()));
+                }
+            }
+            prop_assert_eq!(q, p);
+        }
+
+        #[test]
+        fn garbage_replies_never_panic(junk in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = Reply::decode(&junk);
+            let _ = Reply::decode_shared(&Bytes::from(junk), &mut NameLists::default());
         }
 
         #[test]
