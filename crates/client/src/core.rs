@@ -43,6 +43,9 @@ impl From<std::io::Error> for ClientError {
     }
 }
 
+/// Bytes of a buffer the daemon's stream is read into.
+pub const READ_BUFFER_BYTES: usize = 64 * 1024;
+
 /// Splits replies off the daemon's byte stream. A message's payload is a view of the buffer it
 /// was read into (see [`ClientEvent::Message`]).
 #[derive(Default, Debug)]
@@ -53,10 +56,17 @@ pub struct ReplyDecoder {
 }
 
 impl ReplyDecoder {
-    /// Room to read into.
+    /// Room to read into. Once less than 16 KiB is free, the buffer is read into again from its
+    /// start if no message read into it is still held, and otherwise a fresh one of
+    /// [`READ_BUFFER_BYTES`] takes over (with the start of a reply that did not fit the last):
+    /// a buffer a message keeps is never larger than that and such a start.
     pub fn buffer(&mut self) -> &mut BytesMut {
-        if self.buf.capacity() - self.buf.len() < 16 * 1024 {
-            self.buf.reserve(64 * 1024);
+        if self.buf.capacity() - self.buf.len() < 16 * 1024
+            && !self.buf.try_reclaim(READ_BUFFER_BYTES)
+        {
+            let mut fresh = BytesMut::with_capacity(self.buf.len() + READ_BUFFER_BYTES);
+            fresh.extend_from_slice(&self.buf);
+            self.buf = fresh;
         }
         &mut self.buf
     }
@@ -496,6 +506,56 @@ mod tests {
             assert!(read.contains(&payload.as_ptr()), "the payload was copied");
         }
         assert!(d.next_reply().unwrap().is_none());
+    }
+
+    #[test]
+    fn read_buffers_stay_a_reads_size_and_the_start_of_a_reply() {
+        let message = |k: u32| {
+            let mut payload = vec![7; 900 + (k as usize * 37) % 300];
+            payload[..4].copy_from_slice(&k.to_be_bytes());
+            Reply::Event(ClientEvent::Message {
+                group: "g".into(),
+                sender: "a#d1".into(),
+                service: ServiceType::Agreed,
+                payload: payload.into(),
+                view: GroupViewId {
+                    ring: RingId {
+                        seq: 4,
+                        rep: 1,
+                        inc: 1,
+                    },
+                    index: 2,
+                },
+                transitional: false,
+            })
+        };
+        let sent: Vec<Reply> = (0..400).map(message).collect();
+        let stream: Vec<u8> = sent.iter().flat_map(|r| frame(&r.encode())).collect();
+        // Held by the application, or dropped at once: either way no buffer grows past a read's
+        // size and the start of a reply.
+        for hold in [true, false] {
+            let mut d = ReplyDecoder::default();
+            let (mut held, mut got) = (Vec::new(), 0);
+            let mut at = 0;
+            while at < stream.len() {
+                let b = d.buffer();
+                assert!(b.capacity() <= READ_BUFFER_BYTES + 1300, "{}", b.capacity());
+                // A read takes what is free, up to 16 KiB.
+                let n = (b.capacity() - b.len())
+                    .min(16 * 1024)
+                    .min(stream.len() - at);
+                b.extend_from_slice(&stream[at..at + n]);
+                at += n;
+                while let Some(r) = d.next_reply().unwrap() {
+                    assert_eq!(r, sent[got]);
+                    got += 1;
+                    if hold {
+                        held.push(r);
+                    }
+                }
+            }
+            assert_eq!(got, sent.len());
+        }
     }
 
     #[test]

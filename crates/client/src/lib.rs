@@ -35,9 +35,11 @@
 //! a new member.
 //!
 //! **A message's payload is not copied** out of what the library read from the daemon: it is a
-//! view of that read's buffer (at most 64 KiB, shared by the messages read with it), so keeping
-//! one message keeps the buffer. An application that keeps a few small messages of many for
-//! long copies their payloads (`Bytes::copy_from_slice`).
+//! view of the buffer it was read into (64 KiB, shared by the messages read with it, and more
+//! only when a larger message began at its end), so keeping one message keeps that buffer. An
+//! application that keeps a few small messages of many for long copies their payloads
+//! (`Bytes::copy_from_slice`). The events held for the application are counted by their
+//! payloads' bytes ([`EVENT_QUEUE_BYTES`]), not by the buffers those payloads keep.
 //!
 //! Refusals ([`ClientError::Refused`], with a code) are not fatal: the daemon refused one
 //! request (most are caught here before they travel) and the session goes on; what the refused

@@ -10,7 +10,7 @@
 //! progress for [`WRITE_TIMEOUT`] ends the connection.
 
 use crate::server::ToCore;
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use conclave_node::{SessionId, SessionOutput};
 use std::io::IoSlice;
 use std::sync::Arc;
@@ -24,8 +24,6 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const READ_BYTES: usize = 64 * 1024;
 /// Reads of one connection on their way to the core at once.
 pub const READS_IN_FLIGHT: usize = 4;
-/// A read of fewer bytes is copied to a buffer of its own size.
-const COPY_READ_BELOW: usize = 16 * 1024;
 
 /// What a writer reports to the core: bytes and replies written, and buffers to frame into again.
 pub(crate) struct Written {
@@ -76,9 +74,6 @@ async fn read<R: AsyncRead + Unpin>(mut r: R, id: SessionId, core: mpsc::Sender<
     let in_flight = Arc::new(Semaphore::new(READS_IN_FLIGHT));
     // One buffer, read into again once the node is done with what was read before (a fresh
     // buffer per read is memory the cache has not seen, for the kernel's copy and the node's).
-    // The messages of a read are views of it while the ring holds them (`handle_session_read`),
-    // so a small read is copied out and the buffer kept: a message then never keeps more than
-    // four times its read alive.
     let mut buf = BytesMut::with_capacity(READ_BYTES);
     loop {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
@@ -89,13 +84,7 @@ async fn read<R: AsyncRead + Unpin>(mut r: R, id: SessionId, core: mpsc::Sender<
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
-        let bytes = if buf.len() < COPY_READ_BELOW {
-            let b = Bytes::copy_from_slice(&buf);
-            buf.clear();
-            b
-        } else {
-            buf.split().freeze()
-        };
+        let bytes = buf.split().freeze();
         let msg = ToCore::Bytes { id, bytes, permit };
         if core.send(msg).await.is_err() {
             return;

@@ -42,7 +42,7 @@ use crate::link::{LinkMode, LinkSetupError, Links, Opened};
 use crate::metrics::Metrics;
 use crate::record::Recorder;
 use crate::session::{next_request, Session, SessionId, SessionOutput};
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use conclave_crypto::identity_file::IdentityFile;
 use conclave_crypto::CryptoRng;
 use conclave_gcs::{ClientEvent, Daemon, Delivery, Dest, IdMap, LocalEvent, Phase, Time, Transmit};
@@ -544,27 +544,17 @@ impl Node {
         Ok(())
     }
 
-    /// Bytes a connection sent: [`Node::handle_session_read`] of a copy of them.
+    /// Bytes a connection sent. Complete requests are handled at once, each one's replies framed
+    /// before the next is handled; the start of an incomplete one is kept, within a request's
+    /// size and the node's budget for incomplete requests, and must complete within
+    /// `request_ms`.
     pub fn handle_session_bytes(&mut self, now: Time, id: SessionId, bytes: &[u8]) {
-        self.handle_session_read(now, id, Bytes::copy_from_slice(bytes));
-    }
-
-    /// What one read of a connection brought. Complete requests are handled at once, each one's
-    /// replies framed before the next is handled; the start of an incomplete one is kept (a
-    /// copy), within a request's size and the node's budget for incomplete requests, and must
-    /// complete within `request_ms`.
-    ///
-    /// A message's payload is a view of `bytes`, not a copy, and keeps all of its buffer alive
-    /// while the ring holds the message: the driver bounds how much larger than what was read
-    /// that buffer is (the daemon copies a small read out of its read buffer, as it does a small
-    /// datagram).
-    pub fn handle_session_read(&mut self, now: Time, id: SessionId, bytes: Bytes) {
         self.input(now);
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };
         if s.spread.is_some() {
-            return self.spread_bytes(id, &bytes);
+            return self.spread_bytes(id, bytes);
         }
         let mut input = std::mem::take(&mut s.input);
         let had = input.len();
@@ -581,20 +571,18 @@ impl Node {
                 }
                 let take = lacks.min(rest.len());
                 input.extend_from_slice(&rest[..take]);
-                rest = rest.slice(take..);
+                rest = &rest[take..];
             }
             if missing(&input) == 0 {
-                // One whole request (or a length past the limit, which its reading refuses).
-                let whole = Bytes::from(std::mem::take(&mut input));
-                let Some(n) = self.requests(id, &whole) else {
+                let Some(n) = self.requests(id, &input) else {
                     return;
                 };
-                input.extend_from_slice(&whole[n..]);
+                input.drain(..n);
                 used += n;
             }
         }
         if input.is_empty() {
-            let Some(n) = self.requests(id, &rest) else {
+            let Some(n) = self.requests(id, rest) else {
                 return;
             };
             input.extend_from_slice(&rest[n..]);
@@ -638,10 +626,10 @@ impl Node {
 
     /// Handles the complete requests at the start of `stream`; the bytes they took, or `None` if
     /// the session ended.
-    fn requests(&mut self, id: SessionId, stream: &Bytes) -> Option<usize> {
+    fn requests(&mut self, id: SessionId, stream: &[u8]) -> Option<usize> {
         let mut used = 0;
         loop {
-            match next_request(&stream.slice(used..)) {
+            match next_request(&stream[used..]) {
                 Ok(None) => return Some(used),
                 Ok(Some((req, n))) => {
                     used += n;

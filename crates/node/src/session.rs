@@ -3,7 +3,6 @@
 //! and not yet written. Every byte a connection can make the node hold is bounded here or in
 //! [`crate::node`]'s budgets.
 
-use bytes::Bytes;
 use conclave_wire::client::{next_frame_within, Request, MAX_REQUEST_BYTES};
 use conclave_wire::DecodeError;
 
@@ -106,13 +105,11 @@ impl Session {
 
 /// The next request in `stream`, and the bytes it took; `Ok(None)` while incomplete. A frame
 /// longer than the largest valid request is refused before its body arrives.
-/// A message's payload is a view of `stream` (which the driver bounds: see
-/// [`crate::Node::handle_session_read`]).
-pub(crate) fn next_request(stream: &Bytes) -> Result<Option<(Request, usize)>, RequestError> {
+pub(crate) fn next_request(stream: &[u8]) -> Result<Option<(Request, usize)>, RequestError> {
     match next_frame_within(stream, MAX_REQUEST_BYTES) {
         Err(e) => Err(RequestError::Frame(e)),
         Ok(None) => Ok(None),
-        Ok(Some((body, used))) => match Request::decode_shared(&stream.slice_ref(body)) {
+        Ok(Some((body, used))) => match Request::decode(body) {
             Ok(r) => Ok(Some((r, used))),
             Err(e) => Err(RequestError::Undecodable(e)),
         },
