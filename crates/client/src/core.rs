@@ -471,25 +471,28 @@ mod tests {
         assert!(d.next_reply().is_err());
     }
 
+    /// A delivery of `payload` to group g.
+    fn message(payload: Vec<u8>) -> Reply {
+        Reply::Event(ClientEvent::Message {
+            group: "g".into(),
+            sender: "a#d1".into(),
+            service: ServiceType::Agreed,
+            payload: payload.into(),
+            view: GroupViewId {
+                ring: RingId {
+                    seq: 4,
+                    rep: 1,
+                    inc: 1,
+                },
+                index: 2,
+            },
+            transitional: false,
+        })
+    }
+
     #[test]
     fn a_messages_payload_is_a_view_of_what_was_read() {
-        let message = |k: u8| {
-            Reply::Event(ClientEvent::Message {
-                group: "g".into(),
-                sender: "a#d1".into(),
-                service: ServiceType::Agreed,
-                payload: vec![k; 1000].into(),
-                view: GroupViewId {
-                    ring: RingId {
-                        seq: 4,
-                        rep: 1,
-                        inc: 1,
-                    },
-                    index: 2,
-                },
-                transitional: false,
-            })
-        };
+        let message = |k: u8| message(vec![k; 1000]);
         let mut d = ReplyDecoder::default();
         for k in 0..3 {
             d.buffer().extend_from_slice(&frame(&message(k).encode()));
@@ -513,21 +516,7 @@ mod tests {
         let message = |k: u32| {
             let mut payload = vec![7; 900 + (k as usize * 37) % 300];
             payload[..4].copy_from_slice(&k.to_be_bytes());
-            Reply::Event(ClientEvent::Message {
-                group: "g".into(),
-                sender: "a#d1".into(),
-                service: ServiceType::Agreed,
-                payload: payload.into(),
-                view: GroupViewId {
-                    ring: RingId {
-                        seq: 4,
-                        rep: 1,
-                        inc: 1,
-                    },
-                    index: 2,
-                },
-                transitional: false,
-            })
+            message(payload)
         };
         let sent: Vec<Reply> = (0..400).map(message).collect();
         let stream: Vec<u8> = sent.iter().flat_map(|r| frame(&r.encode())).collect();

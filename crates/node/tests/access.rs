@@ -6,14 +6,9 @@ mod common;
 
 use common::{network, Net};
 use conclave_node::access::AccessRule;
-use conclave_wire::client::{frame, ClientCommand, ClientEvent, Refusal, Reply, Request};
+use conclave_wire::client::{ClientCommand, ClientEvent, Refusal, Reply, Request};
 use conclave_wire::gcs::ServiceType;
 use std::sync::atomic::Ordering::Relaxed;
-
-fn request(net: &mut Net, i: usize, id: u64, req: Request) {
-    let now = net.time();
-    net.nodes[i].handle_session_bytes(now, id, &frame(&req.encode()));
-}
 
 fn join(group: &str) -> Request {
     Request::Command(ClientCommand::Join {
@@ -50,21 +45,20 @@ fn the_access_policy_refuses_joins_keys_and_sends_it_does_not_allow() {
     for (i, id, name) in [(0, 1, "alice"), (1, 2, "bob"), (1, 3, "mallory")] {
         let now = net.time();
         net.nodes[i].open_session(now, id).unwrap();
-        request(&mut net, i, id, Request::Connect { name: name.into() });
+        net.request(i, id, Request::Connect { name: name.into() });
     }
     let from = net.replies.len();
-    request(&mut net, 1, 3, join("ops-db"));
-    request(
-        &mut net,
+    net.request(1, 3, join("ops-db"));
+    net.request(
         1,
         3,
         Request::Keys {
             group: "ops".into(),
         },
     );
-    request(&mut net, 1, 3, join("chat"));
-    request(&mut net, 0, 1, join("ops-db"));
-    request(&mut net, 1, 2, join("ops-db"));
+    net.request(1, 3, join("chat"));
+    net.request(0, 1, join("ops-db"));
+    net.request(1, 2, join("ops-db"));
     net.run(200);
     let no = refused(&net, from);
     assert_eq!(no.len(), 2, "{no:?}");
@@ -98,8 +92,8 @@ fn the_access_policy_refuses_joins_keys_and_sends_it_does_not_allow() {
         })
     };
     let from = net.replies.len();
-    request(&mut net, 1, 2, msg());
-    request(&mut net, 0, 1, msg());
+    net.request(1, 2, msg());
+    net.request(0, 1, msg());
     net.run(100);
     let no = refused(&net, from);
     assert_eq!(no.len(), 1, "{no:?}");

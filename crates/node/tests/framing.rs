@@ -6,23 +6,18 @@ mod common;
 
 use common::{network, Net};
 use conclave_node::node::CHUNK_BYTES;
-use conclave_wire::client::{frame, ClientCommand, ClientEvent, Reply, Request};
+use conclave_wire::client::{ClientCommand, ClientEvent, Reply, Request};
 use conclave_wire::gcs::ServiceType;
-
-fn request(net: &mut Net, i: usize, id: u64, req: Request) {
-    let now = net.time();
-    net.nodes[i].handle_session_bytes(now, id, &frame(&req.encode()));
-}
 
 fn member(net: &mut Net, i: usize, id: u64, name: &str) {
     let now = net.time();
     net.nodes[i].open_session(now, id).unwrap();
-    request(net, i, id, Request::Connect { name: name.into() });
+    net.request(i, id, Request::Connect { name: name.into() });
     let join = ClientCommand::Join {
         group: "g".into(),
         vs: false,
     };
-    request(net, i, id, Request::Command(join));
+    net.request(i, id, Request::Command(join));
 }
 
 #[test]
@@ -49,7 +44,7 @@ fn a_long_pass_hands_a_clients_replies_out_in_chunks_in_order() {
             groups: vec!["g".into()],
             payload: p.clone().into(),
         };
-        request(&mut net, 0, 1, Request::Command(send));
+        net.request(0, 1, Request::Command(send));
     }
     net.run(100);
     // Every message reached b whole and in order.

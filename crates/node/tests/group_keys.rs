@@ -7,28 +7,19 @@ mod common;
 
 use common::{network, Net};
 use conclave_node::Time;
-use conclave_wire::client::{
-    frame, ClientCommand, ClientEvent, GroupViewId, Refusal, Reply, Request,
-};
+use conclave_wire::client::{ClientCommand, ClientEvent, GroupViewId, Refusal, Reply, Request};
 use conclave_wire::gcs::ServiceType;
 use std::collections::BTreeMap;
-
-/// Sends `req` on session `id` of node `i`.
-fn request(net: &mut Net, i: usize, id: u64, req: Request) {
-    let now = net.time();
-    net.nodes[i].handle_session_bytes(now, id, &frame(&req.encode()));
-}
 
 fn connect(net: &mut Net, i: usize, id: u64, name: &str) {
     let now = net.time();
     net.nodes[i].open_session(now, id).unwrap();
-    request(net, i, id, Request::Connect { name: name.into() });
+    net.request(i, id, Request::Connect { name: name.into() });
 }
 
 fn join(net: &mut Net, i: usize, id: u64, group: &str, keys: bool) {
     if keys {
-        request(
-            net,
+        net.request(
             i,
             id,
             Request::Keys {
@@ -40,7 +31,7 @@ fn join(net: &mut Net, i: usize, id: u64, group: &str, keys: bool) {
         group: group.into(),
         vs: true,
     };
-    request(net, i, id, Request::Command(join));
+    net.request(i, id, Request::Command(join));
 }
 
 /// The keys session `id` of node `i` was handed, by view, in order.
@@ -80,8 +71,7 @@ fn ack_flushes(net: &mut Net, acked: &mut usize) {
         .collect();
     *acked = net.replies.len();
     for (i, id, group, view) in fresh {
-        request(
-            net,
+        net.request(
             i,
             id,
             Request::Command(ClientCommand::FlushAck { group, view }),
@@ -133,8 +123,7 @@ fn members_that_ask_get_one_key_per_view_and_others_none() {
     );
 
     // Bob leaves: the next view has a fresh key, which bob does not get.
-    request(
-        &mut net,
+    net.request(
         1,
         1,
         Request::Command(ClientCommand::Leave { group: "g".into() }),
@@ -205,8 +194,7 @@ fn keys_of_the_daemons_groups_are_refused() {
     let mut acked = 0;
     run(&mut net, 500, &mut acked);
     connect(&mut net, 0, 1, "mallory");
-    request(
-        &mut net,
+    net.request(
         0,
         1,
         Request::Keys {
@@ -218,7 +206,7 @@ fn keys_of_the_daemons_groups_are_refused() {
         service: ServiceType::Agreed,
         payload: b"x".to_vec().into(),
     };
-    request(&mut net, 0, 1, Request::Command(msg));
+    net.request(0, 1, Request::Command(msg));
     run(&mut net, 100, &mut acked);
     let refused = net
         .replies
@@ -269,12 +257,12 @@ fn a_message_sealed_under_an_old_view_reaches_evs_members_resealed() {
     run(&mut net, 2_000, &mut acked);
     let evs_join = |net: &mut Net, i: usize, name: &str| {
         connect(net, i, 1, name);
-        request(net, i, 1, Request::Keys { group: "g".into() });
+        net.request(i, 1, Request::Keys { group: "g".into() });
         let join = ClientCommand::Join {
             group: "g".into(),
             vs: false,
         };
-        request(net, i, 1, Request::Command(join));
+        net.request(i, 1, Request::Command(join));
     };
     evs_join(&mut net, 0, "alice");
     evs_join(&mut net, 1, "bob");
@@ -300,7 +288,7 @@ fn a_message_sealed_under_an_old_view_reaches_evs_members_resealed() {
             groups: vec!["g".into()],
             payload: payload.into(),
         };
-        request(&mut net, 0, 1, Request::Command(send));
+        net.request(0, 1, Request::Command(send));
     }
     run(&mut net, 500, &mut acked);
     let current = ViewKey::from_daemons("g", new_view, GroupKey::from_bytes(new_key));

@@ -8,13 +8,8 @@ mod common;
 use common::{network, Net};
 use conclave_node::frag::Reassembly;
 use conclave_node::link::LinkMode;
-use conclave_wire::client::{frame, ClientCommand, Request};
+use conclave_wire::client::{ClientCommand, Request};
 use conclave_wire::gcs::{Packet, ServiceType};
-
-fn request(net: &mut Net, i: usize, id: u64, req: Request) {
-    let now = net.time();
-    net.nodes[i].handle_session_bytes(now, id, &frame(&req.encode()));
-}
 
 /// The packets of a datagram (links off, so the datagram is the packets).
 fn packets(d: &[u8]) -> Vec<Packet> {
@@ -35,12 +30,12 @@ fn a_visit_passes_the_token_alone_before_its_messages() {
     assert_eq!(net.ring(0).1, vec![1, 2, 3], "the ring formed");
     let now = net.time();
     net.nodes[0].open_session(now, 1).unwrap();
-    request(&mut net, 0, 1, Request::Connect { name: "a".into() });
+    net.request(0, 1, Request::Connect { name: "a".into() });
     let join = ClientCommand::Join {
         group: "g".into(),
         vs: false,
     };
-    request(&mut net, 0, 1, Request::Command(join));
+    net.request(0, 1, Request::Command(join));
     net.run(50);
     let before = net.captured.len();
     for k in 0..300u32 {
@@ -49,7 +44,7 @@ fn a_visit_passes_the_token_alone_before_its_messages() {
             groups: vec!["g".into()],
             payload: vec![7; 1000 + k as usize % 24].into(),
         };
-        request(&mut net, 0, 1, Request::Command(send));
+        net.request(0, 1, Request::Command(send));
     }
     net.run(50);
     // Node 1's datagrams to its successor, node 2, from the first visit that sent messages.

@@ -122,6 +122,13 @@ impl Net {
         }
     }
 
+    /// Sends `req` on session `id` of node `i`.
+    pub fn request(&mut self, i: usize, id: SessionId, req: conclave_wire::client::Request) {
+        let now = self.time();
+        let bytes = conclave_wire::client::frame(&req.encode());
+        self.nodes[i].handle_session_bytes(now, id, &bytes);
+    }
+
     /// What went from node `from` to node `to`, in order.
     pub fn sent(&self, from: usize, to: usize) -> Vec<Vec<u8>> {
         self.captured
