@@ -1271,18 +1271,16 @@ impl Node {
         // Peers sent the same packets (a visit's messages go to all) share their datagrams:
         // encoded and packed once, copied whole for each further peer, sealed for each.
         let room = self.links.room();
-        let mut peer = 1;
-        while peer <= n {
+        for peer in 1..=n {
             let list = std::mem::take(&mut per_peer[peer]);
             if list.is_empty() {
-                peer += 1;
                 continue;
             }
-            let mut same = vec![peer as DaemonId];
+            let mut others = Vec::new();
             for (other, l) in per_peer.iter_mut().enumerate().skip(peer + 1) {
                 if *l == list {
                     l.clear();
-                    same.push(other as DaemonId);
+                    others.push(other as DaemonId);
                 }
             }
             let chosen: Vec<&Packet> = list.iter().map(|&i| &packets[i].packet).collect();
@@ -1296,32 +1294,35 @@ impl Node {
                 Ok(d) => d,
                 Err(e) => {
                     tracing::warn!(error = %e, "a packet too large to send");
-                    peer += 1;
                     continue;
                 }
             };
-            let last = same.len() - 1;
-            let mut datagrams = Some(datagrams);
-            for (k, &to) in same.iter().enumerate() {
-                let mine = if k == last {
-                    datagrams.take().unwrap_or_default()
-                } else {
+            let copies: Vec<Vec<Vec<u8>>> = others
+                .iter()
+                .map(|_| {
                     datagrams
                         .iter()
-                        .flatten()
                         .map(|d| copy_with_room(d, room.tail))
                         .collect()
-                };
-                for d in mine {
-                    match self.links.seal_framed(self.now, to, d) {
-                        Some(d) => self.emit(to, d),
-                        None => {
-                            self.metrics.link_waiting.fetch_add(1, Relaxed);
-                        }
-                    }
+                })
+                .collect();
+            self.seal_and_emit(peer as DaemonId, datagrams);
+            for (to, copy) in others.into_iter().zip(copies) {
+                self.seal_and_emit(to, copy);
+            }
+        }
+    }
+
+    /// Seals each datagram for `to`'s link and queues it (one the link cannot seal yet waits for
+    /// its hello, counted).
+    fn seal_and_emit(&mut self, to: DaemonId, datagrams: Vec<Vec<u8>>) {
+        for d in datagrams {
+            match self.links.seal_framed(self.now, to, d) {
+                Some(d) => self.emit(to, d),
+                None => {
+                    self.metrics.link_waiting.fetch_add(1, Relaxed);
                 }
             }
-            peer += 1;
         }
     }
 
