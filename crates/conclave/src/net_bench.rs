@@ -765,7 +765,7 @@ async fn latency_once(
     let per_sender = total / n as u64;
     let mut tasks = Vec::new();
     let mut done = Vec::new();
-    for (mut s, mut r) in ms {
+    for (k, (mut s, mut r)) in ms.into_iter().enumerate() {
         let samples = samples.clone();
         let got = Arc::new(AtomicU64::new(0));
         done.push(got.clone());
@@ -785,7 +785,9 @@ async fn latency_once(
         let interval = Duration::from_secs_f64(n as f64 / rate as f64);
         tasks.push(tokio::spawn(async move {
             let mut payload = vec![0u8; size.max(8)];
-            let mut next = tokio::time::Instant::now();
+            // The senders take turns (sender k starts k/n of an interval late): started
+            // together, they would all send in the same instant, a burst of n every interval.
+            let mut next = tokio::time::Instant::now() + interval.mul_f64(k as f64 / n as f64);
             for _ in 0..per_sender {
                 next += interval;
                 tokio::time::sleep_until(next).await;

@@ -362,7 +362,9 @@ impl Daemons {
             cmd.arg("--send")
                 .arg(size.to_string())
                 .arg("--rate")
-                .arg((rate as f64 / n as f64).to_string());
+                .arg((rate as f64 / n as f64).to_string())
+                .arg("--phase")
+                .arg((i as f64 / n as f64).to_string());
             members.push(MemberProcess::spawn(cmd)?);
         }
         for m in &mut members {
@@ -624,6 +626,10 @@ pub struct MemberArgs {
     /// of every delivery.
     #[arg(long, requires = "send", conflicts_with = "skeleton")]
     rate: Option<f64>,
+    /// With `--rate`: start this fraction of an interval late, so that the senders of a load
+    /// take turns rather than all sending in the same instant.
+    #[arg(long, default_value_t = 0.0, requires = "rate")]
+    phase: f64,
 }
 
 /// Runs one member; any failure is a JSON line `{"error": ..}` for the bench to report.
@@ -726,7 +732,8 @@ async fn member(args: MemberArgs) -> Result<()> {
             Sending::Client(tx) if args.rate.is_some() => {
                 let rate = args.rate.unwrap_or(1.0).max(0.001);
                 let interval = Duration::from_secs_f64(1.0 / rate);
-                let mut next = tokio::time::Instant::now();
+                let mut next =
+                    tokio::time::Instant::now() + interval.mul_f64(args.phase.clamp(0.0, 1.0));
                 while Instant::now() < until {
                     next += interval;
                     tokio::time::sleep_until(next).await;
