@@ -284,3 +284,35 @@ fn a_queue_full_of_bytes_is_a_typed_error_and_one_message_always_fits() {
     n.submit(big(4)).unwrap();
     assert!(!n.can_submit());
 }
+
+/// What the first member transmits on the first visit of a ring, with `n` messages queued:
+/// `true` for each message, `false` for the token.
+fn first_visit(n: u8) -> Vec<bool> {
+    let mut m = Ordering::new(OrderingConfig::default(), 1, ring(), vec![1, 2, 3]);
+    for k in 0..n {
+        m.submit(msg(ServiceType::Agreed, k)).unwrap();
+    }
+    m.start(Time::ZERO);
+    std::iter::from_fn(|| m.poll_transmit())
+        .map(|t| match t.packet {
+            Packet::Data(_) => true,
+            Packet::Token(_) => false,
+            p => panic!("not a visit's packet: {p:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_light_visit_sends_its_messages_before_the_token_and_a_heavier_one_after_it() {
+    let light = OrderingConfig::default().light_visit as u8;
+    assert!(light > 0);
+    let mut before = vec![true; light as usize];
+    before.push(false);
+    assert_eq!(first_visit(light), before);
+    assert_eq!(first_visit(1), vec![true, false]);
+    // One message more: the token first (the Accelerated Ring), as at full load.
+    let mut after = vec![false];
+    after.extend(vec![true; light as usize + 1]);
+    assert_eq!(first_visit(light + 1), after);
+    assert_eq!(first_visit(0), vec![false]);
+}

@@ -1268,17 +1268,25 @@ impl Node {
                 }
             }
         }
+        // The token's successor last: once it has the token it may run before this daemon
+        // sends the others the messages that went ahead of it (a light visit's).
+        let has_token = |l: &[usize]| {
+            l.iter()
+                .any(|&i| matches!(packets[i].packet, Packet::Token(_)))
+        };
+        let mut order: Vec<usize> = (1..=n).collect();
+        order.sort_by_key(|&p| has_token(&per_peer[p]));
         // Peers sent the same packets (a visit's messages go to all) share their datagrams:
         // encoded and packed once, copied whole for each further peer, sealed for each.
         let room = self.links.room();
-        for peer in 1..=n {
+        for peer in order {
             let list = std::mem::take(&mut per_peer[peer]);
             if list.is_empty() {
                 continue;
             }
             let mut others = Vec::new();
-            for (other, l) in per_peer.iter_mut().enumerate().skip(peer + 1) {
-                if *l == list {
+            for (other, l) in per_peer.iter_mut().enumerate().skip(1) {
+                if !l.is_empty() && *l == list {
                     l.clear();
                     others.push(other as DaemonId);
                 }

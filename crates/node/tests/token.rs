@@ -1,7 +1,8 @@
 //! A daemon passes the ring's token on in a datagram of its own, before the messages of its
 //! visit (the driver sends it first: `Node::poll_token`), so the next holder has it while this
 //! daemon packs and seals the rest. (On a network that loses nothing: a visit that answers
-//! retransmission requests sends those first and packs the token after them.)
+//! retransmission requests sends those first and packs the token after them.) A light visit's
+//! few messages go before the token, and the successor's datagram, which carries it, last.
 
 mod common;
 
@@ -21,8 +22,8 @@ fn packets(d: &[u8]) -> Vec<Packet> {
         .collect()
 }
 
-#[test]
-fn a_visit_passes_the_token_alone_before_its_messages() {
+/// Three daemons, links off, with a client of the first joined to `g`.
+fn joined() -> Net {
     let (mut cfg, ids) = network(3, 11);
     cfg.links.mode = LinkMode::Off;
     let mut net = Net::new(&cfg, &ids);
@@ -37,6 +38,41 @@ fn a_visit_passes_the_token_alone_before_its_messages() {
     };
     net.request(0, 1, Request::Command(join));
     net.run(50);
+    net
+}
+
+#[test]
+fn a_light_visit_sends_its_message_first_and_the_token_last() {
+    let mut net = joined();
+    let before = net.captured.len();
+    let send = ClientCommand::Multicast {
+        service: ServiceType::Agreed,
+        groups: vec!["g".into()],
+        payload: vec![7; 100].into(),
+    };
+    net.request(0, 1, Request::Command(send));
+    net.run(50);
+    // Node 1's datagrams that carry the message, in the order it sent them.
+    let with_data: Vec<(usize, Vec<Packet>)> = net.captured[before..]
+        .iter()
+        .filter(|(f, _, _)| *f == 0)
+        .map(|(_, t, d)| (*t, packets(d)))
+        .filter(|(_, p)| p.iter().any(|p| matches!(p, Packet::Data(_))))
+        .collect();
+    assert_eq!(with_data.len(), 2, "{with_data:?}");
+    assert_eq!(with_data[0].0, 2, "the third daemon first");
+    assert!(matches!(with_data[0].1[..], [Packet::Data(_)]));
+    assert_eq!(with_data[1].0, 1, "the successor last");
+    assert!(
+        matches!(with_data[1].1[..], [Packet::Data(_), Packet::Token(_)]),
+        "the message, then the token: {:?}",
+        with_data[1].1
+    );
+}
+
+#[test]
+fn a_visit_passes_the_token_alone_before_its_messages() {
+    let mut net = joined();
     let before = net.captured.len();
     for k in 0..300u32 {
         let send = ClientCommand::Multicast {
@@ -63,7 +99,7 @@ fn a_visit_passes_the_token_alone_before_its_messages() {
         token.len() == 1 && matches!(token[0], Packet::Token(_)),
         "the token went alone, just before the messages: {token:?}"
     );
-    // Every visit: no datagram carries a token together with messages.
+    // No visit here is light: no datagram carries a token together with messages.
     for d in &to_successor {
         let tokens = d.iter().filter(|p| matches!(p, Packet::Token(_))).count();
         assert!(tokens == 0 || d.len() == 1, "a token packed with messages");
