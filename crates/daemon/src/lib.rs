@@ -4,6 +4,7 @@
 //! sockets (UDP to the other daemons, TCP, TLS and Unix sockets for clients), a clock, an admin
 //! endpoint, a metrics endpoint, and a file for the history.
 
+pub mod datagrams;
 pub mod endpoints;
 pub mod record;
 pub mod server;

@@ -12,6 +12,7 @@
 
 use crate::admin::{AdminReply, AdminRequest};
 use crate::config::Config;
+use crate::datagrams;
 use crate::endpoints::{
     admin_session, read_token, serve_metrics, AdminGate, MetricsGate, RefusalLog,
 };
@@ -619,9 +620,8 @@ impl Pump {
                 self.writers.remove(&id);
             }
         }
-        while let Some((addr, d)) = self.node.poll_datagram() {
-            send(&self.udp, addr, &d).await;
-        }
+        let batch: Vec<_> = std::iter::from_fn(|| self.node.poll_datagram()).collect();
+        datagrams::send_all(&self.udp, &batch).await;
         if !self.held_reads.is_empty() {
             // The node read on in the sessions it has room for again: their readers go on.
             let node = &self.node;
