@@ -20,7 +20,7 @@
 //! only then sends them; a member asks for retransmission only of messages sent before its
 //! previous visit (later ones may still be on their way). Departure from the paper: rather than
 //! a part of its new messages before the token and the rest after, the holder sends all of them
-//! after it, unless they are few (`light_visit`), when all go before it.
+//! after it, unless they are few and small (`light_visit`), when all go before it.
 //!
 //! Departures, for now: a lost token is retransmitted by the last holder (§3.1's token
 //! retransmit timeout) and otherwise left to the membership's token-loss timeout; messages are not
@@ -62,10 +62,11 @@ pub struct OrderingConfig {
     /// processor busy (an idle ring of three then costs them a few percent of a processor, and a
     /// message waits at most this long for the token). 0: never held.
     pub idle_hold_us: u64,
-    /// A visit with at most this many new messages sends them before the token rather than
-    /// after it: a light ring's next holder has nothing to wait for, and the messages reach
-    /// the others before the token wakes its next holder (which, on a busy machine, may run
-    /// before the sender sends them). 0: always after, as the Accelerated Ring.
+    /// A visit with at most this many new messages (and at most 16 KiB of them) sends them
+    /// before the token rather than after it: a light ring's next holder has nothing to wait
+    /// for, and the messages reach the others before the token wakes its next holder (which,
+    /// on a busy machine, may run before the sender sends them). 0: always after, as the
+    /// Accelerated Ring.
     pub light_visit: u32,
 }
 
@@ -186,6 +187,10 @@ pub type Origin = (RingId, u64, DaemonId);
 /// never ordered on it: the ring broke first. Such messages are delivered at the end of the old
 /// ring's transitional configuration, by sender and k.
 pub const UNSEQUENCED: u64 = 1 << 63;
+
+/// Most bytes of new messages a light visit sends before its token (`light_visit` counts
+/// them): a few large messages would hold the token behind datagrams of their own.
+const LIGHT_VISIT_BYTES: usize = 16 * 1024;
 
 /// A message delivered in the ring's total order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -739,8 +744,8 @@ impl Ordering {
             }
         }
         // Ask for what this member misses, of what was sent before its previous visit: later
-        // messages may still be on their way, as holders pass the token before sending
-        // (Accelerated Ring).
+        // messages may still be on their way, as holders pass the token before sending them
+        // (Accelerated Ring; a light visit's go before it, which only makes them earlier).
         let ask_to = t.seq.min(self.prev_visit_seq);
         self.prev_visit_seq = t.seq;
         for s in self.my_aru + 1..=ask_to {
@@ -782,6 +787,7 @@ impl Ordering {
             .min((self.cfg.max_per_visit as u64).saturating_sub(resent));
         let mut sent = 0;
         let mut fresh = Vec::new();
+        let mut fresh_bytes = 0usize;
         while sent < room && (sent + resent == 0 || bytes < self.cfg.max_visit_bytes) {
             let (origin, body) = if let Some(r) = self.recovery.pop_front() {
                 r
@@ -796,6 +802,7 @@ impl Ordering {
             t.seq += 1;
             sent += 1;
             bytes = bytes.saturating_add(body_bytes(&body));
+            fresh_bytes = fresh_bytes.saturating_add(body_bytes(&body));
             if origin.is_none() && *body != Body::RecoveryDone {
                 self.sent_out.push_back((t.seq, body.clone()));
             }
@@ -837,7 +844,7 @@ impl Ordering {
             to: Dest::One(self.successor()),
             packet: Packet::Token(t),
         };
-        if fresh.len() <= self.cfg.light_visit as usize {
+        if fresh.len() <= self.cfg.light_visit as usize && fresh_bytes <= LIGHT_VISIT_BYTES {
             self.out.extend(fresh);
             self.out.push_back(token);
         } else {

@@ -13,11 +13,16 @@ fn ring() -> RingId {
 }
 
 fn msg(service: ServiceType, tag: u8) -> Body {
+    sized_msg(service, tag, 1)
+}
+
+/// A message of `size` bytes, each `tag`.
+fn sized_msg(service: ServiceType, tag: u8, size: usize) -> Body {
     Body::Client {
         client: "c".into(),
         groups: vec![("g".into(), 0)],
         service,
-        payload: vec![tag].into(),
+        payload: vec![tag; size].into(),
         spread: None,
     }
 }
@@ -288,9 +293,14 @@ fn a_queue_full_of_bytes_is_a_typed_error_and_one_message_always_fits() {
 /// What the first member transmits on the first visit of a ring, with `n` messages queued:
 /// `true` for each message, `false` for the token.
 fn first_visit(n: u8) -> Vec<bool> {
+    first_visit_of(n, 1)
+}
+
+/// [`first_visit`] with messages of `size` bytes.
+fn first_visit_of(n: u8, size: usize) -> Vec<bool> {
     let mut m = Ordering::new(OrderingConfig::default(), 1, ring(), vec![1, 2, 3]);
     for k in 0..n {
-        m.submit(msg(ServiceType::Agreed, k)).unwrap();
+        m.submit(sized_msg(ServiceType::Agreed, k, size)).unwrap();
     }
     m.start(Time::ZERO);
     std::iter::from_fn(|| m.poll_transmit())
@@ -315,4 +325,7 @@ fn a_light_visit_sends_its_messages_before_the_token_and_a_heavier_one_after_it(
     after.extend(vec![true; light as usize + 1]);
     assert_eq!(first_visit(light + 1), after);
     assert_eq!(first_visit(0), vec![false]);
+    // Few, but large: the token first, so that it does not wait behind their datagrams.
+    assert_eq!(first_visit_of(2, 6_000), vec![true, true, false]);
+    assert_eq!(first_visit_of(2, 10_000), vec![false, true, true]);
 }

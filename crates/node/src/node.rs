@@ -1163,7 +1163,9 @@ impl Node {
     /// seals the messages of its visit (the Accelerated Ring's point, which a token packed with
     /// the first of those messages lost: at full load the next holder waited about 0.4 ms
     /// for it). A visit that answers retransmission requests sends those first, and the token
-    /// goes packed after them, as before. `None` also when the link cannot seal it yet (the
+    /// goes packed after them, as before; so does a light visit's (`light_visit`: a few small
+    /// messages, then the token), which then also waits for this pass's deliveries to be
+    /// framed, a small cost at the light load where such visits happen. `None` also when the link cannot seal it yet (the
     /// peer's run is unknown: a hello goes with the step's other datagrams) or the injected
     /// faults drop or delay it; a duplicate the faults make goes with the other datagrams.
     pub fn poll_token(&mut self) -> Option<(SocketAddr, Vec<u8>)> {
@@ -1268,14 +1270,16 @@ impl Node {
                 }
             }
         }
-        // The token's successor last: once it has the token it may run before this daemon
-        // sends the others the messages that went ahead of it (a light visit's).
-        let has_token = |l: &[usize]| {
-            l.iter()
-                .any(|&i| matches!(packets[i].packet, Packet::Token(_)))
+        // A light visit's successor last (its messages, then the token): once it has the token
+        // it may run before this daemon sends the others the messages that went ahead of it.
+        // A token with messages after it (answered requests, then the visit's own) keeps its
+        // place, as it should not wait behind the others' copies.
+        let token_last = |l: &[usize]| {
+            l.last()
+                .is_some_and(|&i| matches!(packets[i].packet, Packet::Token(_)))
         };
         let mut order: Vec<usize> = (1..=n).collect();
-        order.sort_by_key(|&p| has_token(&per_peer[p]));
+        order.sort_by_key(|&p| token_last(&per_peer[p]));
         // Peers sent the same packets (a visit's messages go to all) share their datagrams:
         // encoded and packed once, copied whole for each further peer, sealed for each.
         let room = self.links.room();
@@ -1286,7 +1290,7 @@ impl Node {
             }
             let mut others = Vec::new();
             for (other, l) in per_peer.iter_mut().enumerate().skip(1) {
-                if !l.is_empty() && *l == list {
+                if *l == list {
                     l.clear();
                     others.push(other as DaemonId);
                 }
