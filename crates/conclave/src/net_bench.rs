@@ -84,7 +84,8 @@ pub struct LatencyArgs {
     seconds: f64,
     /// As deployed: every daemon a `conclave daemon` process and every member a client process
     /// of its own (rows say `"deployment": "processes"`); a message carries its send time on
-    /// the system clock, which every process on the machine reads alike.
+    /// the system clock, which every process on the machine reads alike, and the rows add what a
+    /// message cost the daemons and the members in processor time and wake-ups.
     #[arg(long)]
     processes: bool,
     #[arg(long, default_value = "bench-out")]

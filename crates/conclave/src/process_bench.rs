@@ -250,7 +250,7 @@ impl Daemons {
         let sampling = tokio::spawn(async move {
             let sum = |field| -> u64 {
                 pids.iter()
-                    .map(|p| proc_status_kib(&format!("/proc/{p}/status"), field))
+                    .map(|p| proc_status_number(&format!("/proc/{p}/status"), field))
                     .sum()
             };
             let mut most = (0, 0);
@@ -370,19 +370,31 @@ impl Daemons {
         for m in &mut members {
             m.expect("ready", Duration::from_secs(60)).await?;
         }
+        let cpu_before: f64 = self.children.iter().map(cpu_seconds).sum();
+        let wakeups_before: u64 = self.children.iter().map(wakeups).sum();
         for m in &mut members {
             m.say("go").await?;
         }
         let (sent, refused) = sent_and_refused(&mut members, seconds).await?;
+        let cpu_daemons = self.children.iter().map(cpu_seconds).sum::<f64>() - cpu_before;
+        let wakeups_daemons = self
+            .children
+            .iter()
+            .map(wakeups)
+            .sum::<u64>()
+            .saturating_sub(wakeups_before);
         let total = sent.saturating_sub(refused);
         for m in &mut members {
             m.say(&format!("total {total}")).await?;
         }
         let (mut delays, mut got, mut views) = (Vec::new(), Vec::new(), 0);
+        let (mut cpu_members, mut wakeups_members) = (0.0, 0);
         for m in &mut members {
             let r = m.expect("got", Duration::from_secs(60)).await?;
             got.push(r["got"].as_u64().unwrap_or(0));
             views += r["views"].as_u64().unwrap_or(0);
+            cpu_members += r["sending_cpu_s"].as_f64().unwrap_or(0.0);
+            wakeups_members += r["sending_wakeups"].as_u64().unwrap_or(0);
             let all = r["delays_us"].as_array().into_iter().flatten();
             delays.extend(all.filter_map(|d| d.as_u64()));
         }
@@ -406,6 +418,12 @@ impl Daemons {
             "deliveries": delays.len(), "refused": refused, "view_changes": views,
             "p50_us": percentile(&delays, 0.5), "p99_us": percentile(&delays, 0.99),
             "max_us": delays.last().copied().unwrap_or(0),
+            // While the senders sent: what a message cost the daemons and the members together,
+            // in processor time and in times a process slept and was woken.
+            "cpu_daemons_us_per_msg": per_message(cpu_daemons * 1e6, sent),
+            "cpu_members_us_per_msg": per_message(cpu_members * 1e6, sent),
+            "wakeups_daemons_per_msg": per_message(wakeups_daemons as f64, sent),
+            "wakeups_members_per_msg": per_message(wakeups_members as f64, sent),
         }))
     }
 
@@ -492,8 +510,9 @@ fn config_text(cfg: &Config) -> String {
     s
 }
 
-/// A field of a `/proc/PID/status` file in KiB (0 where there is no such file: not Linux).
-fn proc_status_kib(path: &str, field: &str) -> u64 {
+/// A numeric field of a `/proc/PID/status` file, sizes in KiB (0 where there is no such file:
+/// not Linux).
+fn proc_status_number(path: &str, field: &str) -> u64 {
     std::fs::read_to_string(path)
         .ok()
         .and_then(|s| {
@@ -501,6 +520,13 @@ fn proc_status_kib(path: &str, field: &str) -> u64 {
                 .find_map(|l| l.strip_prefix(field))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
+        .unwrap_or(0)
+}
+
+/// How often a process has slept and been woken so far (its voluntary context switches).
+fn wakeups(c: &Child) -> u64 {
+    c.id()
+        .map(|pid| proc_status_number(&format!("/proc/{pid}/status"), "voluntary_ctxt_switches:"))
         .unwrap_or(0)
 }
 
@@ -523,6 +549,11 @@ fn stat_cpu_seconds(path: &str) -> f64 {
             Some(ticks as f64 / 100.0)
         })
         .unwrap_or(0.0)
+}
+
+/// `x` per message of `messages`, to a tenth.
+fn per_message(x: f64, messages: u64) -> f64 {
+    (x * 10.0 / messages.max(1) as f64).round() / 10.0
 }
 
 /// Every member's "sent" line, once its `seconds` of sending are over: messages sent and
@@ -628,8 +659,16 @@ pub struct MemberArgs {
     rate: Option<f64>,
     /// With `--rate`: start this fraction of an interval late, so that the senders of a load
     /// take turns rather than all sending in the same instant.
-    #[arg(long, default_value_t = 0.0, requires = "rate")]
+    #[arg(long, default_value_t = 0.0, requires = "rate", value_parser = parse_phase)]
     phase: f64,
+}
+
+/// A fraction of an interval, from 0 to 1.
+fn parse_phase(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("{s:?} is not a fraction from 0 to 1")),
+    }
 }
 
 /// Runs one member; any failure is a JSON line `{"error": ..}` for the bench to report.
@@ -723,6 +762,14 @@ async fn member(args: MemberArgs) -> Result<()> {
         (Sending::Client(tx), start, counting)
     };
     let until = start + Duration::from_secs_f64(args.seconds);
+    let own = || {
+        let status = "/proc/self/status";
+        (
+            stat_cpu_seconds("/proc/self/stat"),
+            proc_status_number(status, "voluntary_ctxt_switches:"),
+        )
+    };
+    let at_go = own();
     let mut sent = 0u64;
     if let Some(size) = args.send {
         // Each payload its own (the sender and a count first), as in-process.
@@ -732,8 +779,7 @@ async fn member(args: MemberArgs) -> Result<()> {
             Sending::Client(tx) if args.rate.is_some() => {
                 let rate = args.rate.unwrap_or(1.0).max(0.001);
                 let interval = Duration::from_secs_f64(1.0 / rate);
-                let mut next =
-                    tokio::time::Instant::now() + interval.mul_f64(args.phase.clamp(0.0, 1.0));
+                let mut next = tokio::time::Instant::now() + interval.mul_f64(args.phase);
                 while Instant::now() < until {
                     next += interval;
                     tokio::time::sleep_until(next).await;
@@ -763,6 +809,7 @@ async fn member(args: MemberArgs) -> Result<()> {
     } else {
         tokio::time::sleep_until(until.into()).await;
     }
+    let at_sent = own();
     say(json!({ "sent": sent, "refused": counts.refused.load(Relaxed) }));
     let line = input.next_line().await?.unwrap_or_default();
     let total: u64 = line
@@ -790,6 +837,7 @@ async fn member(args: MemberArgs) -> Result<()> {
     say(json!({
         "got": counts.got.load(Relaxed), "last_ns": counts.last.get(),
         "views": counts.views.load(Relaxed), "cpu_s": stat_cpu_seconds("/proc/self/stat"),
+        "sending_cpu_s": at_sent.0 - at_go.0, "sending_wakeups": at_sent.1.saturating_sub(at_go.1),
         "delays_us": delays,
     }));
     // Every member stays until all have counted (the bench closes their input): one that
@@ -831,14 +879,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_phase_is_a_fraction_of_an_interval() {
+        assert_eq!(parse_phase("0.5"), Ok(0.5));
+        assert_eq!(parse_phase("1"), Ok(1.0));
+        for bad in ["nan", "-0.1", "1.5", "inf", "x"] {
+            assert!(parse_phase(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn reads_the_fields_of_proc_files() {
         let dir = std::env::temp_dir().join(format!("conclave-proc-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let status = dir.join("status");
         std::fs::write(&status, "Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n").unwrap();
-        assert_eq!(proc_status_kib(status.to_str().unwrap(), "VmRSS:"), 1024);
-        assert_eq!(proc_status_kib(status.to_str().unwrap(), "VmHWM:"), 2048);
-        assert_eq!(proc_status_kib(status.to_str().unwrap(), "VmSwap:"), 0);
+        assert_eq!(proc_status_number(status.to_str().unwrap(), "VmRSS:"), 1024);
+        assert_eq!(proc_status_number(status.to_str().unwrap(), "VmHWM:"), 2048);
+        assert_eq!(proc_status_number(status.to_str().unwrap(), "VmSwap:"), 0);
         let stat = dir.join("stat");
         // A command name with spaces and a parenthesis: the fields count from the last one.
         std::fs::write(
