@@ -363,16 +363,30 @@ fn a_partition_gives_each_side_its_key_and_the_merge_one_new_key() {
 #[test]
 fn what_the_application_sends_before_the_key_goes_out_in_the_first_secure_view() {
     let mut w = World::new(2, 3);
+    // b is in the group first, so that a's first view has b in it (had a joined first, its
+    // first secure view could be of a alone, and the message would go out in that).
+    w.join(1, "b", ProtocolId::Gdh, true);
+    w.settle(&["b"]);
     let a = w.join(0, "a", ProtocolId::Gdh, true);
     // Queued: no view yet, no key.
     w.members[a]
         .sg
         .send(ServiceType::Agreed, Bytes::from_static(b"early"))
         .unwrap();
-    w.join(1, "b", ProtocolId::Gdh, true);
     w.settle(&["a", "b"]);
     w.run_until("b has a's early message", |w| !w.messages("b").is_empty());
     assert_eq!(w.messages("b"), vec![("a".into(), "early".into())]);
+    // In a's first secure view.
+    let first = w.members[a].got.iter().find_map(|e| match e {
+        SecureEvent::View(v) => Some(v.view),
+        _ => None,
+    });
+    let sent_in = w.members[a].got.iter().find_map(|e| match e {
+        SecureEvent::Message { view, .. } => Some(*view),
+        _ => None,
+    });
+    assert!(first.is_some());
+    assert_eq!(sent_in, first);
 }
 
 fn is_data(cmd: &ClientCommand) -> bool {
