@@ -526,8 +526,13 @@ fn proc_status_number(path: &str, field: &str) -> u64 {
 /// How often a process has slept and been woken so far (its voluntary context switches).
 fn wakeups(c: &Child) -> u64 {
     c.id()
-        .map(|pid| proc_status_number(&format!("/proc/{pid}/status"), "voluntary_ctxt_switches:"))
+        .map(|pid| status_wakeups(&format!("/proc/{pid}/status")))
         .unwrap_or(0)
+}
+
+/// [`wakeups`], from a `/proc/PID/status` file.
+fn status_wakeups(path: &str) -> u64 {
+    proc_status_number(path, "voluntary_ctxt_switches:")
 }
 
 /// Processor time (user and system, all threads) of a process so far, from `/proc/PID/stat`.
@@ -763,10 +768,9 @@ async fn member(args: MemberArgs) -> Result<()> {
     };
     let until = start + Duration::from_secs_f64(args.seconds);
     let own = || {
-        let status = "/proc/self/status";
         (
             stat_cpu_seconds("/proc/self/stat"),
-            proc_status_number(status, "voluntary_ctxt_switches:"),
+            status_wakeups("/proc/self/status"),
         )
     };
     let at_go = own();
@@ -892,7 +896,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("conclave-proc-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let status = dir.join("status");
-        std::fs::write(&status, "Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n").unwrap();
+        std::fs::write(
+            &status,
+            "Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\nvoluntary_ctxt_switches:\t42\n\
+             nonvoluntary_ctxt_switches:\t7\n",
+        )
+        .unwrap();
+        assert_eq!(status_wakeups(status.to_str().unwrap()), 42);
         assert_eq!(proc_status_number(status.to_str().unwrap(), "VmRSS:"), 1024);
         assert_eq!(proc_status_number(status.to_str().unwrap(), "VmHWM:"), 2048);
         assert_eq!(proc_status_number(status.to_str().unwrap(), "VmSwap:"), 0);

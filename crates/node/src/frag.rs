@@ -113,8 +113,8 @@ pub fn pack(
 /// [`pack`] of packets that `encode` writes straight into their datagrams: a packet is not
 /// first encoded on its own and then copied. `hint` tells about how many bytes a packet takes,
 /// to choose its datagram before encoding it there; with exact hints the datagrams are those of
-/// packing the encoded packets. (A packet that outgrows its datagram after all moves to the next one; one too
-/// large for any is fragmented from a copy.)
+/// packing the encoded packets. (A packet that outgrows its datagram after all moves to the
+/// next one; one too large for any is fragmented from a copy.)
 pub fn pack_with<P>(
     packets: &[P],
     hint: impl Fn(&P) -> usize,

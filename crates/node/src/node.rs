@@ -1165,9 +1165,10 @@ impl Node {
     /// for it). A visit that answers retransmission requests sends those first, and the token
     /// goes packed after them, as before; so does a light visit's (`light_visit`: a few small
     /// messages, then the token), which then also waits for this pass's deliveries to be
-    /// framed, a small cost at the light load where such visits happen. `None` also when the link cannot seal it yet (the
-    /// peer's run is unknown: a hello goes with the step's other datagrams) or the injected
-    /// faults drop or delay it; a duplicate the faults make goes with the other datagrams.
+    /// framed, a small cost at the light load where such visits happen. `None` also when the
+    /// link cannot seal it yet (the peer's run is unknown: a hello goes with the step's other
+    /// datagrams) or the injected faults drop or delay it; a duplicate the faults make goes with
+    /// the other datagrams.
     pub fn poll_token(&mut self) -> Option<(SocketAddr, Vec<u8>)> {
         let token = |t: &Transmit| matches!(t.packet, Packet::Token(_));
         if !self.daemon.peek_transmit().is_some_and(token) {

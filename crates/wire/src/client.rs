@@ -1197,7 +1197,6 @@ mod tests {
             let _ = Reply::decode_shared(&Bytes::from(junk), &mut NameLists::default());
         }
 
-
         #[test]
         fn replies_round_trip(p in reply()) {
             prop_assert_eq!(Reply::decode(&p.encode()).unwrap(), p);
