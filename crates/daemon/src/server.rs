@@ -135,6 +135,26 @@ impl Running {
     }
 }
 
+/// The node's clock starts at an instant; its records are stamped with the wall-clock time of
+/// that instant (`clock_base_us`) plus the node's time, and the checker compares the stamps of
+/// different daemons (a delivery is not before its send). The two clocks are read in pairs,
+/// a few times, and the pair read closest together is kept: read once, a daemon preempted
+/// between the two reads stamped its records late by as long (a send 107 µs after another
+/// daemon's delivery of it, seen under the load of the whole test suite).
+fn clock_pair() -> (Instant, u64) {
+    let mut best: Option<(Duration, Instant, u64)> = None;
+    for _ in 0..5 {
+        let before = Instant::now();
+        let wall = crate::record::wall_us();
+        let gap = before.elapsed();
+        if best.as_ref().is_none_or(|(g, _, _)| gap < *g) {
+            best = Some((gap, before, wall));
+        }
+    }
+    let (_, start, wall) = best.expect("read five times");
+    (start, wall)
+}
+
 /// A daemon's identity file. One that others may read is used, with a warning: the secret in it
 /// is what keeps outsiders off the links.
 pub fn read_identity(path: &std::path::Path) -> anyhow::Result<IdentityFile> {
@@ -194,14 +214,14 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
     };
     let handshake = Duration::from_millis(cfg.sessions.handshake_ms);
     let max_connections = cfg.sessions.max_connections;
-    let start = Instant::now();
+    let (start, clock_base_us) = clock_pair();
     let inc = opts.incarnation.unwrap_or_else(stamp);
     let node_opts = NodeOptions {
         incarnation: inc,
         seed: opts.seed.unwrap_or_else(crate::record::wall_us),
         record: recorder.is_some(),
         record_ring_messages: false,
-        clock_base_us: crate::record::wall_us(),
+        clock_base_us,
         client_incarnation_floor: 0,
         identity,
         secret_rng: Some(conclave_node::SecretRng::new(|| Box::new(rand_core::OsRng))),
