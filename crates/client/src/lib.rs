@@ -79,22 +79,30 @@ pub const EVENT_BATCH: usize = 256;
 type Item = Result<ClientEvent, ClientError>;
 
 /// Where a daemon takes clients: `host:port` or `tcp:host:port`, `tls:host:port` (its `tls`
-/// port: the client must know the daemon's key, [`Options::daemon_key`]), or `unix:/path`.
+/// port: the client must know the daemon's key, [`Options::daemon_key`]), `unix:/path`, or
+/// `shm:/path` (its `shm` socket, on its machine: the daemon's replies come through shared
+/// memory; Linux).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
     Tcp(String),
     Tls(String),
     Unix(PathBuf),
+    Shm(PathBuf),
 }
 
 impl std::str::FromStr for Address {
     type Err = ClientError;
     fn from_str(s: &str) -> Result<Self, ClientError> {
-        if let Some(p) = s.strip_prefix("unix:") {
-            if p.is_empty() {
-                return Err(ClientError::Invalid("unix: needs a path".into()));
+        for (scheme, make) in [
+            ("unix:", Address::Unix as fn(PathBuf) -> Address),
+            ("shm:", Address::Shm),
+        ] {
+            if let Some(p) = s.strip_prefix(scheme) {
+                if p.is_empty() {
+                    return Err(ClientError::Invalid(format!("{scheme} needs a path")));
+                }
+                return Ok(make(p.into()));
             }
-            return Ok(Address::Unix(p.into()));
         }
         let (tls, hp) = match s.strip_prefix("tls:") {
             Some(hp) => (true, hp),
@@ -102,7 +110,7 @@ impl std::str::FromStr for Address {
         };
         if !hp.contains(':') {
             return Err(ClientError::Invalid(format!(
-                "{s:?} is not host:port, tcp:host:port, tls:host:port or unix:/path"
+                "{s:?} is not host:port, tcp:host:port, tls:host:port, unix:/path or shm:/path"
             )));
         }
         Ok(match tls {
@@ -118,6 +126,7 @@ impl std::fmt::Display for Address {
             Address::Tcp(a) => write!(f, "{a}"),
             Address::Tls(a) => write!(f, "tls:{a}"),
             Address::Unix(p) => write!(f, "unix:{}", p.display()),
+            Address::Shm(p) => write!(f, "shm:{}", p.display()),
         }
     }
 }
@@ -286,6 +295,17 @@ impl Client {
             }
             #[cfg(not(unix))]
             Address::Unix(_) => return Err(ClientError::Invalid("no Unix sockets here".into())),
+            #[cfg(target_os = "linux")]
+            Address::Shm(p) => {
+                let (r, w) = conclave_shm::connect(p).await?;
+                (Box::new(r), Box::new(w))
+            }
+            #[cfg(not(target_os = "linux"))]
+            Address::Shm(_) => {
+                return Err(ClientError::Invalid(
+                    "shared-memory sessions need Linux".into(),
+                ))
+            }
         };
         Self::handshake(r, w, name, opts, binding).await
     }
@@ -717,7 +737,16 @@ mod tests {
             "unix:/tmp/x.sock".parse::<Address>().unwrap(),
             Address::Unix("/tmp/x.sock".into())
         );
+        assert_eq!(
+            "shm:/tmp/x.shm".parse::<Address>().unwrap(),
+            Address::Shm("/tmp/x.shm".into())
+        );
+        assert_eq!(
+            Address::Shm("/tmp/x.shm".into()).to_string(),
+            "shm:/tmp/x.shm"
+        );
         assert!("nowhere".parse::<Address>().is_err());
         assert!("unix:".parse::<Address>().is_err());
+        assert!("shm:".parse::<Address>().is_err());
     }
 }

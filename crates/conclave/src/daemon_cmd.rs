@@ -108,6 +108,11 @@ pub fn run_daemon(args: DaemonArgs) -> Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    #[cfg(unix)]
+    match conclave_daemon::raise_open_files_limit() {
+        Ok(n) => tracing::debug!(limit = n, "open descriptors"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the limit of open descriptors"),
+    }
     let cfg = load_config(&args.config)?;
     let tls = cfg
         .id_of(&args.name)

@@ -20,7 +20,8 @@ pub struct KeyserverArgs {
     /// The group the server keys.
     #[arg(long)]
     group: String,
-    /// The daemon: host:port, tls:host:port (with --daemon-key) or unix:/path.
+    /// The daemon: host:port, tls:host:port (with --daemon-key), unix:/path or shm:/path (its
+    /// `shm` socket: replies through shared memory).
     #[arg(long, default_value = "127.0.0.1:4901")]
     daemon: String,
     /// The server's private name (the daemon makes it name#daemon: members name the server by

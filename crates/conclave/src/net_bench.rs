@@ -2,6 +2,7 @@
 //! them, TCP to their clients, all in this process on a multi-threaded runtime), measured from
 //! the clients' side. JSON lines on stdout, and an SVG plot per experiment in `--out`.
 
+use crate::process_bench::Transport;
 use crate::user_cmd::service_name;
 use crate::view_timing::{Members, Seen};
 use anyhow::{bail, Context, Result};
@@ -65,6 +66,12 @@ pub struct ThroughputArgs {
     /// (rows say `"deployment": "limit"`).
     #[arg(long, requires = "processes")]
     limit: bool,
+    /// With --processes, how the members reach their daemons: tcp (loopback) or shm (the
+    /// daemons' `shm` sockets, replies through shared memory); several (comma-separated) run
+    /// one after the other, each with daemons of its own, `--rounds` times (rows say
+    /// `transport`).
+    #[arg(long, value_delimiter = ',', default_value = "tcp")]
+    transport: Vec<String>,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -88,8 +95,24 @@ pub struct LatencyArgs {
     /// message cost the daemons and the members in processor time and wake-ups.
     #[arg(long)]
     processes: bool,
+    /// With --processes, how the members reach their daemons: tcp or shm (as for `bench
+    /// throughput`); several (comma-separated) run one after the other.
+    #[arg(long, value_delimiter = ',', default_value = "tcp")]
+    transport: Vec<String>,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
+}
+
+/// The transports named, checked (only --processes runs other than loopback TCP).
+fn parse_transports(names: &[String], processes: bool) -> Result<Vec<Transport>> {
+    let t = names
+        .iter()
+        .map(|n| Transport::parse(n))
+        .collect::<Result<Vec<_>>>()?;
+    if t.is_empty() || !processes && t != [Transport::Tcp] {
+        bail!("--transport other than tcp needs --processes");
+    }
+    Ok(t)
 }
 
 #[derive(Args)]
@@ -310,6 +333,7 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
         .iter()
         .map(|m| parse_link_mode(m))
         .collect::<Result<Vec<_>>>()?;
+    let transports = parse_transports(&args.transport, args.processes)?;
     if args.limit {
         if let Some(big) = args
             .sizes
@@ -336,14 +360,14 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
                         cfg.daemon[i].spread = Some(cfg.free_tcp_port()?);
                     }
                 }
-                if args.processes {
+                for &transport in transports.iter().filter(|_| args.processes) {
                     let relays = match args.limit {
                         true => {
                             Some(crate::process_bench::Daemons::start_relays(args.daemons).await?)
                         }
                         false => None,
                     };
-                    let net = crate::process_bench::Daemons::start(cfg).await?;
+                    let net = crate::process_bench::Daemons::start(cfg.clone(), transport).await?;
                     for load in loads(&args, &services) {
                         round += 1;
                         let mut row = net.throughput(&load, &format!("p{round}-")).await?;
@@ -364,6 +388,8 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
                     if let Some(relays) = relays {
                         relays.stop().await?;
                     }
+                }
+                if args.processes {
                     continue;
                 }
                 let net = Network::start_with(cfg).await?;
@@ -679,14 +705,15 @@ pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 pub fn run_latency(args: LatencyArgs) -> Result<()> {
     let services = parse_services(&args.services)?;
+    let transports = parse_transports(&args.transport, args.processes)?;
     std::fs::create_dir_all(&args.out)?;
     let rt = tokio::runtime::Runtime::new()?;
     let rows = rt.block_on(async {
         let mut rows = Vec::new();
         let mut round = 0;
-        if args.processes {
+        for &transport in transports.iter().filter(|_| args.processes) {
             let cfg = Config::local_on_free_ports(args.daemons)?;
-            let net = crate::process_bench::Daemons::start(cfg).await?;
+            let net = crate::process_bench::Daemons::start(cfg, transport).await?;
             for &service in &services {
                 for &rate in &args.rates {
                     round += 1;
@@ -699,6 +726,8 @@ pub fn run_latency(args: LatencyArgs) -> Result<()> {
                 }
             }
             net.stop().await?;
+        }
+        if args.processes {
             return anyhow::Ok(rows);
         }
         let net = Network::start(args.daemons).await?;

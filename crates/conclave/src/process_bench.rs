@@ -31,9 +31,36 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 /// Messages a member hands its client library before it writes them out (as in-process).
 const BATCH: u64 = 32;
 
+/// How the members reach their daemons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// Loopback TCP.
+    Tcp,
+    /// The daemons' `shm` sockets: replies through shared memory.
+    Shm,
+}
+
+impl Transport {
+    pub(crate) fn parse(name: &str) -> Result<Transport> {
+        Ok(match name {
+            "tcp" => Transport::Tcp,
+            "shm" => Transport::Shm,
+            _ => bail!("unknown transport {name:?}: tcp or shm"),
+        })
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Shm => "shm",
+        }
+    }
+}
+
 /// The daemons of a configuration, each a `conclave daemon` process of this binary.
 pub(crate) struct Daemons {
     cfg: Config,
+    transport: Transport,
     dir: PathBuf,
     children: Vec<Child>,
     /// Relays of the limit run in the daemons' places (`cfg`'s ports), not daemons; each ends
@@ -45,9 +72,9 @@ impl Daemons {
     /// Writes `cfg` (with fresh identities) into a directory of its own and starts its daemons;
     /// returns once they form one ring. A port picked free can be taken by another program
     /// before a daemon binds it: then the daemons start again on other ports (three times).
-    pub(crate) async fn start(mut cfg: Config) -> Result<Daemons> {
+    pub(crate) async fn start(mut cfg: Config, transport: Transport) -> Result<Daemons> {
         for attempt in 1..=3 {
-            match Self::start_once(cfg.clone()).await {
+            match Self::start_once(cfg.clone(), transport).await {
                 Ok(d) => return Ok(d),
                 Err(Started::Failed(e)) => return Err(e),
                 Err(Started::PortTaken) if attempt < 3 => cfg = on_other_ports(cfg)?,
@@ -57,7 +84,7 @@ impl Daemons {
         bail!("a daemon process ended at its start, three times")
     }
 
-    async fn start_once(cfg: Config) -> Result<Daemons, Started> {
+    async fn start_once(cfg: Config, transport: Transport) -> Result<Daemons, Started> {
         static RUNS: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "conclave-bench-{}-{}",
@@ -66,7 +93,12 @@ impl Daemons {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let cfg = cfg.with_identity_files(&dir, &mut rand_core::OsRng)?;
+        let mut cfg = cfg.with_identity_files(&dir, &mut rand_core::OsRng)?;
+        if transport == Transport::Shm {
+            for d in &mut cfg.daemon {
+                d.shm = Some(dir.join(format!("{}.shm", d.name)));
+            }
+        }
         let path = dir.join("conclave.toml");
         std::fs::write(&path, config_text(&cfg))?;
         let exe = std::env::current_exe()?;
@@ -93,6 +125,7 @@ impl Daemons {
         }
         let mut net = Daemons {
             cfg,
+            transport,
             dir,
             children,
             relays: Vec::new(),
@@ -149,6 +182,7 @@ impl Daemons {
         }
         Ok(Daemons {
             cfg,
+            transport: Transport::Tcp,
             dir: PathBuf::new(),
             children,
             relays,
@@ -306,6 +340,7 @@ impl Daemons {
         Ok(json!({
             "bench": "throughput",
             "deployment": if self.relays.is_empty() { "processes" } else { "limit" },
+            "transport": self.transport.name(),
             "daemons": self.cfg.daemon.len(), "members": receivers,
             "senders": senders, "size": size, "service": service_name(service),
             "messages": total, "refused": refused,
@@ -332,10 +367,16 @@ impl Daemons {
         seconds: f64,
     ) -> Result<Command> {
         let d = &self.cfg.daemon[i % self.cfg.daemon.len()];
-        let address = d.client.context("a daemon without a client port")?;
+        let address = match &d.shm {
+            Some(p) => format!("shm:{}", p.display()),
+            None => d
+                .client
+                .context("a daemon without a client port")?
+                .to_string(),
+        };
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.args(["bench", "member", "--address"])
-            .arg(address.to_string())
+            .arg(address)
             .args(["--name", &format!("{tag}{i}"), "--group", group])
             .arg("--members")
             .arg(members.to_string())
@@ -413,6 +454,7 @@ impl Daemons {
         tokio::time::sleep(Duration::from_millis(50)).await;
         Ok(json!({
             "bench": "latency", "deployment": "processes", "daemons": n, "senders": n,
+            "transport": self.transport.name(),
             // A member's payload holds at least its name's hash and a count.
             "size": size.max(16), "service": service_name(service), "rate": rate,
             "deliveries": delays.len(), "refused": refused, "view_changes": views,
@@ -504,6 +546,9 @@ fn config_text(cfg: &Config) -> String {
         }
         if let Some(p) = &d.identity {
             s += &format!("identity = {:?}\n", p.display().to_string());
+        }
+        if let Some(p) = &d.shm {
+            s += &format!("shm = {:?}\n", p.display().to_string());
         }
         s += "\n";
     }
@@ -636,7 +681,7 @@ impl MemberProcess {
 /// --processes` (not for direct use).
 #[derive(Args)]
 pub struct MemberArgs {
-    /// The daemon's client address (TCP).
+    /// The daemon's client address (`host:port`, or `shm:/path`).
     #[arg(long)]
     address: String,
     #[arg(long)]
@@ -730,7 +775,8 @@ async fn member(args: MemberArgs) -> Result<()> {
         }));
         (Sending::Frames(w), start, counting)
     } else {
-        let mut c = Client::connect(&Address::Tcp(args.address.clone()), &args.name).await?;
+        let address: Address = args.address.parse()?;
+        let mut c = Client::connect(&address, &args.name).await?;
         c.join(&args.group).await?;
         let (tx, mut rx) = c.split();
         wait_view(&mut rx, args.members).await?;

@@ -33,7 +33,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 #[derive(Args)]
 pub struct UserArgs {
-    /// The daemon: host:port, tls:host:port (with --daemon-key) or unix:/path.
+    /// The daemon: host:port, tls:host:port (with --daemon-key), unix:/path or shm:/path (its
+    /// `shm` socket: replies through shared memory).
     #[arg(long, default_value = "127.0.0.1:4901")]
     daemon: String,
     /// The client's private name (the daemon makes it name#daemon).

@@ -155,6 +155,31 @@ fn clock_pair() -> (Instant, u64) {
     (start, wall)
 }
 
+/// Raises this process's soft limit of open descriptors to its hard limit, and returns it: a
+/// daemon holds one per client connection (`max_connections` is 2,000 by default, where the
+/// usual soft limit is 1,024), and the descriptors it hands to clients on its `shm` socket count
+/// against the same limit while they are in flight.
+#[cfg(unix)]
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `l` is a live struct the calls read and write; results are checked.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(l.rlim_cur as u64)
+}
+
 /// A daemon's identity file. One that others may read is used, with a warning: the secret in it
 /// is what keeps outsiders off the links.
 pub fn read_identity(path: &std::path::Path) -> anyhow::Result<IdentityFile> {
@@ -291,8 +316,12 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
     #[cfg(unix)]
     for (path, spread) in [(&entry.unix, false), (&entry.spread_unix, true)] {
         if let Some(path) = path {
-            tasks.push(listen_unix(path, sessions.clone(), spread)?);
+            tasks.push(listen_unix(path, sessions.clone(), spread, false)?);
         }
+    }
+    #[cfg(target_os = "linux")]
+    if let Some(path) = &entry.shm {
+        tasks.push(listen_unix(path, sessions.clone(), false, true)?);
     }
     if let Some(addr) = entry.admin {
         let gate = Arc::new(AdminGate {
@@ -357,7 +386,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         tx,
         core,
         tasks,
-        unix: [entry.unix, entry.spread_unix]
+        unix: [entry.unix, entry.shm, entry.spread_unix]
             .into_iter()
             .flatten()
             .collect(),
@@ -387,13 +416,17 @@ async fn listen_tcp(
     }))
 }
 
-/// Accepts client connections on the Unix socket `path` (Spread's protocol if `spread`).
+/// Accepts client connections on the Unix socket `path` (Spread's protocol if `spread`; replies
+/// through a shared-memory ring if `shm`).
 #[cfg(unix)]
 fn listen_unix(
     path: &std::path::Path,
     sessions: Sessions,
     spread: bool,
+    shm: bool,
 ) -> anyhow::Result<JoinHandle<()>> {
+    #[cfg(not(target_os = "linux"))]
+    let _ = shm;
     // A socket file left by an earlier run that is no longer served.
     if std::os::unix::net::UnixStream::connect(path).is_err() {
         let _ = std::fs::remove_file(path);
@@ -403,6 +436,8 @@ fn listen_unix(
     Ok(tokio::spawn(async move {
         loop {
             match l.accept().await {
+                #[cfg(target_os = "linux")]
+                Ok((s, _)) if shm => sessions.serve_shm(s),
                 Ok((s, _)) => sessions.serve(s, None, spread),
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             }
@@ -443,6 +478,20 @@ impl Sessions {
         let id = self.next_id.fetch_add(1, Relaxed);
         let (core, written) = (self.core.clone(), self.written.clone());
         tokio::spawn(session::run(s, id, binding, spread, core, written));
+    }
+
+    /// Runs a new connection on the `shm` socket: the client's requests come over the socket,
+    /// and the replies go through a ring of shared memory handed to it first.
+    #[cfg(target_os = "linux")]
+    fn serve_shm(&self, s: tokio::net::UnixStream) {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let (core, written) = (self.core.clone(), self.written.clone());
+        tokio::spawn(async move {
+            match conclave_shm::accept(s, conclave_shm::DEFAULT_RING_BYTES).await {
+                Ok((r, w)) => session::run_halves(r, w, id, None, false, core, written).await,
+                Err(e) => tracing::debug!(error = %e, "a shared-memory session failed to start"),
+            }
+        });
     }
 }
 

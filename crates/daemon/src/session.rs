@@ -1,4 +1,5 @@
-//! Client connections (TCP, TLS or Unix socket): bytes in, bytes out. What the bytes mean, the
+//! Client connections (TCP, TLS, Unix socket, or a Unix socket with replies in shared memory):
+//! bytes in, bytes out. What the bytes mean, the
 //! handshake, the limits and when a connection must close are the node's
 //! ([`conclave_node::Node`]); here are only the two tasks that read and write a socket.
 //!
@@ -44,6 +45,24 @@ pub(crate) async fn run<S>(
 ) where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
+    let (r, w) = tokio::io::split(stream);
+    run_halves(r, w, id, binding, spread, core, written).await
+}
+
+/// Runs one connection whose requests are read from `r` and replies written to `w` (a socket's
+/// halves, or a socket and a shared-memory ring).
+pub(crate) async fn run_halves<R, W>(
+    r: R,
+    w: W,
+    id: SessionId,
+    binding: Option<[u8; 32]>,
+    spread: bool,
+    core: mpsc::Sender<ToCore>,
+    written: mpsc::UnboundedSender<Written>,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let (tx, rx) = mpsc::unbounded_channel();
     let open = ToCore::Open {
         id,
@@ -54,7 +73,6 @@ pub(crate) async fn run<S>(
     if core.send(open).await.is_err() {
         return;
     }
-    let (r, w) = tokio::io::split(stream);
     let writer = write(w, id, rx, written);
     tokio::pin!(writer);
     tokio::select! {

@@ -51,7 +51,7 @@ async fn still_serves(addr: &Address, name: &str) {
 fn tcp(addr: &Address) -> String {
     match addr {
         Address::Tcp(a) => a.clone(),
-        Address::Tls(_) | Address::Unix(_) => unreachable!(),
+        Address::Tls(_) | Address::Unix(_) | Address::Shm(_) => unreachable!(),
     }
 }
 

@@ -11,6 +11,7 @@
 //! client = "127.0.0.1:4901"    # TCP, for clients
 //! tls = "0.0.0.0:4911"         # optional: TLS, for clients (the daemon proves its key)
 //! unix = "/tmp/conclave-d1.sock"   # optional: clients on a Unix socket
+//! shm = "/tmp/conclave-d1.shm"     # optional: clients on this machine, replies in shared memory
 //! admin = "127.0.0.1:5001"     # optional: `conclave admin` (crate::admin: signed in)
 //! metrics = "127.0.0.1:9101"   # optional: Prometheus text at any path, to a bearer token
 //! metrics_token = "/etc/conclave/d1.metrics-token"  # the token's file (with metrics)
@@ -62,6 +63,9 @@ pub struct DaemonEntry {
     /// TCP with TLS, for clients: the daemon proves its identity (docs/daemon.md).
     pub tls: Option<SocketAddr>,
     pub unix: Option<PathBuf>,
+    /// A Unix socket for clients on the daemon's machine whose replies travel through shared
+    /// memory (Linux; docs/daemon.md).
+    pub shm: Option<PathBuf>,
     /// Spread 4.x clients' TCP port and Unix socket (docs/spread.md); neither unless configured.
     pub spread: Option<SocketAddr>,
     pub spread_unix: Option<PathBuf>,
@@ -225,6 +229,7 @@ impl Config {
                     client: Some(at(100 + i)),
                     tls: None,
                     unix: None,
+                    shm: None,
                     spread: None,
                     spread_unix: None,
                     admin: Some(at(200 + i)),
@@ -444,9 +449,21 @@ impl Config {
                     d.name
                 ));
             }
-            if d.unix.is_some() && d.unix == d.spread_unix {
+            let sockets = [
+                ("unix", &d.unix),
+                ("shm", &d.shm),
+                ("spread_unix", &d.spread_unix),
+            ];
+            for (i, (a, pa)) in sockets.iter().enumerate() {
+                for (b, pb) in &sockets[i + 1..] {
+                    if pa.is_some() && pa == pb {
+                        return bad(format!("daemon {:?}: {a} and {b} are one socket", d.name));
+                    }
+                }
+            }
+            if d.shm.is_some() && !cfg!(target_os = "linux") {
                 return bad(format!(
-                    "daemon {:?}: unix and spread_unix are one socket",
+                    "daemon {:?}: shm sockets need Linux (its shared memory objects)",
                     d.name
                 ));
             }
@@ -618,6 +635,7 @@ name = "d1"
 peer = "127.0.0.1:4801"
 client = "127.0.0.1:4901"
 unix = "/tmp/conclave-d1.sock"
+shm = "/tmp/conclave-d1.shm"
 admin = "127.0.0.1:5001"
 metrics = "127.0.0.1:9101"
 metrics_token = "/etc/conclave/d1.metrics-token"
@@ -722,6 +740,10 @@ name = "ops"
             (
                 "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\nmetrics = \"127.0.0.1:9\"\n",
                 "metrics_token",
+            ),
+            (
+                "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\nunix = \"/tmp/s\"\nshm = \"/tmp/s\"\n",
+                "unix and shm are one socket",
             ),
             (
                 "[[daemon]]\nname = \"d1\"\npeer = \"127.0.0.1:1\"\n[[admin]]\nname = \"d1\"\nkey = \"ed25519:00\"\n",

@@ -1,0 +1,448 @@
+//! One ring of bytes in shared memory: a daemon writes, one client reads.
+//!
+//! Two memory objects, so that each side writes only memory the other cannot take away:
+//!
+//! - the *data* object: a page of the producer's words, then the data (a power of two of bytes).
+//!   The producer maps it to write; the reader gets a read-only descriptor of its own, with which
+//!   it can neither write, map to write, resize, nor free pages;
+//! - the *control* page: the consumer's words. The consumer maps it to write; the producer maps
+//!   it read-only and believes nothing it reads there without a check.
+//!
+//! | object | offset | word | written by |
+//! | --- | ---: | --- | --- |
+//! | data | 0 | `tail`: bytes written | the producer |
+//! | data | 64 | `producer_sleeps`: times the producer waited for room | the producer |
+//! | data | 4096 | the data | the producer |
+//! | control | 0 | `head`: bytes read | the consumer |
+//! | control | 64 | `consumer_sleeps`: times the consumer waited for bytes | the consumer |
+//!
+//! Positions are counts of bytes since the ring was made, so that full and empty differ. Both
+//! objects are sealed against resizing before they are handed over, and the data's pages are
+//! allocated at once, so that the producer's writes never fault a page in.
+//!
+//! Waking: a side with nothing to do (no bytes, or no room) counts a sleep in its word and looks
+//! again before it sleeps; the other side, after publishing its position, reads that count and,
+//! if it moved since the last time it rang, rings (a byte on the socket, or a byte in a pipe).
+//! Sequentially consistent operations for that store-then-load on each side make at least one of
+//! the two see the other's write: no wake-up is lost. A count the consumer forges only costs the
+//! producer a doorbell more.
+
+use std::io::{Error, ErrorKind, IoSlice, Result};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+/// Where the data starts: the producer's words have the first page to themselves.
+pub const HEADER_BYTES: usize = 4096;
+/// The control page's size.
+pub const CONTROL_BYTES: usize = 4096;
+/// The smallest ring: a reply of the largest message must fit.
+pub const MIN_RING_BYTES: usize = 256 << 10;
+/// The largest ring.
+pub const MAX_RING_BYTES: usize = 1 << 30;
+
+const TAIL: usize = 0;
+const PRODUCER_SLEEPS: usize = 64;
+const HEAD: usize = 0;
+const CONSUMER_SLEEPS: usize = 64;
+
+fn os_error(what: &str) -> Error {
+    let e = Error::last_os_error();
+    Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn invalid(why: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidData, why.into())
+}
+
+/// A shared mapping, unmapped when dropped.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: plain shared memory; the words are accessed atomically, and the data is written only
+// through the producer and read only through the consumer, each one `&mut` owner.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> Result<Mapping> {
+        let prot = match writable {
+            true => libc::PROT_READ | libc::PROT_WRITE,
+            false => libc::PROT_READ,
+        };
+        // SAFETY: a fresh shared mapping of `len` bytes of `fd`; nothing else in this process
+        // refers to that range.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(os_error("mapping a ring"));
+        }
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    fn word(&self, at: usize) -> &AtomicU64 {
+        debug_assert!(at % 64 == 0 && at + 8 <= self.len);
+        // SAFETY: `at` is a 64-byte-aligned offset in the first page of a page-aligned mapping
+        // that lives as long as `self`. A word in a read-only mapping is only ever loaded.
+        unsafe { &*(self.ptr.add(at) as *const AtomicU64) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the range this mapping made; no reference into it outlives `self`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// The bytes of a ring of `cap` data bytes (rounded up to a power of two, within bounds).
+pub fn ring_bytes(cap: usize) -> usize {
+    cap.clamp(MIN_RING_BYTES, MAX_RING_BYTES)
+        .next_power_of_two()
+}
+
+/// A new memory object of `len` bytes, sealed against resizing and further seals.
+fn sealed_memory(name: &std::ffi::CStr, len: usize) -> Result<OwnedFd> {
+    // SAFETY: a C string and flags; the result is checked and owned once.
+    let raw =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(os_error("creating a ring's memory"));
+    }
+    // SAFETY: just opened, owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: plain calls on a descriptor this function owns; results checked.
+    unsafe {
+        if libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) != 0 {
+            return Err(os_error("sizing a ring's memory"));
+        }
+        // Allocated now: a write to a page never faults one in (which could fail).
+        if libc::fallocate(fd.as_raw_fd(), 0, 0, len as libc::off_t) != 0 {
+            return Err(os_error("allocating a ring's memory"));
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) != 0 {
+            return Err(os_error("sealing a ring's memory"));
+        }
+    }
+    Ok(fd)
+}
+
+/// A read-only descriptor of `fd` of its own (a new open file description, not a duplicate):
+/// what the reader gets of the data.
+fn read_only(fd: &OwnedFd) -> Result<OwnedFd> {
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .expect("no NUL in a path of digits");
+    // SAFETY: a C string and flags; the result is checked and owned once.
+    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(os_error("reopening a ring's memory read-only"));
+    }
+    // SAFETY: just opened.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Size of the object behind `fd`.
+fn size_of(fd: BorrowedFd<'_>) -> Result<u64> {
+    // SAFETY: `st` is written by `fstat` before it is read; the result is checked.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
+            return Err(os_error("reading a ring's size"));
+        }
+        Ok(st.st_size as u64)
+    }
+}
+
+/// Makes a ring of `cap` bytes of data ([`ring_bytes`]): its writing side, which holds the
+/// descriptors to hand to the reader ([`Producer::for_reader`]).
+pub fn create(cap: usize) -> Result<Producer> {
+    let cap = ring_bytes(cap);
+    let data = sealed_memory(c"conclave-ring", HEADER_BYTES + cap)?;
+    let control = sealed_memory(c"conclave-ring-control", CONTROL_BYTES)?;
+    Ok(Producer {
+        data_map: Mapping::map(data.as_fd(), HEADER_BYTES + cap, true)?,
+        control_map: Mapping::map(control.as_fd(), CONTROL_BYTES, false)?,
+        reader_data: read_only(&data)?,
+        data,
+        control,
+        cap,
+        tail: 0,
+        head: 0,
+        sleeps: 0,
+        rung: 0,
+    })
+}
+
+/// Maps a ring handed over by its producer (the data read-only, the control page to write):
+/// its reading side.
+pub fn open(data: OwnedFd, control: OwnedFd) -> Result<Consumer> {
+    let len = size_of(data.as_fd())?;
+    let cap = usize::try_from(len)
+        .ok()
+        .and_then(|l| l.checked_sub(HEADER_BYTES))
+        .filter(|c| (MIN_RING_BYTES..=MAX_RING_BYTES).contains(c) && c.is_power_of_two())
+        .ok_or_else(|| {
+            invalid(format!(
+                "a shared ring of {len} bytes is not of this protocol"
+            ))
+        })?;
+    // A ring that could shrink under the reader would fault it (SIGBUS).
+    // SAFETY: a plain call; the result is checked.
+    let seals = unsafe { libc::fcntl(data.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(invalid(
+            "a shared ring that is not sealed against shrinking",
+        ));
+    }
+    if size_of(control.as_fd())? != CONTROL_BYTES as u64 {
+        return Err(invalid("a ring's control page of another size"));
+    }
+    let data_map = Mapping::map(data.as_fd(), HEADER_BYTES + cap, false)?;
+    let control_map = Mapping::map(control.as_fd(), CONTROL_BYTES, true)?;
+    let head = control_map.word(HEAD).load(SeqCst);
+    Ok(Consumer {
+        data_map,
+        control_map,
+        cap,
+        head,
+        sleeps: 0,
+        signalled: 0,
+    })
+}
+
+/// The writing side of a ring (the daemon's). Dropped, it frees the ring's pages, even though
+/// the reader may still hold the memory objects: a reader cannot keep the daemon's memory after
+/// its session by keeping the descriptors.
+pub struct Producer {
+    data_map: Mapping,
+    control_map: Mapping,
+    data: OwnedFd,
+    control: OwnedFd,
+    /// The reader's own read-only descriptor of the data.
+    reader_data: OwnedFd,
+    /// Bytes of data, a power of two.
+    cap: usize,
+    /// Bytes written, as published.
+    tail: u64,
+    /// Bytes the consumer has read, as last checked.
+    head: u64,
+    /// Times this side waited for room, as published.
+    sleeps: u64,
+    /// The consumer's count of sleeps when it was last rung.
+    rung: u64,
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        for (fd, len) in [
+            (&self.data, self.data_map.len),
+            (&self.control, self.control_map.len),
+        ] {
+            // SAFETY: a plain call on a descriptor this side owns. Should it fail, the pages are
+            // freed with the object's last descriptor or mapping.
+            unsafe {
+                libc::fallocate(
+                    fd.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    0,
+                    len as libc::off_t,
+                )
+            };
+        }
+    }
+}
+
+impl Producer {
+    /// Bytes of data the ring holds.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// What the reader gets: the data (read-only) and the control page (to write).
+    pub fn for_reader(&self) -> [BorrowedFd<'_>; 2] {
+        [self.reader_data.as_fd(), self.control.as_fd()]
+    }
+
+    /// Reads the consumer's position: it may only have moved forward, and not past what was
+    /// written.
+    fn refresh_head(&mut self) -> Result<()> {
+        let h = self.control_map.word(HEAD).load(SeqCst);
+        if h < self.head || h > self.tail {
+            return Err(invalid(format!(
+                "the reader of a shared ring says it has read {h} bytes, where {} were written \
+                 and {} read before",
+                self.tail, self.head
+            )));
+        }
+        self.head = h;
+        Ok(())
+    }
+
+    /// Bytes written and not yet read.
+    pub fn unread(&mut self) -> Result<usize> {
+        self.refresh_head()?;
+        Ok((self.tail - self.head) as usize)
+    }
+
+    /// Copies as much of `bufs`, in order, as there is room for, and publishes it: the bytes
+    /// written (0 if the ring is full, or `bufs` empty).
+    pub fn write(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize> {
+        let mut room = self.cap - self.unread()?;
+        let mut written = 0;
+        for b in bufs {
+            if room == 0 {
+                break;
+            }
+            let n = b.len().min(room);
+            self.copy_in(&b[..n]);
+            room -= n;
+            written += n;
+        }
+        if written > 0 {
+            self.data_map.word(TAIL).store(self.tail, SeqCst);
+        }
+        Ok(written)
+    }
+
+    fn copy_in(&mut self, src: &[u8]) {
+        let at = (self.tail as usize) & (self.cap - 1);
+        let first = src.len().min(self.cap - at);
+        // SAFETY: both pieces lie inside the data (`at + first <= cap`, and the rest, at most
+        // `room <= cap` bytes, from its start), which only this producer writes.
+        unsafe {
+            let data = self.data_map.ptr.add(HEADER_BYTES);
+            std::ptr::copy_nonoverlapping(src.as_ptr(), data.add(at), first);
+            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), data, src.len() - first);
+        }
+        self.tail += src.len() as u64;
+    }
+
+    /// After a write: whether the consumer went to sleep since it was last rung, and must be
+    /// rung now.
+    pub fn consumer_to_ring(&mut self) -> bool {
+        let s = self.control_map.word(CONSUMER_SLEEPS).load(SeqCst);
+        if s == self.rung {
+            return false;
+        }
+        self.rung = s;
+        true
+    }
+
+    /// The producer waits for the consumer to read (for room, or for the ring to drain): counts
+    /// a sleep, then looks again. The bytes still unread: if they are already few enough, the
+    /// producer need not sleep.
+    pub fn prepare_to_wait(&mut self) -> Result<usize> {
+        self.sleeps += 1;
+        self.data_map
+            .word(PRODUCER_SLEEPS)
+            .store(self.sleeps, SeqCst);
+        self.unread()
+    }
+}
+
+/// The reading side of a ring (the client's).
+pub struct Consumer {
+    data_map: Mapping,
+    control_map: Mapping,
+    cap: usize,
+    /// Bytes read, as published.
+    head: u64,
+    /// Times this side waited for bytes, as published.
+    sleeps: u64,
+    /// The producer's count of sleeps when it was last signalled.
+    signalled: u64,
+}
+
+/// What a read of a [`Consumer`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Read {
+    pub bytes: usize,
+    /// The producer went to sleep waiting for room since it was last signalled.
+    pub wake_producer: bool,
+}
+
+impl Consumer {
+    /// Bytes of data the ring holds.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Bytes written and not yet read, checked against what the ring can hold.
+    fn ready(&self) -> Result<usize> {
+        let t = self.data_map.word(TAIL).load(SeqCst);
+        match t.checked_sub(self.head) {
+            Some(n) if n <= self.cap as u64 => Ok(n as usize),
+            // The producer's end frees the pages, which then read as zeros.
+            _ if t == 0 => Err(freed()),
+            _ => Err(invalid(format!(
+                "the writer of a shared ring says it has written {t} bytes, where {} were read",
+                self.head
+            ))),
+        }
+    }
+
+    /// Copies what waits, as much as fits, into `out`.
+    pub fn read(&mut self, out: &mut [std::mem::MaybeUninit<u8>]) -> Result<Read> {
+        let n = self.ready()?.min(out.len());
+        if n == 0 {
+            return Ok(Read {
+                bytes: 0,
+                wake_producer: false,
+            });
+        }
+        let at = (self.head as usize) & (self.cap - 1);
+        let first = n.min(self.cap - at);
+        // SAFETY: both pieces lie inside the data and inside `out` (`n <= out.len()`); the
+        // producer does not write them again until `head` moves past them.
+        unsafe {
+            let data = self.data_map.ptr.add(HEADER_BYTES);
+            let dst = out.as_mut_ptr().cast::<u8>();
+            std::ptr::copy_nonoverlapping(data.add(at), dst, first);
+            std::ptr::copy_nonoverlapping(data, dst.add(first), n - first);
+        }
+        // Freed while it was copied (its first page goes first): what was copied may be zeros.
+        if self.data_map.word(TAIL).load(SeqCst) == 0 {
+            return Err(freed());
+        }
+        self.head += n as u64;
+        self.control_map.word(HEAD).store(self.head, SeqCst);
+        let s = self.data_map.word(PRODUCER_SLEEPS).load(SeqCst);
+        let wake_producer = s != self.signalled;
+        self.signalled = s;
+        Ok(Read {
+            bytes: n,
+            wake_producer,
+        })
+    }
+
+    /// Nothing to read: counts a sleep, then looks again. True if bytes arrived meanwhile (the
+    /// consumer need not sleep).
+    pub fn prepare_to_wait(&mut self) -> Result<bool> {
+        self.sleeps += 1;
+        self.control_map
+            .word(CONSUMER_SLEEPS)
+            .store(self.sleeps, SeqCst);
+        Ok(self.ready()? > 0)
+    }
+}
+
+/// The producer ended the session and freed the ring.
+fn freed() -> Error {
+    Error::new(
+        ErrorKind::ConnectionAborted,
+        "the writer of the shared ring freed it",
+    )
+}
