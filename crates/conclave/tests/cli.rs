@@ -368,6 +368,15 @@ fn spawn_daemon(path: &std::path::Path) -> std::process::Child {
         .unwrap()
 }
 
+/// Removes a directory when dropped (a test's daemon directory holds identity files).
+struct Gone(std::path::PathBuf);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn one_daemon_config(tag: &str) -> (std::path::PathBuf, conclave_daemon::Config) {
     let dir = std::env::temp_dir().join(format!("conclave-{tag}-daemon-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -420,6 +429,7 @@ fn daemon_user_and_admin_work_together() {
         }
     }
     let (path, cfg, mut daemon) = (path.unwrap(), cfg.unwrap(), daemon.unwrap());
+    let _gone = Gone(path.parent().unwrap().to_owned());
     let cfg_arg = path.to_str().unwrap();
     assert!(status.contains("\"phase\":\"operational\""), "{status}");
     let addr = cfg.daemon[0].client.unwrap().to_string();
@@ -596,6 +606,7 @@ fn a_bad_daemon_configuration_is_a_clear_error() {
 #[test]
 fn keygen_and_secure_users_talk_sealed() {
     let (path, cfg) = one_daemon_config("secure");
+    let _gone = Gone(path.parent().unwrap().to_owned());
     let dir = std::env::temp_dir().join(format!("conclave-secure-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -1135,6 +1146,7 @@ fn wait_line(
 #[test]
 fn keyserver_keys_a_group_of_secure_users_and_restarts_from_its_state() {
     let (path, cfg) = one_daemon_config("keyserver");
+    let _gone = Gone(path.parent().unwrap().to_owned());
     let dir = std::env::temp_dir().join(format!("conclave-keyserver-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
