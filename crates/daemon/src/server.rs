@@ -170,13 +170,20 @@ pub fn raise_open_files_limit() -> std::io::Result<u64> {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        if l.rlim_cur < l.rlim_max {
-            l.rlim_cur = l.rlim_max;
+        // An unlimited hard limit is the kernel's `nr_open` for descriptors.
+        let most = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse::<libc::rlim_t>().ok())
+            .map_or(l.rlim_max, |n| n.min(l.rlim_max));
+        if l.rlim_cur < most {
+            l.rlim_cur = most;
             if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
         }
     }
+    // `rlim_t` is not u64 everywhere.
+    #[allow(clippy::unnecessary_cast)]
     Ok(l.rlim_cur as u64)
 }
 

@@ -86,35 +86,34 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>
     }
 }
 
-/// A new pipe, both ends non-blocking: (read end, write end). The ends are open file
-/// descriptions of their own, so the process given one end cannot make the other block.
-pub fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+/// A new pair of connected Unix stream sockets, both non-blocking. The ends are open file
+/// descriptions of their own, so the process given one end cannot make the other block, and a
+/// signal sent on a closed pair raises no SIGPIPE.
+pub fn socketpair() -> Result<(OwnedFd, OwnedFd)> {
     let mut ends = [0 as RawFd; 2];
-    // SAFETY: `pipe2` writes two descriptors into `ends`; the result is checked and each end
-    // owned once.
+    // SAFETY: `socketpair` writes two descriptors into `ends`; the result is checked and each
+    // end owned once.
     unsafe {
-        if libc::pipe2(ends.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) != 0 {
+        let kind = libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+        if libc::socketpair(libc::AF_UNIX, kind, 0, ends.as_mut_ptr()) != 0 {
             return Err(Error::last_os_error());
         }
         Ok((OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])))
     }
 }
 
-/// Writes one byte, without blocking: `Ok(false)` if there was no room (the reader has bytes
-/// it has not taken, and will wake for them all the same).
-pub fn poke(fd: BorrowedFd<'_>, socket: bool) -> Result<bool> {
+/// Sends one byte on a socket, without blocking and without SIGPIPE: `Ok(false)` if there was
+/// no room (the reader has bytes it has not taken, and will wake for them all the same).
+pub fn poke(fd: BorrowedFd<'_>) -> Result<bool> {
     let b = [1u8];
     // SAFETY: one byte from a live buffer.
     let n = unsafe {
-        match socket {
-            true => libc::send(
-                fd.as_raw_fd(),
-                b.as_ptr().cast(),
-                1,
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            ),
-            false => libc::write(fd.as_raw_fd(), b.as_ptr().cast(), 1),
-        }
+        libc::send(
+            fd.as_raw_fd(),
+            b.as_ptr().cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
     };
     if n < 0 {
         let e = Error::last_os_error();
@@ -126,13 +125,18 @@ pub fn poke(fd: BorrowedFd<'_>, socket: bool) -> Result<bool> {
     Ok(true)
 }
 
-/// Takes the bytes waiting in a non-blocking pipe (`WouldBlock` if there are none).
+/// Takes the bytes waiting on a non-blocking socket (`WouldBlock` if there are none; an error
+/// if the other end is closed).
 pub fn drain(fd: BorrowedFd<'_>) -> Result<usize> {
     let mut buf = [0u8; 256];
     // SAFETY: into a live buffer of its length.
     let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 {
-        return Err(Error::last_os_error());
+    match n {
+        0 => Err(Error::new(
+            ErrorKind::BrokenPipe,
+            "the signalling end is closed",
+        )),
+        n if n < 0 => Err(Error::last_os_error()),
+        n => Ok(n as usize),
     }
-    Ok(n as usize)
 }

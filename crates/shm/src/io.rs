@@ -13,8 +13,11 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 
-/// The bytes the daemon's greeting carries with the descriptors: this protocol, version 1.
+/// The bytes the daemon's greeting carries with its descriptors (the ring's data, read-only,
+/// and the client's end of the signalling socket): this protocol, version 1.
 const GREETING: &[u8; 8] = b"CNCLRNG1";
+/// The bytes the client's answer carries with its descriptor (its control page).
+const ANSWER: &[u8; 8] = b"CNCLCTL1";
 /// A ring's data by default: at full load a few milliseconds of a member's deliveries (rings of
 /// 512 KiB, 2 MiB and 8 MiB measured alike).
 pub const DEFAULT_RING_BYTES: usize = 1 << 20;
@@ -22,12 +25,13 @@ pub const DEFAULT_RING_BYTES: usize = 1 << 20;
 /// socket sends none: the daemon waits for the client to speak first there).
 pub const GREETING_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The daemon's end: replies go into the ring, and a byte on the socket wakes a client that
-/// sleeps. Writes wait for room (a byte in the pipe) when the ring is full.
+/// The daemon's end: replies go into the ring, and a byte on the session's socket wakes a
+/// client that sleeps. Writes wait for room (a byte on the signalling socket) when the ring is
+/// full.
 pub struct RingWriter {
     ring: Producer,
     doorbell: OwnedWriteHalf,
-    /// The read end of the pipe the client signals room on (the client holds the write end).
+    /// The daemon's end of the socket the client signals room on.
     room: AsyncFd<OwnedFd>,
 }
 
@@ -37,51 +41,19 @@ pub struct RingWriter {
 pub struct RingReader {
     ring: Consumer,
     doorbell: OwnedReadHalf,
-    /// The write end of the pipe the daemon waits for room on.
+    /// The client's end of the socket the daemon waits for room on.
     room: OwnedFd,
     closed: bool,
 }
 
-/// The daemon's side of a new connection on its `shm` socket: makes a ring of `ring_bytes`
-/// ([`ring::ring_bytes`]) and hands it over. The socket's reading half (the client's requests)
-/// and the writer of its replies.
-pub async fn accept(s: UnixStream, ring_bytes: usize) -> Result<(OwnedReadHalf, RingWriter)> {
-    let ring = ring::create(ring_bytes)?;
-    let (room, signal) = fds::pipe()?;
-    let [data, control] = ring.for_reader();
-    let handed = [data.as_raw_fd(), control.as_raw_fd(), signal.as_raw_fd()];
-    let sent = s
-        .async_io(Interest::WRITABLE, || {
-            fds::send_with_fds(s.as_raw_fd(), GREETING, &handed)
-        })
-        .await?;
-    if sent != GREETING.len() {
-        return Err(Error::new(
-            ErrorKind::WriteZero,
-            "the greeting did not go out whole",
-        ));
-    }
-    let (r, w) = s.into_split();
-    Ok((
-        r,
-        RingWriter {
-            ring,
-            doorbell: w,
-            // SAFETY: the pipe's end is owned by the `AsyncFd` and closed only with it.
-            room: unsafe { AsyncFd::register_with_interest(room, Interest::READABLE)? },
-        },
-    ))
-}
-
-/// The client's side: connects to a daemon's `shm` socket and takes the ring it hands over.
-/// The reader of the daemon's replies, and the socket's writing half (the client's requests).
-pub async fn connect(path: &std::path::Path) -> Result<(RingReader, OwnedWriteHalf)> {
-    let s = UnixStream::connect(path).await?;
-    let greeting = tokio::time::timeout(GREETING_TIMEOUT, async {
-        let mut buf = [0u8; GREETING.len()];
+/// Receives exactly `want.len()` bytes, equal to `want`, and `fds` descriptors with them, within
+/// [`GREETING_TIMEOUT`].
+async fn expect(s: &UnixStream, want: &[u8; 8], fds: usize, what: &str) -> Result<Vec<OwnedFd>> {
+    let got = tokio::time::timeout(GREETING_TIMEOUT, async {
+        let mut buf = [0u8; 8];
         let mut got = 0;
-        let mut fds = Vec::new();
-        // The descriptors come with the greeting's first byte; the rest may come later.
+        let mut handed = Vec::new();
+        // The descriptors come with the first byte; the rest may come later.
         while got < buf.len() {
             let (n, more) = s
                 .async_io(Interest::READABLE, || {
@@ -91,44 +63,80 @@ pub async fn connect(path: &std::path::Path) -> Result<(RingReader, OwnedWriteHa
             if n == 0 {
                 return Err(Error::new(
                     ErrorKind::UnexpectedEof,
-                    "the daemon closed the connection before its greeting",
+                    format!("the connection closed before the {what}"),
                 ));
             }
             got += n;
-            fds.extend(more);
+            handed.extend(more);
         }
-        Ok((buf, fds))
+        Ok((buf, handed))
     })
     .await
-    .map_err(|_| {
-        Error::new(
-            ErrorKind::TimedOut,
-            format!(
-                "no greeting from {} (is it a daemon's `shm` socket?)",
-                path.display()
-            ),
-        )
-    })??;
-    let (bytes, fds) = greeting;
-    let Ok::<[OwnedFd; 3], _>([data, control, room]) = fds.try_into() else {
+    .map_err(|_| Error::new(ErrorKind::TimedOut, format!("no {what}")))??;
+    if &got.0 != want || got.1.len() != fds {
         return Err(Error::new(
             ErrorKind::InvalidData,
-            format!(
-                "{} does not greet as a daemon's `shm` socket",
-                path.display()
-            ),
-        ));
-    };
-    if &bytes != GREETING {
-        return Err(Error::new(
-            ErrorKind::InvalidData,
-            format!(
-                "{} greets with {bytes:?}, not as a daemon's `shm` socket",
-                path.display()
-            ),
+            format!("a {what} not of this protocol"),
         ));
     }
-    let ring = ring::open(data, control)?;
+    Ok(got.1)
+}
+
+/// Sends `bytes` with `fds` attached.
+async fn hand(s: &UnixStream, bytes: &[u8; 8], fds: &[std::os::fd::RawFd]) -> Result<()> {
+    let sent = s
+        .async_io(Interest::WRITABLE, || {
+            fds::send_with_fds(s.as_raw_fd(), bytes, fds)
+        })
+        .await?;
+    if sent != bytes.len() {
+        return Err(Error::new(
+            ErrorKind::WriteZero,
+            "a greeting did not go out whole",
+        ));
+    }
+    Ok(())
+}
+
+/// The daemon's side of a new connection on its `shm` socket: makes a ring of `ring_bytes`
+/// ([`ring::ring_bytes`]), hands the client its read-only view and a signalling socket, and
+/// takes the client's control page in answer (within [`GREETING_TIMEOUT`]). The socket's reading
+/// half (the client's requests) and the writer of its replies.
+pub async fn accept(s: UnixStream, ring_bytes: usize) -> Result<(OwnedReadHalf, RingWriter)> {
+    let (mut ring, reader_data) = ring::create(ring_bytes)?;
+    let (room, signal) = fds::socketpair()?;
+    hand(&s, GREETING, &[reader_data.as_raw_fd(), signal.as_raw_fd()]).await?;
+    // The client's copies are in flight or taken; the daemon keeps none.
+    drop((reader_data, signal));
+    let mut control = expect(&s, ANSWER, 1, "control page").await?;
+    ring.attach(control.remove(0))?;
+    let (r, w) = s.into_split();
+    Ok((
+        r,
+        RingWriter {
+            ring,
+            doorbell: w,
+            // SAFETY: the socket's end is owned by the `AsyncFd` and closed only with it.
+            room: unsafe { AsyncFd::register_with_interest(room, Interest::READABLE)? },
+        },
+    ))
+}
+
+/// The client's side: connects to a daemon's `shm` socket, takes the ring it hands over and
+/// hands back its control page. The reader of the daemon's replies, and the socket's writing
+/// half (the client's requests).
+pub async fn connect(path: &std::path::Path) -> Result<(RingReader, OwnedWriteHalf)> {
+    let s = UnixStream::connect(path).await?;
+    let what = format!(
+        "greeting of a daemon's `shm` socket from {}",
+        path.display()
+    );
+    let [data, room]: [OwnedFd; 2] = expect(&s, GREETING, 2, &what)
+        .await?
+        .try_into()
+        .map_err(|_| Error::new(ErrorKind::InvalidData, "two descriptors"))?;
+    let (ring, control) = ring::open(data)?;
+    hand(&s, ANSWER, &[control.as_raw_fd()]).await?;
     let (r, w) = s.into_split();
     Ok((
         RingReader {
@@ -152,9 +160,12 @@ impl RingWriter {
     fn poll_room_signal(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let mut ready = ready!(self.room.poll_read_ready(cx))?;
         // Taken here, or by an earlier poll (then the readiness is cleared and the ring looked at
-        // again all the same). The daemon's end is its own: the client cannot make it block.
-        let _ = ready.try_io(|fd| fds::drain(fd.get_ref().as_fd()));
-        Poll::Ready(Ok(()))
+        // again all the same). The daemon's end is its own: the client cannot make it block. A
+        // client that closed its end is gone: the session ends, rather than the writer spinning.
+        match ready.try_io(|fd| fds::drain(fd.get_ref().as_fd())) {
+            Ok(Err(e)) => Poll::Ready(Err(e)),
+            _ => Poll::Ready(Ok(())),
+        }
     }
 }
 
@@ -175,10 +186,13 @@ impl AsyncWrite for RingWriter {
         loop {
             let n = this.ring.write(bufs)?;
             if n > 0 {
-                if this.ring.consumer_to_ring() {
-                    // A full socket is one with doorbells the client has yet to take; a broken
-                    // one ends the session through its reading half.
-                    let _ = fds::poke(this.doorbell.as_ref().as_fd(), true);
+                // A full socket is one with doorbells the client has yet to take; a broken one
+                // ends the session through its reading half; any other failure rings again at
+                // the next write.
+                if this.ring.consumer_to_ring()
+                    && fds::poke(this.doorbell.as_ref().as_fd()).is_err()
+                {
+                    this.ring.ring_again();
                 }
                 return Poll::Ready(Ok(n));
             }
@@ -225,9 +239,9 @@ impl RingReader {
                 unsafe { buf.assume_init(r.bytes) };
                 buf.advance(r.bytes);
                 if r.wake_producer {
-                    // A full pipe holds signals the daemon has yet to take; a broken one is a
-                    // daemon gone, which the socket says.
-                    let _ = fds::poke(self.room.as_fd(), false);
+                    // A full socket holds signals the daemon has yet to take; a closed one is
+                    // a daemon gone, which the session's socket says.
+                    let _ = fds::poke(self.room.as_fd());
                 }
                 return Poll::Ready(Ok(()));
             }

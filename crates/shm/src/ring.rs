@@ -1,12 +1,16 @@
 //! One ring of bytes in shared memory: a daemon writes, one client reads.
 //!
-//! Two memory objects, so that each side writes only memory the other cannot take away:
+//! Two memory objects, each written by one side only, and made so that the other side cannot
+//! take it away:
 //!
-//! - the *data* object: a page of the producer's words, then the data (a power of two of bytes).
-//!   The producer maps it to write; the reader gets a read-only descriptor of its own, with which
-//!   it can neither write, map to write, resize, nor free pages;
-//! - the *control* page: the consumer's words. The consumer maps it to write; the producer maps
-//!   it read-only and believes nothing it reads there without a check.
+//! - the *data*, made by the producer: a page of the producer's words, then the data (a power of
+//!   two of bytes), allocated at once. The producer maps it to write; the reader gets a
+//!   read-only descriptor of its own, and the object's mode (owner read-only) keeps a reader of
+//!   another user from opening it again to write;
+//! - the *control* page, made by the consumer: its words. The consumer maps it to write and
+//!   seals it (no resizing, no writes but through that mapping: no freed pages) before handing
+//!   it over; the producer checks the seals and the allocation, maps it read-only, and believes
+//!   nothing it reads there without a check.
 //!
 //! | object | offset | word | written by |
 //! | --- | ---: | --- | --- |
@@ -16,20 +20,21 @@
 //! | control | 0 | `head`: bytes read | the consumer |
 //! | control | 64 | `consumer_sleeps`: times the consumer waited for bytes | the consumer |
 //!
-//! Positions are counts of bytes since the ring was made, so that full and empty differ. Both
-//! objects are sealed against resizing before they are handed over, and the data's pages are
-//! allocated at once, so that the producer's writes never fault a page in.
+//! Positions are counts of bytes since the ring was made, so that full and empty differ.
 //!
 //! Waking: a side with nothing to do (no bytes, or no room) counts a sleep in its word and looks
 //! again before it sleeps; the other side, after publishing its position, reads that count and,
-//! if it moved since the last time it rang, rings (a byte on the socket, or a byte in a pipe).
-//! Sequentially consistent operations for that store-then-load on each side make at least one of
-//! the two see the other's write: no wake-up is lost. A count the consumer forges only costs the
-//! producer a doorbell more.
+//! if it moved since the last time it rang, rings (a byte on the session's socket, or on the
+//! signal socket). A sequentially consistent fence between the store and the load on each side
+//! makes at least one of the two see the other's write: no wake-up is lost. A count the consumer
+//! forges only costs the producer a doorbell more. The words of the other side are read with
+//! relaxed loads and fences, which read-only memory allows.
 
 use std::io::{Error, ErrorKind, IoSlice, Result};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{
+    fence, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst,
+};
 
 /// Where the data starts: the producer's words have the first page to themselves.
 pub const HEADER_BYTES: usize = 4096;
@@ -93,9 +98,10 @@ impl Mapping {
     }
 
     fn word(&self, at: usize) -> &AtomicU64 {
-        debug_assert!(at % 64 == 0 && at + 8 <= self.len);
+        debug_assert!(at.is_multiple_of(64) && at + 8 <= self.len);
         // SAFETY: `at` is a 64-byte-aligned offset in the first page of a page-aligned mapping
-        // that lives as long as `self`. A word in a read-only mapping is only ever loaded.
+        // that lives as long as `self`. A word in a read-only mapping is only ever loaded, and
+        // relaxed (std's rule for atomics on read-only memory).
         unsafe { &*(self.ptr.add(at) as *const AtomicU64) }
     }
 }
@@ -113,8 +119,8 @@ pub fn ring_bytes(cap: usize) -> usize {
         .next_power_of_two()
 }
 
-/// A new memory object of `len` bytes, sealed against resizing and further seals.
-fn sealed_memory(name: &std::ffi::CStr, len: usize) -> Result<OwnedFd> {
+/// A new memory object of `len` bytes, allocated (a write to it never has to find a page).
+fn new_memory(name: &std::ffi::CStr, len: usize) -> Result<OwnedFd> {
     // SAFETY: a C string and flags; the result is checked and owned once.
     let raw =
         unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
@@ -128,21 +134,34 @@ fn sealed_memory(name: &std::ffi::CStr, len: usize) -> Result<OwnedFd> {
         if libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) != 0 {
             return Err(os_error("sizing a ring's memory"));
         }
-        // Allocated now: a write to a page never faults one in (which could fail).
         if libc::fallocate(fd.as_raw_fd(), 0, 0, len as libc::off_t) != 0 {
             return Err(os_error("allocating a ring's memory"));
-        }
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) != 0 {
-            return Err(os_error("sealing a ring's memory"));
         }
     }
     Ok(fd)
 }
 
+/// Seals `fd` with `seals`, and against any further seal.
+fn seal(fd: &OwnedFd, seals: libc::c_int) -> Result<()> {
+    // SAFETY: a plain call on a live descriptor; checked.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals | libc::F_SEAL_SEAL) } != 0 {
+        return Err(os_error("sealing a ring's memory"));
+    }
+    Ok(())
+}
+
+const RESIZE: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+
 /// A read-only descriptor of `fd` of its own (a new open file description, not a duplicate):
 /// what the reader gets of the data.
 fn read_only(fd: &OwnedFd) -> Result<OwnedFd> {
+    // Owner read-only: a reader of another user cannot open it again to write through
+    // /proc/PID/fd (memory objects are made open to all). One of the daemon's own user could,
+    // as it could do anything else to the daemon.
+    // SAFETY: a plain call on a descriptor the caller owns; checked.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), 0o400) } != 0 {
+        return Err(os_error("restricting a ring's memory"));
+    }
     let path = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .expect("no NUL in a path of digits");
     // SAFETY: a C string and flags; the result is checked and owned once.
@@ -166,29 +185,45 @@ fn size_of(fd: BorrowedFd<'_>) -> Result<u64> {
     }
 }
 
-/// Makes a ring of `cap` bytes of data ([`ring_bytes`]): its writing side, which holds the
-/// descriptors to hand to the reader ([`Producer::for_reader`]).
-pub fn create(cap: usize) -> Result<Producer> {
+/// Makes a ring of `cap` bytes of data ([`ring_bytes`]): its writing side, and the read-only
+/// descriptor of the data to hand to the reader. The reader's control page comes later
+/// ([`Producer::attach`]).
+pub fn create(cap: usize) -> Result<(Producer, OwnedFd)> {
     let cap = ring_bytes(cap);
-    let data = sealed_memory(c"conclave-ring", HEADER_BYTES + cap)?;
-    let control = sealed_memory(c"conclave-ring-control", CONTROL_BYTES)?;
-    Ok(Producer {
-        data_map: Mapping::map(data.as_fd(), HEADER_BYTES + cap, true)?,
-        control_map: Mapping::map(control.as_fd(), CONTROL_BYTES, false)?,
-        reader_data: read_only(&data)?,
-        data,
-        control,
-        cap,
-        tail: 0,
-        head: 0,
-        sleeps: 0,
-        rung: 0,
-    })
+    let data = new_memory(c"conclave-ring", HEADER_BYTES + cap)?;
+    seal(&data, RESIZE)?;
+    let reader = read_only(&data)?;
+    Ok((
+        Producer {
+            data_map: Mapping::map(data.as_fd(), HEADER_BYTES + cap, true)?,
+            control_map: None,
+            data,
+            cap,
+            tail: 0,
+            head: 0,
+            sleeps: 0,
+            rung: None,
+        },
+        reader,
+    ))
 }
 
-/// Maps a ring handed over by its producer (the data read-only, the control page to write):
-/// its reading side.
-pub fn open(data: OwnedFd, control: OwnedFd) -> Result<Consumer> {
+/// The consumer's control page: made, mapped to write, then sealed against resizing and
+/// against any write but through that mapping (so that no one can free its page under the
+/// producer's reads); the mapping, and the descriptor to hand to the producer.
+fn control_page() -> Result<(Mapping, OwnedFd)> {
+    let fd = new_memory(c"conclave-ring-control", CONTROL_BYTES)?;
+    let map = Mapping::map(fd.as_fd(), CONTROL_BYTES, true)?;
+    seal(&fd, RESIZE | libc::F_SEAL_FUTURE_WRITE)?;
+    Ok((map, fd))
+}
+
+/// The seals a control page must have before its producer maps it.
+const CONTROL_SEALS: libc::c_int = RESIZE | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+
+/// Maps a ring handed over by its producer (the data, read-only): its reading side, and the
+/// control page to hand back to the producer.
+pub fn open(data: OwnedFd) -> Result<(Consumer, OwnedFd)> {
     let len = size_of(data.as_fd())?;
     let cap = usize::try_from(len)
         .ok()
@@ -207,20 +242,19 @@ pub fn open(data: OwnedFd, control: OwnedFd) -> Result<Consumer> {
             "a shared ring that is not sealed against shrinking",
         ));
     }
-    if size_of(control.as_fd())? != CONTROL_BYTES as u64 {
-        return Err(invalid("a ring's control page of another size"));
-    }
     let data_map = Mapping::map(data.as_fd(), HEADER_BYTES + cap, false)?;
-    let control_map = Mapping::map(control.as_fd(), CONTROL_BYTES, true)?;
-    let head = control_map.word(HEAD).load(SeqCst);
-    Ok(Consumer {
-        data_map,
-        control_map,
-        cap,
-        head,
-        sleeps: 0,
-        signalled: 0,
-    })
+    let (control_map, control) = control_page()?;
+    Ok((
+        Consumer {
+            data_map,
+            control_map,
+            cap,
+            head: 0,
+            sleeps: 0,
+            signalled: 0,
+        },
+        control,
+    ))
 }
 
 /// The writing side of a ring (the daemon's). Dropped, it frees the ring's pages, even though
@@ -228,11 +262,9 @@ pub fn open(data: OwnedFd, control: OwnedFd) -> Result<Consumer> {
 /// its session by keeping the descriptors.
 pub struct Producer {
     data_map: Mapping,
-    control_map: Mapping,
+    /// The consumer's control page, once attached.
+    control_map: Option<Mapping>,
     data: OwnedFd,
-    control: OwnedFd,
-    /// The reader's own read-only descriptor of the data.
-    reader_data: OwnedFd,
     /// Bytes of data, a power of two.
     cap: usize,
     /// Bytes written, as published.
@@ -241,27 +273,22 @@ pub struct Producer {
     head: u64,
     /// Times this side waited for room, as published.
     sleeps: u64,
-    /// The consumer's count of sleeps when it was last rung.
-    rung: u64,
+    /// The consumer's count of sleeps when it was last rung (none: ring at the next write).
+    rung: Option<u64>,
 }
 
 impl Drop for Producer {
     fn drop(&mut self) {
-        for (fd, len) in [
-            (&self.data, self.data_map.len),
-            (&self.control, self.control_map.len),
-        ] {
-            // SAFETY: a plain call on a descriptor this side owns. Should it fail, the pages are
-            // freed with the object's last descriptor or mapping.
-            unsafe {
-                libc::fallocate(
-                    fd.as_raw_fd(),
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    0,
-                    len as libc::off_t,
-                )
-            };
-        }
+        // SAFETY: a plain call on a descriptor this side owns. Should it fail, the pages are
+        // freed with the object's last descriptor or mapping.
+        unsafe {
+            libc::fallocate(
+                self.data.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                self.data_map.len as libc::off_t,
+            )
+        };
     }
 }
 
@@ -271,15 +298,47 @@ impl Producer {
         self.cap
     }
 
-    /// What the reader gets: the data (read-only) and the control page (to write).
-    pub fn for_reader(&self) -> [BorrowedFd<'_>; 2] {
-        [self.reader_data.as_fd(), self.control.as_fd()]
+    /// Takes the consumer's control page, once its seals (no resizing, no write but through the
+    /// consumer's mapping, no further seal: no page of it can be freed), its size and its
+    /// allocation are checked; mapped read-only.
+    pub fn attach(&mut self, control: OwnedFd) -> Result<()> {
+        // SAFETY: plain calls; results checked before `st` is read.
+        let (seals, st) = unsafe {
+            let seals = libc::fcntl(control.as_raw_fd(), libc::F_GET_SEALS);
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(control.as_raw_fd(), &mut st) != 0 {
+                return Err(os_error("reading a control page's size"));
+            }
+            (seals, st)
+        };
+        if seals < 0 || seals & CONTROL_SEALS != CONTROL_SEALS {
+            return Err(invalid(
+                "a control page not sealed as this protocol seals it",
+            ));
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG
+            || st.st_size != CONTROL_BYTES as libc::off_t
+            || (st.st_blocks as u64) * 512 < CONTROL_BYTES as u64
+        {
+            return Err(invalid(
+                "a control page of another kind or size, or not allocated",
+            ));
+        }
+        self.control_map = Some(Mapping::map(control.as_fd(), CONTROL_BYTES, false)?);
+        Ok(())
+    }
+
+    fn control(&self) -> Result<&Mapping> {
+        self.control_map
+            .as_ref()
+            .ok_or_else(|| invalid("the ring's control page is not attached"))
     }
 
     /// Reads the consumer's position: it may only have moved forward, and not past what was
     /// written.
     fn refresh_head(&mut self) -> Result<()> {
-        let h = self.control_map.word(HEAD).load(SeqCst);
+        let h = self.control()?.word(HEAD).load(Relaxed);
+        fence(Acquire);
         if h < self.head || h > self.tail {
             return Err(invalid(format!(
                 "the reader of a shared ring says it has read {h} bytes, where {} were written \
@@ -312,7 +371,7 @@ impl Producer {
             written += n;
         }
         if written > 0 {
-            self.data_map.word(TAIL).store(self.tail, SeqCst);
+            self.data_map.word(TAIL).store(self.tail, Release);
         }
         Ok(written)
     }
@@ -333,12 +392,21 @@ impl Producer {
     /// After a write: whether the consumer went to sleep since it was last rung, and must be
     /// rung now.
     pub fn consumer_to_ring(&mut self) -> bool {
-        let s = self.control_map.word(CONSUMER_SLEEPS).load(SeqCst);
-        if s == self.rung {
+        fence(SeqCst);
+        let Ok(control) = self.control() else {
+            return false;
+        };
+        let s = control.word(CONSUMER_SLEEPS).load(Relaxed);
+        if self.rung == Some(s) {
             return false;
         }
-        self.rung = s;
+        self.rung = Some(s);
         true
+    }
+
+    /// The doorbell could not be rung: the next write rings again.
+    pub fn ring_again(&mut self) {
+        self.rung = None;
     }
 
     /// The producer waits for the consumer to read (for room, or for the ring to drain): counts
@@ -348,7 +416,8 @@ impl Producer {
         self.sleeps += 1;
         self.data_map
             .word(PRODUCER_SLEEPS)
-            .store(self.sleeps, SeqCst);
+            .store(self.sleeps, Relaxed);
+        fence(SeqCst);
         self.unread()
     }
 }
@@ -382,7 +451,8 @@ impl Consumer {
 
     /// Bytes written and not yet read, checked against what the ring can hold.
     fn ready(&self) -> Result<usize> {
-        let t = self.data_map.word(TAIL).load(SeqCst);
+        let t = self.data_map.word(TAIL).load(Relaxed);
+        fence(Acquire);
         match t.checked_sub(self.head) {
             Some(n) if n <= self.cap as u64 => Ok(n as usize),
             // The producer's end frees the pages, which then read as zeros.
@@ -414,12 +484,14 @@ impl Consumer {
             std::ptr::copy_nonoverlapping(data, dst.add(first), n - first);
         }
         // Freed while it was copied (its first page goes first): what was copied may be zeros.
-        if self.data_map.word(TAIL).load(SeqCst) == 0 {
+        fence(Acquire);
+        if self.data_map.word(TAIL).load(Relaxed) == 0 {
             return Err(freed());
         }
         self.head += n as u64;
-        self.control_map.word(HEAD).store(self.head, SeqCst);
-        let s = self.data_map.word(PRODUCER_SLEEPS).load(SeqCst);
+        self.control_map.word(HEAD).store(self.head, Release);
+        fence(SeqCst);
+        let s = self.data_map.word(PRODUCER_SLEEPS).load(Relaxed);
         let wake_producer = s != self.signalled;
         self.signalled = s;
         Ok(Read {
@@ -434,7 +506,8 @@ impl Consumer {
         self.sleeps += 1;
         self.control_map
             .word(CONSUMER_SLEEPS)
-            .store(self.sleeps, SeqCst);
+            .store(self.sleeps, Relaxed);
+        fence(SeqCst);
         Ok(self.ready()? > 0)
     }
 }
