@@ -162,16 +162,7 @@ async fn a_client_that_stops_reading_is_disconnected_and_the_group_goes_on() {
     s.write_all(&frame(&join.encode())).await.unwrap();
     let mut c = Client::connect(&addr, "talker").await.unwrap();
     c.join("g").await.unwrap();
-    let payload = vec![7u8; 10_000];
-    for _ in 0..20_000 {
-        c.multicast(ServiceType::Agreed, &["g"], &payload)
-            .await
-            .unwrap();
-        if d.metrics.closed_slow_clients.load(Relaxed) > 0 {
-            break;
-        }
-    }
-    assert!(d.metrics.closed_slow_clients.load(Relaxed) > 0);
+    common::talk_until_a_slow_client_is_closed(&mut c, &d, "g").await;
     // The talker sees the sluggard leave.
     loop {
         let ev = tokio::time::timeout(Duration::from_secs(10), c.receive())

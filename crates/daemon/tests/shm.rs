@@ -5,7 +5,6 @@
 
 use conclave_client::{Address, Client, ClientError, ClientEvent, ServiceType};
 use conclave_wire::client::{frame, ClientCommand, Request};
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
@@ -158,16 +157,7 @@ async fn a_client_that_never_reads_its_ring_is_disconnected_and_the_group_goes_o
     let mut c = ends(Client::connect(&shm, "talker")).await.unwrap();
     c.join("g").await.unwrap();
     joined(&mut c, "g", 2).await;
-    let payload = vec![7u8; 10_000];
-    for _ in 0..20_000 {
-        c.multicast(ServiceType::Agreed, &["g"], &payload)
-            .await
-            .unwrap();
-        if d.metrics.closed_slow_clients.load(Relaxed) > 0 {
-            break;
-        }
-    }
-    assert!(d.metrics.closed_slow_clients.load(Relaxed) > 0);
+    common::talk_until_a_slow_client_is_closed(&mut c, &d, "g").await;
     // The talker, itself on a ring, sees the sluggard leave.
     joined(&mut c, "g", 1).await;
     d.shutdown().await.unwrap();

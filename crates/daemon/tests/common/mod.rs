@@ -26,3 +26,24 @@ pub async fn one_daemon(tweak: impl FnOnce(&mut Config)) -> (Running, Address, C
     let addr = Address::Tcp(cfg.daemon[0].client.unwrap().to_string());
     (d, addr, cfg)
 }
+
+/// Multicasts 10 KB messages to `group` (up to 20,000) until the daemon has closed a client
+/// that does not read, which it must have done by then.
+#[allow(dead_code)] // not every test file uses it
+pub async fn talk_until_a_slow_client_is_closed(
+    c: &mut conclave_client::Client,
+    d: &Running,
+    group: &str,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let payload = vec![7u8; 10_000];
+    for _ in 0..20_000 {
+        c.multicast(conclave_client::ServiceType::Agreed, &[group], &payload)
+            .await
+            .unwrap();
+        if d.metrics.closed_slow_clients.load(Relaxed) > 0 {
+            break;
+        }
+    }
+    assert!(d.metrics.closed_slow_clients.load(Relaxed) > 0);
+}
