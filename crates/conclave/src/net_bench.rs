@@ -429,6 +429,7 @@ pub fn run_throughput(args: ThroughputArgs) -> Result<()> {
                         && r["service"] == service_name(*s)
                         && r["links"] == links[0].name()
                         && r["clients"] == "conclave"
+                        && (r["transport"].is_null() || r["transport"] == transports[0].name())
                 })
                 .map(|r| {
                     (

@@ -996,6 +996,11 @@ fn bench_throughput_runs_a_secure_group() {
 #[test]
 fn bench_throughput_runs_daemons_and_members_as_processes() {
     let dir = std::env::temp_dir().join(format!("conclave-bench-pr-{}", std::process::id()));
+    let transports = if cfg!(target_os = "linux") {
+        "tcp,shm"
+    } else {
+        "tcp"
+    };
     let (ok, out, err) = conclave(
         &[
             "bench",
@@ -1010,6 +1015,8 @@ fn bench_throughput_runs_daemons_and_members_as_processes() {
             "agreed,fifo",
             "--seconds",
             "0.5",
+            "--transport",
+            transports,
             "--out",
             dir.to_str().unwrap(),
         ],
@@ -1017,11 +1024,16 @@ fn bench_throughput_runs_daemons_and_members_as_processes() {
     );
     assert!(ok, "{err}");
     let rows = json_lines(&out);
-    assert_eq!(rows.len(), 4, "{out}");
-    // Each configuration on the daemons, then the same load on the relays (the limit).
+    let n = transports.split(',').count();
+    assert_eq!(rows.len(), 4 * n, "{out}");
+    // Each configuration on the daemons, then the same load on the relays (the limit); the
+    // members on TCP, then (on Linux) on the daemons' shared-memory rings.
     let (deployed, limit): (Vec<_>, Vec<_>) =
         rows.iter().partition(|r| r["deployment"] == "processes");
-    assert_eq!(limit.len(), 2, "{out}");
+    assert_eq!(limit.len(), 2 * n, "{out}");
+    let on = |t: &str| deployed.iter().filter(|r| r["transport"] == t).count();
+    assert_eq!(on("tcp"), 2, "{out}");
+    assert_eq!(on("shm"), 2 * (n - 1), "{out}");
     for r in &limit {
         assert_eq!(r["deployment"], "limit", "{out}");
         assert!(r["messages"].as_u64().unwrap() > 0, "{out}");
@@ -1051,6 +1063,14 @@ fn bench_throughput_runs_daemons_and_members_as_processes() {
         None,
     );
     assert!(!ok && err.contains("sizes up to 59996"), "{err}");
+    // Members reach daemons of this process only over TCP; and a transport must exist.
+    let (ok, _, err) = conclave(&["bench", "throughput", "--transport", "shm"], None);
+    assert!(!ok && err.contains("needs --processes"), "{err}");
+    let (ok, _, err) = conclave(
+        &["bench", "throughput", "--processes", "--transport", "udp"],
+        None,
+    );
+    assert!(!ok && err.contains("unknown transport"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
