@@ -268,6 +268,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         core: tx.clone(),
         written: written_tx,
         next_id: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+        shm_rings: Arc::new(tokio::sync::Semaphore::new(max_connections)),
     };
     if let Some(addr) = entry.client {
         tasks.push(listen_tcp(addr, sessions.clone(), false, "client").await?);
@@ -474,6 +475,8 @@ struct Sessions {
     core: mpsc::Sender<ToCore>,
     written: mpsc::UnboundedSender<Written>,
     next_id: Arc<std::sync::atomic::AtomicU64>,
+    /// Shared-memory rings the daemon may hold at once, greetings included (`max_connections`).
+    shm_rings: Arc<tokio::sync::Semaphore>,
 }
 
 impl Sessions {
@@ -484,7 +487,8 @@ impl Sessions {
     {
         let id = self.next_id.fetch_add(1, Relaxed);
         let (core, written) = (self.core.clone(), self.written.clone());
-        tokio::spawn(session::run(s, id, binding, spread, core, written));
+        let (r, w) = tokio::io::split(s);
+        tokio::spawn(session::run(r, w, id, binding, spread, core, written));
     }
 
     /// Runs a new connection on the `shm` socket: the client's requests come over the socket,
@@ -493,11 +497,18 @@ impl Sessions {
     fn serve_shm(&self, s: tokio::net::UnixStream) {
         let id = self.next_id.fetch_add(1, Relaxed);
         let (core, written) = (self.core.clone(), self.written.clone());
+        // A ring is memory the daemon holds for the session's life: at most one per connection
+        // the daemon admits, and none for a connection past the limit.
+        let Ok(ring) = self.shm_rings.clone().try_acquire_owned() else {
+            tracing::debug!("a shared-memory session refused: as many as max_connections run");
+            return;
+        };
         tokio::spawn(async move {
             match conclave_shm::accept(s, conclave_shm::DEFAULT_RING_BYTES).await {
-                Ok((r, w)) => session::run_halves(r, w, id, None, false, core, written).await,
+                Ok((r, w)) => session::run(r, w, id, None, false, core, written).await,
                 Err(e) => tracing::debug!(error = %e, "a shared-memory session failed to start"),
             }
+            drop(ring);
         });
     }
 }

@@ -34,24 +34,9 @@ pub(crate) struct Written {
     pub spare: Vec<Vec<u8>>,
 }
 
-/// Runs one connection until either side ends it.
-pub(crate) async fn run<S>(
-    stream: S,
-    id: SessionId,
-    binding: Option<[u8; 32]>,
-    spread: bool,
-    core: mpsc::Sender<ToCore>,
-    written: mpsc::UnboundedSender<Written>,
-) where
-    S: AsyncRead + AsyncWrite + Send + 'static,
-{
-    let (r, w) = tokio::io::split(stream);
-    run_halves(r, w, id, binding, spread, core, written).await
-}
-
-/// Runs one connection whose requests are read from `r` and replies written to `w` (a socket's
-/// halves, or a socket and a shared-memory ring).
-pub(crate) async fn run_halves<R, W>(
+/// Runs one connection until either side ends it: its requests are read from `r` and its
+/// replies written to `w` (a socket's halves, or a socket and a shared-memory ring).
+pub(crate) async fn run<R, W>(
     r: R,
     w: W,
     id: SessionId,

@@ -181,3 +181,39 @@ async fn a_client_that_leaves_before_its_greeting_leaves_the_daemon_serving() {
         "the socket file is removed when the daemon stops"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_holds_no_more_rings_than_its_connection_limit() {
+    let path = std::env::temp_dir().join(format!("conclave-limit-{}.shm", std::process::id()));
+    let p = path.clone();
+    let (d, _, _) = one_daemon(move |c| {
+        c.daemon[0].shm = Some(p);
+        c.sessions.max_connections = 2;
+    })
+    .await;
+    let shm = Address::Shm(path.clone());
+    let mut a = ends(Client::connect(&shm, "a")).await.unwrap();
+    let b = ends(Client::connect(&shm, "b")).await.unwrap();
+    // A third is closed before any ring is made for it: no greeting.
+    let e = ends(conclave_shm::connect(&path))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+    // One leaves, and its ring with it: another gets one.
+    b.disconnect().await.unwrap();
+    let mut again = None;
+    for _ in 0..100 {
+        if let Ok(c) = Client::connect(&shm, "c").await {
+            again = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut c = again.expect("a ring freed by a session's end is given again");
+    c.join("g").await.unwrap();
+    joined(&mut c, "g", 1).await;
+    a.join("g").await.unwrap();
+    joined(&mut a, "g", 2).await;
+    d.shutdown().await.unwrap();
+}
