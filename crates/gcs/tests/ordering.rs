@@ -20,7 +20,7 @@ fn msg(service: ServiceType, tag: u8) -> Body {
 fn sized_msg(service: ServiceType, tag: u8, size: usize) -> Body {
     Body::Client {
         client: "c".into(),
-        groups: vec![("g".into(), 0)],
+        groups: [("g".into(), 0)].into_iter().collect(),
         service,
         payload: vec![tag; size].into(),
         spread: None,
@@ -261,7 +261,7 @@ fn recovered_messages_from_outsiders_or_past_the_limits_are_refused() {
 fn a_queue_full_of_bytes_is_a_typed_error_and_one_message_always_fits() {
     let big = |k: u8| Body::Client {
         client: "c".into(),
-        groups: vec![("g".into(), 0)],
+        groups: [("g".into(), 0)].into_iter().collect(),
         service: ServiceType::Fifo,
         payload: vec![k; 100_000].into(),
         spread: None,

@@ -263,7 +263,7 @@ pub fn run(cfg: &SimConfig) -> SimResult {
             let msg = format!("{sender}/0/{k}");
             let body = Body::Client {
                 client: sender.as_str().into(),
-                groups: vec![("g".into(), 0)],
+                groups: [("g".into(), 0)].into_iter().collect(),
                 service,
                 payload: msg.clone().into_bytes().into(),
                 spread: None,

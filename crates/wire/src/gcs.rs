@@ -25,6 +25,10 @@ pub const MAX_STATE_ENTRIES: usize = 16_384;
 
 pub type DaemonId = u32;
 
+/// A client message's groups, each with the number of the view it was sent in. Held inline for
+/// one group, the usual case: no allocation per message for the list, at each daemon it passes.
+pub type MessageGroups = smallvec::SmallVec<[(CompactString, u64); 1]>;
+
 /// A ring (a daemon configuration): its sequence number, its representative, and the
 /// representative's incarnation (daemons keep nothing across a crash, so a restarted daemon may
 /// count ring numbers again; its incarnation keeps its rings apart from its earlier ones).
@@ -94,7 +98,7 @@ pub enum Body {
         client: CompactString,
         /// Each group, with the number (on this ring) of the group's view the message was sent
         /// in.
-        groups: Vec<(CompactString, u64)>,
+        groups: MessageGroups,
         service: ServiceType,
         payload: Bytes,
         /// What a Spread client's message carries beyond a Conclave client's.
@@ -412,7 +416,7 @@ impl Body {
                 if n == 0 {
                     return Err(DecodeError::Empty { what: "groups" });
                 }
-                let mut groups = Vec::with_capacity(n.min(r.remaining() / 2));
+                let mut groups = MessageGroups::with_capacity(n.min(r.remaining() / 2));
                 for _ in 0..n {
                     let g: CompactString = r.name_ref("group", MAX_NAME_BYTES)?.into();
                     // A member of the group would receive the message twice.
@@ -946,7 +950,7 @@ mod tests {
         assert!(Packet::decode(&data(twice).encode()).is_err());
         let to_g_twice = Body::Client {
             client: "c".into(),
-            groups: vec![("g".into(), 1), ("g".into(), 2)],
+            groups: smallvec::smallvec![("g".into(), 1), ("g".into(), 2)],
             service: ServiceType::Agreed,
             payload: Default::default(),
             spread: None,

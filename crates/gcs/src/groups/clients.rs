@@ -147,7 +147,8 @@ impl Daemon {
             } => {
                 // Sent in the client's current view of every group, or not yet. A Spread client
                 // sends to a group it is not in (or a private group) in no view of its own.
-                let mut views = Vec::with_capacity(groups.len());
+                let mut views: smallvec::SmallVec<[GroupViewId; 1]> =
+                    smallvec::SmallVec::with_capacity(groups.len());
                 let open = |g: &str| {
                     self.clients.get(client).is_some_and(|c| {
                         c.spread && (g.starts_with('#') || !c.groups.contains_key(g))
@@ -203,14 +204,15 @@ impl Daemon {
                     }
                     views.push(view);
                 }
-                let sent: Vec<(String, GroupViewId)> = groups.into_iter().zip(views).collect();
-                for (group, view) in &sent {
+                let mut sent = conclave_wire::gcs::MessageGroups::with_capacity(groups.len());
+                for (group, view) in groups.into_iter().zip(views) {
+                    sent.push((group.as_str().into(), view.index));
                     if view.index == OPEN_VIEW {
                         if !group.starts_with('#') {
                             if let Some(c) = self.clients.get(client) {
                                 self.events.push_back(LocalEvent::OpenSent {
                                     client: c.id,
-                                    group: group.clone(),
+                                    group,
                                     service,
                                     payload: payload.clone(),
                                 });
@@ -221,16 +223,16 @@ impl Daemon {
                     self.emit(
                         client,
                         ClientEvent::Sent {
-                            group: group.clone(),
+                            group,
                             service,
                             payload: payload.clone(),
-                            view: *view,
+                            view,
                         },
                     );
                 }
                 self.submit(Body::Client {
                     client: client.into(),
-                    groups: sent.into_iter().map(|(g, v)| (g.into(), v.index)).collect(),
+                    groups: sent,
                     service,
                     payload,
                     spread,
