@@ -5,6 +5,12 @@ use conclave_wire::client::{next_frame, Reply, Request};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    // A payload read as a view of the input is the same message as one copied out of it.
+    let shared = bytes::Bytes::copy_from_slice(data);
+    assert_eq!(
+        Request::decode_within(&shared, &shared[..]),
+        Request::decode(data)
+    );
     if let Ok(q) = Request::decode(data) {
         let bytes = q.encode();
         assert_eq!(bytes, data);

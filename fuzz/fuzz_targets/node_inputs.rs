@@ -37,7 +37,8 @@ fuzz_target!(|data: &[u8]| {
                     spread.remove(&session);
                 }
             }
-            1 | 2 => node.handle_session_bytes(now, session, bytes),
+            1 => node.handle_session_bytes(now, session, bytes),
+            2 => node.handle_session_shared(now, session, &bytes::Bytes::copy_from_slice(bytes)),
             3 => node.close_session(now, session),
             4 | 5 => node.handle_datagram(now, peer, bytes::BytesMut::from(bytes)),
             _ => {

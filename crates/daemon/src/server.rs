@@ -671,7 +671,7 @@ impl Pump {
             }
             ToCore::Bytes { id, bytes, permit } => {
                 size = bytes.len();
-                self.node.handle_session_bytes(now, id, &bytes);
+                self.node.handle_session_shared(now, id, &bytes);
                 if self.node.session_paused(id) {
                     self.held_reads.entry(id).or_default().push(permit);
                 }

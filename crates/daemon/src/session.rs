@@ -21,8 +21,10 @@ use tokio::sync::{mpsc, Semaphore};
 
 /// A write to a client that makes no progress for this long ends its connection.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most bytes one read of a connection takes.
+/// Most bytes one read of a connection takes, and the size of the buffers it reads into.
 pub const READ_BYTES: usize = 64 * 1024;
+/// Fewest bytes a read has room for: reads share a buffer until less than this is left in it.
+const READ_MIN_BYTES: usize = 16 * 1024;
 /// Reads of one connection on their way to the core at once.
 pub const READS_IN_FLIGHT: usize = 4;
 
@@ -75,14 +77,17 @@ pub(crate) async fn run<R, W>(
 
 async fn read<R: AsyncRead + Unpin>(mut r: R, id: SessionId, core: mpsc::Sender<ToCore>) {
     let in_flight = Arc::new(Semaphore::new(READS_IN_FLIGHT));
-    // One buffer, read into again once the node is done with what was read before (a fresh
-    // buffer per read is memory the cache has not seen, for the kernel's copy and the node's).
+    // The node keeps messages' payloads as views of the buffer they were read into, until
+    // every daemon has them. So successive reads fill one buffer, and a buffer is read into
+    // again from its start once the node has let go of all of it: what the views hold is about
+    // what was read, not a buffer per small read (a fresh buffer per read is also memory the
+    // cache has not seen, for the kernel's copy and the node's).
     let mut buf = BytesMut::with_capacity(READ_BYTES);
     loop {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
-        buf.reserve(READ_BYTES);
+        buf.reserve(READ_MIN_BYTES);
         match r.read_buf(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(_) => {}

@@ -42,7 +42,7 @@ use crate::link::{LinkMode, LinkSetupError, Links, Opened};
 use crate::metrics::Metrics;
 use crate::record::Recorder;
 use crate::session::{next_request, Session, SessionId, SessionOutput};
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use conclave_crypto::identity_file::IdentityFile;
 use conclave_crypto::CryptoRng;
 use conclave_gcs::{ClientEvent, Daemon, Delivery, Dest, IdMap, LocalEvent, Phase, Time, Transmit};
@@ -549,6 +549,17 @@ impl Node {
     /// size and the node's budget for incomplete requests, and must complete within
     /// `request_ms`.
     pub fn handle_session_bytes(&mut self, now: Time, id: SessionId, bytes: &[u8]) {
+        self.session_bytes(now, id, bytes, None)
+    }
+
+    /// [`Node::handle_session_bytes`] of a buffer the node may keep views of: the payloads of
+    /// the messages in it are not copied out (the driver reads into a buffer of its own, and a
+    /// copy per message cost the daemon an allocation and a cold line or two).
+    pub fn handle_session_shared(&mut self, now: Time, id: SessionId, bytes: &Bytes) {
+        self.session_bytes(now, id, bytes, Some(bytes))
+    }
+
+    fn session_bytes(&mut self, now: Time, id: SessionId, bytes: &[u8], shared: Option<&Bytes>) {
         self.input(now);
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
@@ -574,7 +585,7 @@ impl Node {
                 rest = &rest[take..];
             }
             if missing(&input) == 0 {
-                let Some(n) = self.requests(id, &input) else {
+                let Some(n) = self.requests(id, &input, None) else {
                     return;
                 };
                 input.drain(..n);
@@ -582,7 +593,7 @@ impl Node {
             }
         }
         if input.is_empty() {
-            let Some(n) = self.requests(id, rest) else {
+            let Some(n) = self.requests(id, rest, shared) else {
                 return;
             };
             input.extend_from_slice(&rest[n..]);
@@ -626,10 +637,10 @@ impl Node {
 
     /// Handles the complete requests at the start of `stream`; the bytes they took, or `None` if
     /// the session ended.
-    fn requests(&mut self, id: SessionId, stream: &[u8]) -> Option<usize> {
+    fn requests(&mut self, id: SessionId, stream: &[u8], shared: Option<&Bytes>) -> Option<usize> {
         let mut used = 0;
         loop {
-            match next_request(&stream[used..]) {
+            match next_request(&stream[used..], shared) {
                 Ok(None) => return Some(used),
                 Ok(Some((req, n))) => {
                     used += n;

@@ -3,6 +3,7 @@
 //! and not yet written. Every byte a connection can make the node hold is bounded here or in
 //! [`crate::node`]'s budgets.
 
+use bytes::Bytes;
 use conclave_wire::client::{next_frame_within, Request, MAX_REQUEST_BYTES};
 use conclave_wire::DecodeError;
 
@@ -105,11 +106,18 @@ impl Session {
 
 /// The next request in `stream`, and the bytes it took; `Ok(None)` while incomplete. A frame
 /// longer than the largest valid request is refused before its body arrives.
-pub(crate) fn next_request(stream: &[u8]) -> Result<Option<(Request, usize)>, RequestError> {
+/// With `shared`, the buffer `stream` is a part of, a message's payload is a view of it.
+pub(crate) fn next_request(
+    stream: &[u8],
+    shared: Option<&Bytes>,
+) -> Result<Option<(Request, usize)>, RequestError> {
     match next_frame_within(stream, MAX_REQUEST_BYTES) {
         Err(e) => Err(RequestError::Frame(e)),
         Ok(None) => Ok(None),
-        Ok(Some((body, used))) => match Request::decode(body) {
+        Ok(Some((body, used))) => match match shared {
+            Some(all) => Request::decode_within(all, body),
+            None => Request::decode(body),
+        } {
             Ok(r) => Ok(Some((r, used))),
             Err(e) => Err(RequestError::Undecodable(e)),
         },

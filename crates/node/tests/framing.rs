@@ -73,3 +73,105 @@ fn a_long_pass_hands_a_clients_replies_out_in_chunks_in_order() {
         "{sizes:?}"
     );
 }
+
+/// A daemon keeps the payloads of the requests it reads as views of the buffer it read them
+/// into: many requests in a few reads, one cut in two between reads, arrive whole and in order,
+/// and once every daemon has them the node holds nothing of the buffers.
+#[test]
+fn payloads_read_in_shared_buffers_arrive_whole_and_the_buffers_are_let_go() {
+    let (cfg, ids) = network(3, 5);
+    let mut net = Net::new(&cfg, &ids);
+    net.run(400);
+    assert_eq!(net.ring(0).1, vec![1, 2, 3], "the ring formed");
+    member(&mut net, 0, 1, "a");
+    member(&mut net, 1, 1, "b");
+    net.run(50);
+    let replies_before = net.replies.len();
+    let sent: Vec<Vec<u8>> = (0..300u32)
+        .map(|k| {
+            let mut p = vec![(k % 251) as u8; 1 + (k as usize * 37) % 3000];
+            p[..1].copy_from_slice(&[(k % 256) as u8]);
+            p
+        })
+        .collect();
+    let mut stream = Vec::new();
+    for p in &sent {
+        let send = ClientCommand::Multicast {
+            service: ServiceType::Agreed,
+            groups: vec!["g".into()],
+            payload: p.clone().into(),
+        };
+        stream.extend(conclave_wire::client::frame(
+            &Request::Command(send).encode(),
+        ));
+    }
+    // Three reads, cut inside requests (the first cut inside a length, the second in a body).
+    let cuts = [0, 2 * 1024 + 1, stream.len() / 2 + 7, stream.len()];
+    let reads: Vec<bytes::Bytes> = cuts
+        .windows(2)
+        .map(|w| bytes::Bytes::copy_from_slice(&stream[w[0]..w[1]]))
+        .collect();
+    for r in &reads {
+        let now = net.time();
+        net.nodes[0].handle_session_shared(now, 1, r);
+    }
+    // Not copies: the messages waiting for the token hold views of the reads.
+    assert!(!reads[0].is_unique() && !reads[2].is_unique());
+    net.run(200);
+    let got: Vec<Vec<u8>> = net.replies[replies_before..]
+        .iter()
+        .filter(|(i, id, _)| (*i, *id) == (1, 1))
+        .filter_map(|(_, _, r)| match r {
+            Reply::Event(ClientEvent::Message { payload, .. }) => Some(payload.to_vec()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, sent);
+    for (k, r) in reads.into_iter().enumerate() {
+        assert!(r.is_unique(), "read {k} is still held");
+    }
+}
+
+/// A message that must wait (here for its client's join to take effect) keeps a copy of its
+/// payload, not a view of the read it came in: what a client has held is bounded by its
+/// payloads, and the read's buffer goes back to the daemon at once.
+#[test]
+fn a_held_message_keeps_no_view_of_its_read() {
+    let (cfg, ids) = network(3, 5);
+    let mut net = Net::new(&cfg, &ids);
+    net.run(400);
+    let now = net.time();
+    net.nodes[0].open_session(now, 1).unwrap();
+    net.request(0, 1, Request::Connect { name: "a".into() });
+    net.run(10);
+    let join = ClientCommand::Join {
+        group: "g".into(),
+        vs: false,
+    };
+    let send = ClientCommand::Multicast {
+        service: ServiceType::Agreed,
+        groups: vec!["g".into()],
+        payload: vec![7u8; 500].into(),
+    };
+    let mut stream = conclave_wire::client::frame(&Request::Command(join).encode());
+    stream.extend(conclave_wire::client::frame(
+        &Request::Command(send).encode(),
+    ));
+    let read = bytes::Bytes::from(stream);
+    let now = net.time();
+    net.nodes[0].handle_session_shared(now, 1, &read);
+    assert!(
+        read.is_unique(),
+        "the held message holds a view of its read"
+    );
+    let replies_before = net.replies.len();
+    net.run(100);
+    let got: Vec<_> = net.replies[replies_before..]
+        .iter()
+        .filter_map(|(_, _, r)| match r {
+            Reply::Event(ClientEvent::Message { payload, .. }) => Some(payload.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, vec![bytes::Bytes::from(vec![7u8; 500])]);
+}

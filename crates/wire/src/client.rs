@@ -553,7 +553,17 @@ impl Request {
     }
 
     pub fn decode(buf: &[u8]) -> Result<Request, DecodeError> {
-        let mut r = open(Reader::new(buf))?;
+        Request::read(Reader::new(buf))
+    }
+
+    /// [`Request::decode`] of `buf`, a part of `all`, with a message's payload a view of `all`,
+    /// not a copy (a daemon decodes what it reads this way).
+    pub fn decode_within(all: &Bytes, buf: &[u8]) -> Result<Request, DecodeError> {
+        Request::read(Reader::shared_within(all, buf))
+    }
+
+    fn read(r: Reader<'_>) -> Result<Request, DecodeError> {
+        let mut r = open(r)?;
         let req = match r.u8("request")? {
             1 => Request::Connect {
                 name: r.name("client name", MAX_NAME_BYTES)?,
@@ -1283,5 +1293,37 @@ mod tests {
             panic!("not a refusal");
         };
         assert!(got.len() <= MAX_TEXT_BYTES && got.chars().all(|c| c == 'é'));
+    }
+}
+
+#[cfg(test)]
+mod shared_decode_tests {
+    use super::*;
+
+    #[test]
+    fn a_request_decoded_within_a_buffer_has_its_payload_as_a_view_of_it() {
+        let req = Request::Command(ClientCommand::Multicast {
+            service: ServiceType::Agreed,
+            groups: vec!["g".into()],
+            payload: Bytes::from(vec![9u8; 100]),
+        });
+        let body = req.encode();
+        let mut stream = vec![0u8; 5];
+        stream.extend_from_slice(&body);
+        let all = Bytes::from(stream);
+        let within = Request::decode_within(&all, &all[5..]).unwrap();
+        assert_eq!(within, req);
+        let Request::Command(ClientCommand::Multicast { payload, .. }) = within else {
+            unreachable!()
+        };
+        assert!(all.as_ptr_range().contains(&payload.as_ptr()));
+        // A part outside the buffer is copied out, as by `decode`.
+        let other = body.clone();
+        let copied = Request::decode_within(&all, &other).unwrap();
+        assert_eq!(copied, req);
+        let Request::Command(ClientCommand::Multicast { payload, .. }) = copied else {
+            unreachable!()
+        };
+        assert!(!all.as_ptr_range().contains(&payload.as_ptr()));
     }
 }

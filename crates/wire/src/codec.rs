@@ -55,6 +55,17 @@ impl<'a> Reader<'a> {
             shared: Some(buf),
         }
     }
+    /// A reader of `buf`, a part of `all`, whose [`Reader::payload`]s are views of `all`: a
+    /// payload keeps all of `all` alive. A `buf` outside `all` is read as by [`Reader::new`].
+    pub fn shared_within(all: &'a Bytes, buf: &'a [u8]) -> Self {
+        let range = all.as_ptr_range();
+        let inside = range.start <= buf.as_ptr() && buf.as_ptr_range().end <= range.end;
+        Reader {
+            buf,
+            pos: 0,
+            shared: inside.then_some(all),
+        }
+    }
     pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }

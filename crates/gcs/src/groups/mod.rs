@@ -591,6 +591,7 @@ impl Daemon {
         } else {
             (cmd, spread)
         };
+        let ring_takes = self.ring.can_submit();
         let Some(c) = self.clients.get_mut(client) else {
             return Err(DaemonError::UnknownClient(id));
         };
@@ -608,6 +609,19 @@ impl Daemon {
             c.held_acks += 1;
         }
         c.held_bytes += command_bytes(&cmd.0);
+        let mut cmd = cmd;
+        match &mut cmd.0 {
+            // The payload may be a view of the buffer the daemon read it into, with other
+            // requests that go on without it: a message that waits for its group while the
+            // ring takes messages keeps a copy of its own, so that what a client has held counts
+            // its payloads, not the buffers they came in. One held because the ring takes no
+            // more (a full ring, a configuration change) waits with the rest of its read: no
+            // copy, which at full load would be one per message.
+            ClientCommand::Multicast { payload, .. } if ring_takes => {
+                *payload = Bytes::copy_from_slice(payload);
+            }
+            _ => {}
+        }
         c.held.entry(group).or_default().push_back(cmd);
         c.held_count += 1;
         self.after(now);

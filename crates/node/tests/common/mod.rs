@@ -126,7 +126,7 @@ impl Net {
     pub fn request(&mut self, i: usize, id: SessionId, req: conclave_wire::client::Request) {
         let now = self.time();
         let bytes = conclave_wire::client::frame(&req.encode());
-        self.nodes[i].handle_session_bytes(now, id, &bytes);
+        self.nodes[i].handle_session_shared(now, id, &bytes::Bytes::from(bytes));
     }
 
     /// What went from node `from` to node `to`, in order.

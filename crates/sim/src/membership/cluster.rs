@@ -250,7 +250,7 @@ impl World {
             }
             let now = Time::from_micros(self.now);
             for (sid, bytes) in answers {
-                self.nodes[i].handle_session_bytes(now, sid, &bytes);
+                self.nodes[i].handle_session_shared(now, sid, &bytes::Bytes::from(bytes));
             }
         }
     }
@@ -313,7 +313,7 @@ impl World {
             return;
         };
         let now = Time::from_micros(self.now);
-        self.nodes[c.daemon].handle_session_bytes(now, sid, &bytes);
+        self.nodes[c.daemon].handle_session_shared(now, sid, &bytes::Bytes::from(bytes));
     }
 
     pub(super) fn connect(&mut self, ci: usize) {
@@ -330,7 +330,7 @@ impl World {
             let c = &mut self.clients[ci];
             c.session = Some(sid);
             let hello = conclave_wire::spread::client::hello(&c.private, true);
-            self.nodes[d].handle_session_bytes(now, sid, &hello);
+            self.nodes[d].handle_session_shared(now, sid, &bytes::Bytes::from(hello));
             return;
         }
         if self.nodes[d].open_session(now, sid).is_err() {
@@ -342,7 +342,7 @@ impl World {
         c.inc = None;
         c.core = SessionCore::new(WINDOW);
         let hello = c.core.connect(&c.private);
-        self.nodes[d].handle_session_bytes(now, sid, &hello);
+        self.nodes[d].handle_session_shared(now, sid, &bytes::Bytes::from(hello));
     }
 
     /// The client's connection ended (the daemon recorded the end of its incarnation).
@@ -395,7 +395,7 @@ impl World {
         };
         let now = Time::from_micros(self.now);
         let d = c.daemon;
-        self.nodes[d].handle_session_bytes(now, sid, &bytes);
+        self.nodes[d].handle_session_shared(now, sid, &bytes::Bytes::from(bytes));
     }
 
     /// The client's daemon crashed: the client's incarnation ends with it.

@@ -163,7 +163,7 @@ impl World {
         c.secure.insert(group.clone(), g);
         if let (Some(bytes), Some(sid)) = (asked, c.session) {
             let now = Time::from_micros(self.now);
-            self.nodes[c.daemon].handle_session_bytes(now, sid, &bytes);
+            self.nodes[c.daemon].handle_session_shared(now, sid, &bytes::Bytes::from(bytes));
         }
         self.secure_send_commands(ci, &group);
     }
@@ -201,7 +201,7 @@ impl World {
         let c = &self.clients[ci];
         if let (Some(sid), false) = (c.session, bytes.is_empty()) {
             let now = Time::from_micros(self.now);
-            self.nodes[c.daemon].handle_session_bytes(now, sid, &bytes);
+            self.nodes[c.daemon].handle_session_shared(now, sid, &bytes::Bytes::from(bytes));
         }
     }
 
@@ -387,7 +387,7 @@ impl World {
         let c = &self.clients[ci];
         if let (Some(sid), false) = (c.session, bytes.is_empty()) {
             let now = Time::from_micros(self.now);
-            self.nodes[c.daemon].handle_session_bytes(now, sid, &bytes);
+            self.nodes[c.daemon].handle_session_shared(now, sid, &bytes::Bytes::from(bytes));
         }
     }
 
