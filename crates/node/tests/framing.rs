@@ -175,3 +175,44 @@ fn a_held_message_keeps_no_view_of_its_read() {
         .collect();
     assert_eq!(got, vec![bytes::Bytes::from(vec![7u8; 500])]);
 }
+
+/// While the ring takes no messages (here: it has not formed yet), a client's held messages keep
+/// their views only up to the client library's window; past it each keeps a copy, so that a
+/// client cannot make its daemon hold a read's buffer per tiny message.
+#[test]
+fn held_messages_keep_views_of_their_reads_only_up_to_a_window() {
+    let (cfg, ids) = network(3, 5);
+    let mut net = Net::new(&cfg, &ids);
+    let now = net.time();
+    net.nodes[0].open_session(now, 1).unwrap();
+    net.request(0, 1, Request::Connect { name: "a".into() });
+    let join = ClientCommand::Join {
+        group: "g".into(),
+        vs: false,
+    };
+    net.request(0, 1, Request::Command(join));
+    let reads: Vec<bytes::Bytes> = (0..300)
+        .map(|_| {
+            let send = ClientCommand::Multicast {
+                service: ServiceType::Agreed,
+                groups: vec!["g".into()],
+                payload: vec![1u8; 100].into(),
+            };
+            conclave_wire::client::frame(&Request::Command(send).encode()).into()
+        })
+        .collect();
+    let now = net.time();
+    for r in &reads {
+        net.nodes[0].handle_session_shared(now, 1, r);
+    }
+    let viewed = reads.iter().filter(|r| !r.is_unique()).count();
+    // The join is held first, so 255 messages find fewer than 256 held before them.
+    assert_eq!(viewed, 255);
+    net.run(400);
+    let got = net
+        .replies
+        .iter()
+        .filter(|(_, _, r)| matches!(r, Reply::Event(ClientEvent::Message { .. })))
+        .count();
+    assert_eq!(got, 300, "every message delivered once the ring formed");
+}

@@ -268,6 +268,11 @@ pub const OPEN_VIEW: u64 = u64::MAX;
 /// it.
 type Held = (ClientCommand, Option<Box<SpreadMeta>>);
 
+/// Most held messages of one client that may keep their payloads as views of the buffers their
+/// daemon read them into: the client library's default window, so that its senders' messages
+/// held at full load are not copied.
+const HELD_VIEWS: usize = 256;
+
 /// One daemon: the ring ([`Membership`]) and the client groups on it.
 pub struct Daemon {
     cfg: DaemonConfig,
@@ -591,7 +596,7 @@ impl Daemon {
         } else {
             (cmd, spread)
         };
-        let ring_takes = self.ring.can_submit();
+        let ring_takes = self.ready() && self.ring.can_submit();
         let Some(c) = self.clients.get_mut(client) else {
             return Err(DaemonError::UnknownClient(id));
         };
@@ -611,13 +616,16 @@ impl Daemon {
         c.held_bytes += command_bytes(&cmd.0);
         let mut cmd = cmd;
         match &mut cmd.0 {
-            // The payload may be a view of the buffer the daemon read it into, with other
-            // requests that go on without it: a message that waits for its group while the
-            // ring takes messages keeps a copy of its own, so that what a client has held counts
-            // its payloads, not the buffers they came in. One held because the ring takes no
-            // more (a full ring, a configuration change) waits with the rest of its read: no
-            // copy, which at full load would be one per message.
-            ClientCommand::Multicast { payload, .. } if ring_takes => {
+            // The payload may be a view of the buffer the daemon read it into (up to 64 KiB),
+            // with other requests that go on without it. A message that waits for its group
+            // while the ring takes messages keeps a copy of its own, and so does every message
+            // past a client's first HELD_VIEWS: what a client has held stays within its byte
+            // budget plus HELD_VIEWS buffers. Below that, one held because the ring takes no more
+            // (a full ring, a configuration change) waits with the rest of its read: no copy,
+            // which at full load would be one per message.
+            ClientCommand::Multicast { payload, .. }
+                if ring_takes || c.held_count >= HELD_VIEWS =>
+            {
                 *payload = Bytes::copy_from_slice(payload);
             }
             _ => {}
