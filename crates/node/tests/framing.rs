@@ -20,8 +20,8 @@ fn member(net: &mut Net, i: usize, id: u64, name: &str) {
     net.request(i, id, Request::Command(join));
 }
 
-#[test]
-fn a_long_pass_hands_a_clients_replies_out_in_chunks_in_order() {
+/// A ring of three with member `a` at the first daemon and `b` at the second, both in group g.
+fn ring_of_two_members() -> Net {
     let (cfg, ids) = network(3, 5);
     let mut net = Net::new(&cfg, &ids);
     net.run(400);
@@ -29,6 +29,24 @@ fn a_long_pass_hands_a_clients_replies_out_in_chunks_in_order() {
     member(&mut net, 0, 1, "a");
     member(&mut net, 1, 1, "b");
     net.run(50);
+    net
+}
+
+/// The payloads `b` received, in order, among the replies from `from` on.
+fn payloads_at_b(net: &Net, from: usize) -> Vec<Vec<u8>> {
+    net.replies[from..]
+        .iter()
+        .filter(|(i, id, _)| (*i, *id) == (1, 1))
+        .filter_map(|(_, _, r)| match r {
+            Reply::Event(ClientEvent::Message { payload, .. }) => Some(payload.to_vec()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_long_pass_hands_a_clients_replies_out_in_chunks_in_order() {
+    let mut net = ring_of_two_members();
     let before = net.handed_out.len();
     let replies_before = net.replies.len();
     let sent: Vec<Vec<u8>> = (0..600u32)
@@ -48,14 +66,7 @@ fn a_long_pass_hands_a_clients_replies_out_in_chunks_in_order() {
     }
     net.run(100);
     // Every message reached b whole and in order.
-    let got: Vec<Vec<u8>> = net.replies[replies_before..]
-        .iter()
-        .filter(|(i, id, _)| (*i, *id) == (1, 1))
-        .filter_map(|(_, _, r)| match r {
-            Reply::Event(ClientEvent::Message { payload, .. }) => Some(payload.to_vec()),
-            _ => None,
-        })
-        .collect();
+    let got = payloads_at_b(&net, replies_before);
     assert_eq!(got, sent);
     // b's buffers: none much past a chunk, and some full ones (600 KiB went in a few passes).
     let sizes: Vec<usize> = net.handed_out[before..]
@@ -79,13 +90,7 @@ fn a_long_pass_hands_a_clients_replies_out_in_chunks_in_order() {
 /// and once every daemon has them the node holds nothing of the buffers.
 #[test]
 fn payloads_read_in_shared_buffers_arrive_whole_and_the_buffers_are_let_go() {
-    let (cfg, ids) = network(3, 5);
-    let mut net = Net::new(&cfg, &ids);
-    net.run(400);
-    assert_eq!(net.ring(0).1, vec![1, 2, 3], "the ring formed");
-    member(&mut net, 0, 1, "a");
-    member(&mut net, 1, 1, "b");
-    net.run(50);
+    let mut net = ring_of_two_members();
     let replies_before = net.replies.len();
     let sent: Vec<Vec<u8>> = (0..300u32)
         .map(|k| {
@@ -118,14 +123,7 @@ fn payloads_read_in_shared_buffers_arrive_whole_and_the_buffers_are_let_go() {
     // Not copies: the messages waiting for the token hold views of the reads.
     assert!(!reads[0].is_unique() && !reads[2].is_unique());
     net.run(200);
-    let got: Vec<Vec<u8>> = net.replies[replies_before..]
-        .iter()
-        .filter(|(i, id, _)| (*i, *id) == (1, 1))
-        .filter_map(|(_, _, r)| match r {
-            Reply::Event(ClientEvent::Message { payload, .. }) => Some(payload.to_vec()),
-            _ => None,
-        })
-        .collect();
+    let got = payloads_at_b(&net, replies_before);
     assert_eq!(got, sent);
     for (k, r) in reads.into_iter().enumerate() {
         assert!(r.is_unique(), "read {k} is still held");
@@ -183,14 +181,7 @@ fn a_held_message_keeps_no_view_of_its_read() {
 fn held_messages_keep_views_of_their_reads_only_up_to_a_window() {
     let (cfg, ids) = network(3, 5);
     let mut net = Net::new(&cfg, &ids);
-    let now = net.time();
-    net.nodes[0].open_session(now, 1).unwrap();
-    net.request(0, 1, Request::Connect { name: "a".into() });
-    let join = ClientCommand::Join {
-        group: "g".into(),
-        vs: false,
-    };
-    net.request(0, 1, Request::Command(join));
+    member(&mut net, 0, 1, "a");
     let reads: Vec<bytes::Bytes> = (0..300)
         .map(|_| {
             let send = ClientCommand::Multicast {
