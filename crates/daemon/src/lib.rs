@@ -7,6 +7,7 @@
 
 pub mod datagrams;
 pub mod endpoints;
+pub mod reads;
 pub mod record;
 pub mod server;
 pub mod session;

@@ -72,6 +72,8 @@ pub(crate) enum ToCore {
     Bytes {
         id: SessionId,
         bytes: bytes::Bytes,
+        /// The node may keep views of `bytes` (a buffer of its own, counted: crate::reads).
+        shared: bool,
         permit: OwnedSemaphorePermit,
     },
     Gone {
@@ -269,6 +271,7 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         written: written_tx,
         next_id: Arc::new(std::sync::atomic::AtomicU64::new(1)),
         shm_rings: Arc::new(tokio::sync::Semaphore::new(max_connections)),
+        shared_reads: crate::reads::SharedReads::new(crate::reads::SHARED_READ_BYTES),
     };
     if let Some(addr) = entry.client {
         tasks.push(listen_tcp(addr, sessions.clone(), false, "client").await?);
@@ -477,18 +480,27 @@ struct Sessions {
     next_id: Arc<std::sync::atomic::AtomicU64>,
     /// Shared-memory rings the daemon may hold at once, greetings included (`max_connections`).
     shm_rings: Arc<tokio::sync::Semaphore>,
+    /// The read buffers the node's views hold, all connections together.
+    shared_reads: Arc<crate::reads::SharedReads>,
 }
 
 impl Sessions {
+    fn daemon(&self) -> session::Daemon {
+        session::Daemon {
+            core: self.core.clone(),
+            written: self.written.clone(),
+            shared: self.shared_reads.clone(),
+        }
+    }
+
     /// Runs a new connection's session (the node closes it at once past its connection limit).
     fn serve<S>(&self, s: S, binding: Option<[u8; 32]>, spread: bool)
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
     {
         let id = self.next_id.fetch_add(1, Relaxed);
-        let (core, written) = (self.core.clone(), self.written.clone());
         let (r, w) = tokio::io::split(s);
-        tokio::spawn(session::run(r, w, id, binding, spread, core, written));
+        tokio::spawn(session::run(r, w, id, binding, spread, self.daemon()));
     }
 
     /// Runs a new connection on the `shm` socket: the client's requests come over the socket,
@@ -496,7 +508,7 @@ impl Sessions {
     #[cfg(target_os = "linux")]
     fn serve_shm(&self, s: tokio::net::UnixStream) {
         let id = self.next_id.fetch_add(1, Relaxed);
-        let (core, written) = (self.core.clone(), self.written.clone());
+        let daemon = self.daemon();
         // A ring is memory the daemon holds for the session's life: at most one per connection
         // the daemon admits, and none for a connection past the limit.
         let Ok(ring) = self.shm_rings.clone().try_acquire_owned() else {
@@ -505,7 +517,7 @@ impl Sessions {
         };
         tokio::spawn(async move {
             match conclave_shm::accept(s, conclave_shm::DEFAULT_RING_BYTES).await {
-                Ok((r, w)) => session::run(r, w, id, None, false, core, written).await,
+                Ok((r, w)) => session::run(r, w, id, None, false, daemon).await,
                 Err(e) => tracing::debug!(error = %e, "a shared-memory session failed to start"),
             }
             drop(ring);
@@ -669,9 +681,18 @@ impl Pump {
                     Err(e) => tracing::debug!(session = id, error = %e, "connection refused"),
                 }
             }
-            ToCore::Bytes { id, bytes, permit } => {
+            ToCore::Bytes {
+                id,
+                bytes,
+                shared,
+                permit,
+            } => {
                 size = bytes.len();
-                self.node.handle_session_shared(now, id, &bytes);
+                if shared {
+                    self.node.handle_session_shared(now, id, &bytes);
+                } else {
+                    self.node.handle_session_bytes(now, id, &bytes);
+                }
                 if self.node.session_paused(id) {
                     self.held_reads.entry(id).or_default().push(permit);
                 }

@@ -10,6 +10,7 @@
 //! reports what it wrote (the node bounds what a client leaves unwritten); a write that does not
 //! progress for [`WRITE_TIMEOUT`] ends the connection.
 
+use crate::reads::SharedReads;
 use crate::server::ToCore;
 use bytes::BytesMut;
 use conclave_node::{SessionId, SessionOutput};
@@ -21,10 +22,8 @@ use tokio::sync::{mpsc, Semaphore};
 
 /// A write to a client that makes no progress for this long ends its connection.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most bytes one read of a connection takes, and the size of the buffers it reads into.
+/// Most bytes one read of a connection takes.
 pub const READ_BYTES: usize = 64 * 1024;
-/// Fewest bytes a read has room for: reads share a buffer until less than this is left in it.
-const READ_MIN_BYTES: usize = 16 * 1024;
 /// Reads of one connection on their way to the core at once.
 pub const READS_IN_FLIGHT: usize = 4;
 
@@ -36,6 +35,14 @@ pub(crate) struct Written {
     pub spare: Vec<Vec<u8>>,
 }
 
+/// Where a connection's tasks send what they read and wrote, and the count of read buffers
+/// the node's views hold (all connections together).
+pub(crate) struct Daemon {
+    pub core: mpsc::Sender<ToCore>,
+    pub written: mpsc::UnboundedSender<Written>,
+    pub shared: Arc<SharedReads>,
+}
+
 /// Runs one connection until either side ends it: its requests are read from `r` and its
 /// replies written to `w` (a socket's halves, or a socket and a shared-memory ring).
 pub(crate) async fn run<R, W>(
@@ -44,12 +51,16 @@ pub(crate) async fn run<R, W>(
     id: SessionId,
     binding: Option<[u8; 32]>,
     spread: bool,
-    core: mpsc::Sender<ToCore>,
-    written: mpsc::UnboundedSender<Written>,
+    daemon: Daemon,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    let Daemon {
+        core,
+        written,
+        shared,
+    } = daemon;
     let (tx, rx) = mpsc::unbounded_channel();
     let open = ToCore::Open {
         id,
@@ -63,7 +74,7 @@ pub(crate) async fn run<R, W>(
     let writer = write(w, id, rx, written);
     tokio::pin!(writer);
     tokio::select! {
-        _ = read(r, id, core.clone()) => {
+        _ = read(r, id, core.clone(), shared) => {
             // The client is gone; what the node still queues for it is written before the
             // connection closes.
             let _ = core.send(ToCore::Gone { id }).await;
@@ -75,25 +86,54 @@ pub(crate) async fn run<R, W>(
     }
 }
 
-async fn read<R: AsyncRead + Unpin>(mut r: R, id: SessionId, core: mpsc::Sender<ToCore>) {
+async fn read<R: AsyncRead + Unpin>(
+    mut r: R,
+    id: SessionId,
+    core: mpsc::Sender<ToCore>,
+    shared: Arc<SharedReads>,
+) {
     let in_flight = Arc::new(Semaphore::new(READS_IN_FLIGHT));
-    // The node keeps messages' payloads as views of the buffer they were read into, until
-    // every daemon has them. So successive reads fill one buffer, and a buffer is read into
-    // again from its start once the node has let go of all of it: what the views hold is about
-    // what was read, not a buffer per small read (a fresh buffer per read is also memory the
-    // cache has not seen, for the kernel's copy and the node's).
+    // Reads whose payloads are copied out go into one buffer, read into again once the node is
+    // done with it (a fresh buffer per read is memory the cache has not seen, for the kernel's
+    // copy and the node's). A read to be shared goes into a buffer of its own (crate::reads).
     let mut buf = BytesMut::with_capacity(READ_BYTES);
     loop {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
-        buf.reserve(READ_MIN_BYTES);
-        match r.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        let bytes = buf.split().freeze();
-        let msg = ToCore::Bytes { id, bytes, permit };
+        let msg = if shared.may_share(READ_BYTES) {
+            let mut own = Vec::with_capacity(READ_BYTES);
+            match r.read_buf(&mut own).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            match shared.share(own) {
+                Ok(bytes) => ToCore::Bytes {
+                    id,
+                    bytes,
+                    shared: true,
+                    permit,
+                },
+                Err(small) => ToCore::Bytes {
+                    id,
+                    bytes: small.into(),
+                    shared: false,
+                    permit,
+                },
+            }
+        } else {
+            buf.reserve(READ_BYTES);
+            match r.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            ToCore::Bytes {
+                id,
+                bytes: buf.split().freeze(),
+                shared: false,
+                permit,
+            }
+        };
         if core.send(msg).await.is_err() {
             return;
         }

@@ -100,18 +100,21 @@ fn payloads_read_in_shared_buffers_arrive_whole_and_the_buffers_are_let_go() {
         })
         .collect();
     let mut stream = Vec::new();
+    let mut starts = Vec::new();
     for p in &sent {
         let send = ClientCommand::Multicast {
             service: ServiceType::Agreed,
             groups: vec!["g".into()],
             payload: p.clone().into(),
         };
+        starts.push(stream.len());
         stream.extend(conclave_wire::client::frame(
             &Request::Command(send).encode(),
         ));
     }
-    // Three reads, cut inside requests (the first cut inside a length, the second in a body).
-    let cuts = [0, 2 * 1024 + 1, stream.len() / 2 + 7, stream.len()];
+    // Three reads, cut inside requests: the first cut inside a request's 4-byte length, the
+    // second inside a body.
+    let cuts = [0, starts[10] + 2, starts[150] + 30, stream.len()];
     let reads: Vec<bytes::Bytes> = cuts
         .windows(2)
         .map(|w| bytes::Bytes::copy_from_slice(&stream[w[0]..w[1]]))
