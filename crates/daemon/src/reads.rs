@@ -5,10 +5,10 @@
 //! and no allocation per message. A view keeps its whole buffer, so a client that pads tiny
 //! messages with bytes the daemon lets go (requests it refuses, say) could make it hold a
 //! buffer per message, far beyond the byte budgets that count payloads. So the daemon counts the
-//! buffers views hold, all connections together: a read goes into a buffer of its own, to be
-//! shared, only while they are within [`SHARED_READ_BYTES`], and only a read of at least
-//! [`SHARED_READ_MIN_BYTES`] is shared (a smaller one is read as before, its payloads copied
-//! out, and its buffer is read into again).
+//! buffers views hold, all connections together: a read of at least [`SHARED_READ_MIN_BYTES`]
+//! is handed over in its buffer, to be shared, if that buffer keeps them within
+//! [`SHARED_READ_BYTES`]; any other read is copied out of the buffer, which the connection reads
+//! into again, and the node copies its payloads out.
 
 use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -41,21 +41,24 @@ impl SharedReads {
         self.held.load(Relaxed)
     }
 
-    /// Whether a new buffer of `capacity` may be read into to be shared.
-    pub fn may_share(&self, capacity: usize) -> bool {
-        self.held().saturating_add(capacity) <= self.budget
-    }
-
-    /// `buf`, a read, as shared bytes whose buffer counts as held until the last view of it is
-    /// dropped; `None` (and `buf` back) when the read is too small to be shared.
-    pub fn share(self: &Arc<Self>, buf: Vec<u8>) -> Result<Bytes, Vec<u8>> {
+    /// The read in `buf` as shared bytes, its buffer counted as held until the last view of it
+    /// is dropped, and an empty buffer of the same capacity in its place; `None` (and `buf` as
+    /// it was) when the read is too small or its buffer would take the views past the budget.
+    pub fn share(self: &Arc<Self>, buf: &mut Vec<u8>) -> Option<Bytes> {
         if buf.len() < SHARED_READ_MIN_BYTES {
-            return Err(buf);
+            return None;
         }
         let capacity = buf.capacity();
-        self.held.fetch_add(capacity, Relaxed);
-        Ok(Bytes::from_owner(Held {
-            buf,
+        // Counted before it is shared, and never past the budget, whatever the connections do
+        // at once.
+        self.held
+            .fetch_update(Relaxed, Relaxed, |held| {
+                held.checked_add(capacity).filter(|&h| h <= self.budget)
+            })
+            .ok()?;
+        let full = std::mem::replace(buf, Vec::with_capacity(capacity));
+        Some(Bytes::from_owner(Held {
+            buf: full,
             reads: self.clone(),
         }))
     }
@@ -83,12 +86,21 @@ impl Drop for Held {
 mod tests {
     use super::*;
 
+    fn read(n: usize) -> Vec<u8> {
+        let mut b = Vec::with_capacity(64 << 10);
+        b.resize(n, 7u8);
+        b
+    }
+
     #[test]
     fn a_shared_read_counts_until_its_last_view_is_dropped() {
         let reads = SharedReads::new(256 << 10);
-        let mut buf = Vec::with_capacity(64 << 10);
-        buf.resize(20 << 10, 7u8);
-        let bytes = reads.share(buf).unwrap();
+        let mut buf = read(20 << 10);
+        let bytes = reads.share(&mut buf).unwrap();
+        assert!(
+            buf.is_empty() && buf.capacity() == 64 << 10,
+            "a fresh buffer to read into"
+        );
         assert_eq!(reads.held(), 64 << 10);
         let view = bytes.slice(100..200);
         drop(bytes);
@@ -101,31 +113,34 @@ mod tests {
     #[test]
     fn a_small_read_is_not_shared() {
         let reads = SharedReads::new(256 << 10);
-        let buf = vec![1u8; SHARED_READ_MIN_BYTES - 1];
-        let back = reads.share(buf).unwrap_err();
-        assert_eq!(back.len(), SHARED_READ_MIN_BYTES - 1);
+        let mut buf = read(SHARED_READ_MIN_BYTES - 1);
+        assert!(reads.share(&mut buf).is_none());
+        assert_eq!(
+            buf.len(),
+            SHARED_READ_MIN_BYTES - 1,
+            "the read is left where it was"
+        );
         assert_eq!(reads.held(), 0);
     }
 
     #[test]
     fn past_the_budget_reads_are_not_shared() {
         let reads = SharedReads::new(128 << 10);
-        let full = |n| {
-            let mut b = Vec::with_capacity(64 << 10);
-            b.resize(n, 0u8);
-            b
-        };
-        assert!(reads.may_share(64 << 10));
-        let a = reads.share(full(32 << 10)).unwrap();
-        assert!(reads.may_share(64 << 10));
-        let b = reads.share(full(32 << 10)).unwrap();
+        let a = reads.share(&mut read(32 << 10)).unwrap();
+        let b = reads.share(&mut read(32 << 10)).unwrap();
+        assert_eq!(reads.held(), 128 << 10);
+        let mut third = read(32 << 10);
         assert!(
-            !reads.may_share(64 << 10),
+            reads.share(&mut third).is_none(),
             "two buffers of 64 KiB fill 128 KiB"
         );
+        assert_eq!(third.len(), 32 << 10);
+        assert_eq!(reads.held(), 128 << 10);
         drop(a);
-        assert!(reads.may_share(64 << 10));
+        let c = reads.share(&mut third).unwrap();
         drop(b);
+        assert_eq!(reads.held(), 64 << 10);
+        drop(c);
         assert_eq!(reads.held(), 0);
     }
 }

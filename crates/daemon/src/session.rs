@@ -12,7 +12,7 @@
 
 use crate::reads::SharedReads;
 use crate::server::ToCore;
-use bytes::BytesMut;
+use bytes::Bytes;
 use conclave_node::{SessionId, SessionOutput};
 use std::io::IoSlice;
 use std::sync::Arc;
@@ -93,46 +93,32 @@ async fn read<R: AsyncRead + Unpin>(
     shared: Arc<SharedReads>,
 ) {
     let in_flight = Arc::new(Semaphore::new(READS_IN_FLIGHT));
-    // Reads whose payloads are copied out go into one buffer, read into again once the node is
-    // done with it (a fresh buffer per read is memory the cache has not seen, for the kernel's
-    // copy and the node's). A read to be shared goes into a buffer of its own (crate::reads).
-    let mut buf = BytesMut::with_capacity(READ_BYTES);
+    // One buffer, read into again unless a read is handed over in it to be shared
+    // (crate::reads): a fresh buffer per read is memory the cache has not seen, for the kernel's
+    // copy and the node's.
+    let mut buf = Vec::with_capacity(READ_BYTES);
     loop {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
-        let msg = if shared.may_share(READ_BYTES) {
-            let mut own = Vec::with_capacity(READ_BYTES);
-            match r.read_buf(&mut own).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            match shared.share(own) {
-                Ok(bytes) => ToCore::Bytes {
-                    id,
-                    bytes,
-                    shared: true,
-                    permit,
-                },
-                Err(small) => ToCore::Bytes {
-                    id,
-                    bytes: small.into(),
-                    shared: false,
-                    permit,
-                },
-            }
-        } else {
-            buf.reserve(READ_BYTES);
-            match r.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            ToCore::Bytes {
+        buf.clear();
+        match r.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let msg = match shared.share(&mut buf) {
+            Some(bytes) => ToCore::Bytes {
                 id,
-                bytes: buf.split().freeze(),
+                bytes,
+                shared: true,
+                permit,
+            },
+            None => ToCore::Bytes {
+                id,
+                bytes: Bytes::copy_from_slice(&buf),
                 shared: false,
                 permit,
-            }
+            },
         };
         if core.send(msg).await.is_err() {
             return;
