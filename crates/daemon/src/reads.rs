@@ -11,6 +11,7 @@
 //! into again, and the node copies its payloads out.
 
 use bytes::Bytes;
+use conclave_node::metrics::Metrics;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -21,19 +22,26 @@ pub const SHARED_READ_BYTES: usize = 32 << 20;
 /// was read.
 pub const SHARED_READ_MIN_BYTES: usize = 16 << 10;
 
-/// The count of read buffers held by views, shared by a daemon's connections.
+/// The count of read buffers held by views, shared by a daemon's connections, and shown in
+/// its metrics (`conclave_shared_read_bytes`).
 #[derive(Debug)]
 pub struct SharedReads {
     held: AtomicUsize,
     budget: usize,
+    metrics: Arc<Metrics>,
 }
 
 impl SharedReads {
-    pub fn new(budget: usize) -> Arc<SharedReads> {
+    pub fn new(budget: usize, metrics: Arc<Metrics>) -> Arc<SharedReads> {
         Arc::new(SharedReads {
             held: AtomicUsize::new(0),
             budget,
+            metrics,
         })
+    }
+
+    fn show(&self, held: usize) {
+        self.metrics.shared_read_bytes.store(held as u64, Relaxed);
     }
 
     /// Bytes of read buffers held now.
@@ -51,11 +59,13 @@ impl SharedReads {
         let capacity = buf.capacity();
         // Counted before it is shared, and never past the budget, whatever the connections do
         // at once.
-        self.held
+        let before = self
+            .held
             .fetch_update(Relaxed, Relaxed, |held| {
                 held.checked_add(capacity).filter(|&h| h <= self.budget)
             })
             .ok()?;
+        self.show(before + capacity);
         let full = std::mem::replace(buf, Vec::with_capacity(capacity));
         Some(Bytes::from_owner(Held {
             buf: full,
@@ -78,7 +88,9 @@ impl AsRef<[u8]> for Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.reads.held.fetch_sub(self.buf.capacity(), Relaxed);
+        let capacity = self.buf.capacity();
+        let before = self.reads.held.fetch_sub(capacity, Relaxed);
+        self.reads.show(before - capacity);
     }
 }
 
@@ -94,7 +106,7 @@ mod tests {
 
     #[test]
     fn a_shared_read_counts_until_its_last_view_is_dropped() {
-        let reads = SharedReads::new(256 << 10);
+        let reads = SharedReads::new(256 << 10, Default::default());
         let mut buf = read(20 << 10);
         let bytes = reads.share(&mut buf).unwrap();
         assert!(
@@ -102,17 +114,19 @@ mod tests {
             "a fresh buffer to read into"
         );
         assert_eq!(reads.held(), 64 << 10);
+        assert_eq!(reads.metrics.shared_read_bytes.load(Relaxed), 64 << 10);
         let view = bytes.slice(100..200);
         drop(bytes);
         assert_eq!(reads.held(), 64 << 10, "a view still holds the buffer");
         assert_eq!(&view[..], &[7u8; 100][..]);
         drop(view);
         assert_eq!(reads.held(), 0);
+        assert_eq!(reads.metrics.shared_read_bytes.load(Relaxed), 0);
     }
 
     #[test]
     fn a_small_read_is_not_shared() {
-        let reads = SharedReads::new(256 << 10);
+        let reads = SharedReads::new(256 << 10, Default::default());
         let mut buf = read(SHARED_READ_MIN_BYTES - 1);
         assert!(reads.share(&mut buf).is_none());
         assert_eq!(
@@ -125,7 +139,7 @@ mod tests {
 
     #[test]
     fn past_the_budget_reads_are_not_shared() {
-        let reads = SharedReads::new(128 << 10);
+        let reads = SharedReads::new(128 << 10, Default::default());
         let a = reads.share(&mut read(32 << 10)).unwrap();
         let b = reads.share(&mut read(32 << 10)).unwrap();
         assert_eq!(reads.held(), 128 << 10);

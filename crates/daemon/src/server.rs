@@ -271,7 +271,10 @@ pub async fn start(cfg: Config, name: &str, opts: Options) -> anyhow::Result<Run
         written: written_tx,
         next_id: Arc::new(std::sync::atomic::AtomicU64::new(1)),
         shm_rings: Arc::new(tokio::sync::Semaphore::new(max_connections)),
-        shared_reads: crate::reads::SharedReads::new(crate::reads::SHARED_READ_BYTES),
+        shared_reads: crate::reads::SharedReads::new(
+            crate::reads::SHARED_READ_BYTES,
+            metrics.clone(),
+        ),
     };
     if let Some(addr) = entry.client {
         tasks.push(listen_tcp(addr, sessions.clone(), false, "client").await?);
