@@ -12,8 +12,10 @@
 
 use bytes::BytesMut;
 use conclave_wire::client::{
-    frame, next_frame, ClientCommand, ClientEvent, Refusal, Reply, Request,
+    frame, frame_multicast_into, next_frame, validate_multicast, ClientCommand, ClientEvent,
+    Refusal, Reply, Request,
 };
+use conclave_wire::gcs::ServiceType;
 use conclave_wire::DecodeError;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -247,19 +249,7 @@ impl SessionCore {
                     return refuse(Refusal::NotMember, format!("not in group {group:?}"));
                 }
             }
-            ClientCommand::Multicast { groups, .. } => {
-                if let Some(g) = groups.iter().find(|g| !self.member(g)) {
-                    return refuse(Refusal::NotMember, format!("not in group {g:?}"));
-                }
-                if groups.len() > self.window {
-                    return Err(ClientError::Invalid(format!(
-                        "a message to {} groups needs a window of at least {} (it is {})",
-                        groups.len(),
-                        groups.len(),
-                        self.window
-                    )));
-                }
-            }
+            ClientCommand::Multicast { groups, .. } => self.check_groups(groups)?,
             // A group being left may still have a flush to acknowledge.
             ClientCommand::FlushAck { group, .. } => {
                 if !self.groups.contains_key(group) && !self.joining(group) {
@@ -270,6 +260,72 @@ impl SessionCore {
         Ok(())
     }
 
+    /// What the session would refuse of a message to `groups` of `payload_len` bytes.
+    pub fn check_multicast<G: AsRef<str>>(
+        &self,
+        groups: &[G],
+        payload_len: usize,
+    ) -> Result<(), ClientError> {
+        validate_multicast(groups, payload_len)
+            .map_err(|(code, reason)| ClientError::Refused { code, reason })?;
+        self.check_groups(groups)
+    }
+
+    fn check_groups<G: AsRef<str>>(&self, groups: &[G]) -> Result<(), ClientError> {
+        if let Some(g) = groups.iter().map(AsRef::as_ref).find(|g| !self.member(g)) {
+            return Err(ClientError::Refused {
+                code: Refusal::NotMember,
+                reason: format!("not in group {g:?}"),
+            });
+        }
+        if groups.len() > self.window {
+            return Err(ClientError::Invalid(format!(
+                "a message to {} groups needs a window of at least {} (it is {})",
+                groups.len(),
+                groups.len(),
+                self.window
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`SessionCore::command`] of a message from borrowed parts, framed onto `out`: the
+    /// sending path copies the payload once, into `out`.
+    pub fn multicast_into(
+        &mut self,
+        service: ServiceType,
+        groups: &[&str],
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ClientError> {
+        self.check_multicast(groups, payload.len())?;
+        self.count_multicast(groups, payload.len());
+        frame_multicast_into(out, service, groups, payload);
+        Ok(())
+    }
+
+    /// Counts a message that may go (checked, with room in the window) as sent.
+    fn count_multicast<G: AsRef<str>>(&mut self, groups: &[G], payload_len: usize) {
+        assert!(
+            self.places(payload_len, groups.len()) <= self.window_free(),
+            "a message is sent only with room in the window"
+        );
+        self.requests += 1;
+        let k = self.requests;
+        let each = places(payload_len, groups.len(), self.window);
+        self.in_flight += each * groups.len();
+        for g in groups {
+            let g = g.as_ref();
+            match self.unacked.get_mut(g) {
+                Some(q) => q.push_back(k),
+                None => {
+                    self.unacked.insert(g.to_owned(), VecDeque::from([k]));
+                }
+            }
+        }
+        self.pending.push_back((k, groups.len(), each));
+    }
+
     /// Checks a command and, if it may go, counts it and gives it framed. A message must have
     /// room in the window ([`SessionCore::window_free`]) first.
     pub fn command(&mut self, cmd: ClientCommand) -> Result<Vec<u8>, ClientError> {
@@ -278,10 +334,8 @@ impl SessionCore {
             groups, payload, ..
         } = &cmd
         {
-            assert!(
-                self.places(payload.len(), groups.len()) <= self.window_free(),
-                "a message is sent only with room in the window"
-            );
+            self.count_multicast(groups, payload.len());
+            return Ok(frame(&Request::Command(cmd).encode()));
         }
         self.requests += 1;
         let k = self.requests;
@@ -292,22 +346,7 @@ impl SessionCore {
             ClientCommand::Leave { group } => {
                 self.leaving.insert(k, group.clone());
             }
-            ClientCommand::Multicast {
-                groups, payload, ..
-            } => {
-                let each = places(payload.len(), groups.len(), self.window);
-                self.in_flight += each * groups.len();
-                for g in groups {
-                    match self.unacked.get_mut(g) {
-                        Some(q) => q.push_back(k),
-                        None => {
-                            self.unacked.insert(g.clone(), VecDeque::from([k]));
-                        }
-                    }
-                }
-                self.pending.push_back((k, groups.len(), each));
-            }
-            ClientCommand::FlushAck { .. } => {}
+            ClientCommand::Multicast { .. } | ClientCommand::FlushAck { .. } => {}
         }
         Ok(frame(&Request::Command(cmd).encode()))
     }

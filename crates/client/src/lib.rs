@@ -52,8 +52,8 @@ pub mod tls;
 
 pub use crate::core::ClientError;
 use crate::core::{Handled, ReplyDecoder, SessionCore};
+use conclave_wire::client::ClientCommand;
 pub use conclave_wire::client::Refusal;
-use conclave_wire::client::{Bytes, ClientCommand};
 pub use conclave_wire::client::{ClientEvent, GroupViewId, Reason};
 pub use conclave_wire::gcs::ServiceType;
 use std::path::PathBuf;
@@ -215,6 +215,8 @@ pub struct Sender {
     name: String,
     w: Writer,
     shared: Arc<Shared>,
+    /// A message framed by [`Sender::queue`], kept to frame the next one into.
+    framed: Vec<u8>,
 }
 
 /// The receiving half of a client.
@@ -393,6 +395,7 @@ impl Client {
                 name: full,
                 w,
                 shared: shared.clone(),
+                framed: Vec::new(),
             },
             receiver: Receiver {
                 rx,
@@ -548,12 +551,26 @@ impl Sender {
         groups: &[&str],
         payload: &[u8],
     ) -> Result<(), ClientError> {
-        let cmd = ClientCommand::Multicast {
-            service,
-            groups: groups.iter().map(|g| g.to_string()).collect(),
-            payload: Bytes::copy_from_slice(payload),
-        };
-        self.queue_multicast(cmd).await
+        // Checked before any wait: a message that cannot go fails at once.
+        self.shared.check_open()?;
+        self.shared.core().check_multicast(groups, payload.len())?;
+        let n = self.take_places(groups.len(), payload.len()).await?;
+        // Framed from the borrowed parts (no list, name or payload copied on the way: they
+        // were a tenth of a sending member's time), into the buffer of the message before.
+        let mut framed = std::mem::take(&mut self.framed);
+        framed.clear();
+        // The groups may have changed while it waited: checked again as it is counted.
+        let counted = self
+            .shared
+            .core()
+            .multicast_into(service, groups, payload, &mut framed);
+        if let Err(e) = counted {
+            self.shared.window.add_permits(n);
+            return Err(e);
+        }
+        let written = self.write(&framed, false).await;
+        self.framed = framed;
+        written
     }
 
     /// [`Sender::queue`] of a multicast command already built (its payload is not copied again).
@@ -564,29 +581,44 @@ impl Sender {
         let n = match &cmd {
             ClientCommand::Multicast {
                 groups, payload, ..
-            } => {
-                let each = core::places(payload.len(), groups.len(), self.shared.window_size);
-                (each * groups.len()) as u32
-            }
+            } => self.take_places(groups.len(), payload.len()).await?,
             _ => 0,
         };
+        // The groups may have changed while it waited: checked again as it is counted.
+        let framed = self.shared.core().command(cmd);
+        match framed {
+            Ok(bytes) => self.write(&bytes, false).await,
+            Err(e) => {
+                self.shared.window.add_permits(n);
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes the places in the window of a message to `groups` groups of `payload_len` bytes,
+    /// waiting for them if need be, and says how many: they are given back as the daemon
+    /// acknowledges the message in each group, or refuses it.
+    async fn take_places(
+        &mut self,
+        groups: usize,
+        payload_len: usize,
+    ) -> Result<usize, ClientError> {
+        let each = core::places(payload_len, groups, self.shared.window_size);
+        let n = each * groups;
         let shared = self.shared.clone();
-        let permit = match shared.window.try_acquire_many(n) {
+        let permit = match shared.window.try_acquire_many(n as u32) {
             Ok(p) => p,
             Err(_) => {
                 // Everything buffered goes before waiting, or the wait would never end.
                 self.flush().await?;
-                match shared.window.acquire_many(n).await {
+                match shared.window.acquire_many(n as u32).await {
                     Ok(p) => p,
                     Err(_) => return Err(shared.ended().unwrap_or(ClientError::Disconnected)),
                 }
             }
         };
-        // The groups may have changed while it waited: checked again as it is counted.
-        let bytes = self.shared.core().command(cmd)?;
-        // Given back as the daemon acknowledges the message in each group, or refuses it.
         permit.forget();
-        self.write(&bytes, false).await
+        Ok(n)
     }
 
     pub async fn disconnect(&mut self) -> Result<(), ClientError> {

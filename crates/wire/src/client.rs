@@ -307,29 +307,69 @@ impl ClientCommand {
             | ClientCommand::FlushAck { group, .. } => name("group", group),
             ClientCommand::Multicast {
                 groups, payload, ..
-            } => {
-                if groups.is_empty() || groups.len() > MAX_GROUPS_PER_MESSAGE {
-                    return Err((
-                        Refusal::BadGroupList,
-                        format!("a message goes to 1 to {MAX_GROUPS_PER_MESSAGE} groups"),
-                    ));
-                }
-                for (i, g) in groups.iter().enumerate() {
-                    name("group", g)?;
-                    if groups[..i].contains(g) {
-                        return Err((Refusal::BadGroupList, format!("group {g:?} is named twice")));
-                    }
-                }
-                if payload.len() > MAX_PAYLOAD_BYTES {
-                    return Err((
-                        Refusal::PayloadTooLarge,
-                        format!("a payload is at most {MAX_PAYLOAD_BYTES} bytes"),
-                    ));
-                }
-                Ok(())
-            }
+            } => validate_multicast(groups, payload.len()),
         }
     }
+}
+
+/// What a daemon would refuse of a message to `groups` of `payload_len` bytes, for its form.
+pub fn validate_multicast<G: AsRef<str>>(
+    groups: &[G],
+    payload_len: usize,
+) -> Result<(), (Refusal, String)> {
+    if groups.is_empty() || groups.len() > MAX_GROUPS_PER_MESSAGE {
+        return Err((
+            Refusal::BadGroupList,
+            format!("a message goes to 1 to {MAX_GROUPS_PER_MESSAGE} groups"),
+        ));
+    }
+    for (i, g) in groups.iter().enumerate() {
+        let g = g.as_ref();
+        if g.is_empty() || g.len() > MAX_NAME_BYTES {
+            return Err((
+                Refusal::BadName,
+                format!("a group name is 1 to {MAX_NAME_BYTES} bytes"),
+            ));
+        }
+        if groups[..i].iter().any(|h| h.as_ref() == g) {
+            return Err((Refusal::BadGroupList, format!("group {g:?} is named twice")));
+        }
+    }
+    if payload_len > MAX_PAYLOAD_BYTES {
+        return Err((
+            Refusal::PayloadTooLarge,
+            format!("a payload is at most {MAX_PAYLOAD_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// Appends to `out` the framed request of a message, as
+/// `frame(&Request::Command(ClientCommand::Multicast { .. }).encode())` gives it, from borrowed
+/// parts (the client library's sending path: no list, name or payload copied on the way). The
+/// message must pass [`validate_multicast`].
+pub fn frame_multicast_into<G: AsRef<str>>(
+    out: &mut Vec<u8>,
+    service: ServiceType,
+    groups: &[G],
+    payload: &[u8],
+) {
+    frame_with(out, |w| write_multicast(w, service, groups, payload));
+}
+
+fn write_multicast<G: AsRef<str>>(
+    w: &mut Writer,
+    service: ServiceType,
+    groups: &[G],
+    payload: &[u8],
+) {
+    w.u8(4);
+    w.u8(service as u8);
+    w.count(groups.len(), MAX_GROUPS_PER_MESSAGE);
+    for g in groups {
+        w.name(g.as_ref(), MAX_NAME_BYTES);
+    }
+    w.bytes(payload, MAX_PAYLOAD_BYTES);
 }
 
 /// From a client to its daemon.
@@ -525,15 +565,7 @@ impl Request {
                 service,
                 groups,
                 payload,
-            }) => {
-                w.u8(4);
-                w.u8(*service as u8);
-                w.count(groups.len(), MAX_GROUPS_PER_MESSAGE);
-                for g in groups {
-                    w.name(g, MAX_NAME_BYTES);
-                }
-                w.bytes(payload, MAX_PAYLOAD_BYTES);
-            }
+            }) => write_multicast(&mut w, *service, groups, payload),
             Request::Command(ClientCommand::FlushAck { group, view }) => {
                 w.u8(5);
                 w.name(group, MAX_NAME_BYTES);
@@ -1325,5 +1357,50 @@ mod shared_decode_tests {
             unreachable!()
         };
         assert!(!all.as_ptr_range().contains(&payload.as_ptr()));
+    }
+}
+
+#[cfg(test)]
+mod multicast_frame_tests {
+    use super::*;
+
+    #[test]
+    fn a_message_framed_from_borrowed_parts_is_the_request_framed() {
+        let groups = ["g", "h2", "a-longer-group-name-of-some-bytes"];
+        for n in [1, 2, 3] {
+            for payload in [vec![], vec![5u8; 1], vec![9u8; 70_000]] {
+                let owned = frame(
+                    &Request::Command(ClientCommand::Multicast {
+                        service: ServiceType::Safe,
+                        groups: groups[..n].iter().map(|g| g.to_string()).collect(),
+                        payload: Bytes::from(payload.clone()),
+                    })
+                    .encode(),
+                );
+                let mut out = vec![1, 2, 3];
+                frame_multicast_into(&mut out, ServiceType::Safe, &groups[..n], &payload);
+                assert_eq!(&out[..3], &[1, 2, 3]);
+                assert_eq!(out[3..], owned[..]);
+            }
+        }
+    }
+
+    #[test]
+    fn borrowed_parts_are_validated_as_the_command_is() {
+        let cases: [(&[&str], usize); 5] = [
+            (&[], 1),
+            (&["g", "g"], 1),
+            (&[""], 1),
+            (&["g"], MAX_PAYLOAD_BYTES + 1),
+            (&["g", "h"], MAX_PAYLOAD_BYTES),
+        ];
+        for (groups, len) in cases {
+            let cmd = ClientCommand::Multicast {
+                service: ServiceType::Agreed,
+                groups: groups.iter().map(|g| g.to_string()).collect(),
+                payload: Bytes::from(vec![0u8; len]),
+            };
+            assert_eq!(validate_multicast(groups, len), cmd.validate());
+        }
     }
 }
