@@ -32,9 +32,21 @@ async fn joined(c: &mut Client, group: &str, members: usize) {
 
 /// A daemon with an `shm` socket of its own, and that socket's address for clients.
 async fn daemon_with_shm(tag: &str) -> (conclave_daemon::Running, Address, Address) {
+    daemon_with_shm_and(tag, |_| {}).await
+}
+
+/// [`daemon_with_shm`], its configuration edited by `edit`.
+async fn daemon_with_shm_and(
+    tag: &str,
+    edit: impl FnOnce(&mut conclave_node::Config),
+) -> (conclave_daemon::Running, Address, Address) {
     let path = std::env::temp_dir().join(format!("conclave-{tag}-{}.shm", std::process::id()));
     let p = path.clone();
-    let (d, tcp, _) = one_daemon(move |cfg| cfg.daemon[0].shm = Some(p)).await;
+    let (d, tcp, _) = one_daemon(move |cfg| {
+        cfg.daemon[0].shm = Some(p);
+        edit(cfg);
+    })
+    .await;
     (d, tcp, Address::Shm(path))
 }
 
@@ -132,14 +144,10 @@ async fn a_client_over_shared_memory_and_one_over_tcp_deliver_the_same_messages_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_its_ring_is_disconnected_and_the_group_goes_on() {
-    let path = std::env::temp_dir().join(format!("conclave-sluggard-{}.shm", std::process::id()));
-    let p = path.clone();
-    let (d, _, _) = one_daemon(move |c| {
-        c.daemon[0].shm = Some(p);
+    let (d, _, shm) = daemon_with_shm_and("sluggard", |c| {
         c.sessions.max_unread_per_client = 2_000;
     })
     .await;
-    let shm = Address::Shm(path);
     // The sluggard takes its ring, joins, and then never reads a byte of it.
     let Address::Shm(p) = &shm else {
         unreachable!()
@@ -184,14 +192,10 @@ async fn a_client_that_leaves_before_its_greeting_leaves_the_daemon_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_holds_no_more_rings_than_its_connection_limit() {
-    let path = std::env::temp_dir().join(format!("conclave-limit-{}.shm", std::process::id()));
-    let p = path.clone();
-    let (d, _, _) = one_daemon(move |c| {
-        c.daemon[0].shm = Some(p);
-        c.sessions.max_connections = 2;
-    })
-    .await;
-    let shm = Address::Shm(path.clone());
+    let (d, _, shm) = daemon_with_shm_and("limit", |c| c.sessions.max_connections = 2).await;
+    let Address::Shm(path) = shm.clone() else {
+        unreachable!()
+    };
     let mut a = ends(Client::connect(&shm, "a")).await.unwrap();
     let b = ends(Client::connect(&shm, "b")).await.unwrap();
     // A third is closed before any ring is made for it: no greeting.

@@ -413,11 +413,7 @@ impl Producer {
     /// a sleep, then looks again. The bytes still unread: if they are already few enough, the
     /// producer need not sleep.
     pub fn prepare_to_wait(&mut self) -> Result<usize> {
-        self.sleeps += 1;
-        self.data_map
-            .word(PRODUCER_SLEEPS)
-            .store(self.sleeps, Relaxed);
-        fence(SeqCst);
+        count_sleep(&mut self.sleeps, self.data_map.word(PRODUCER_SLEEPS));
         self.unread()
     }
 }
@@ -503,13 +499,18 @@ impl Consumer {
     /// Nothing to read: counts a sleep, then looks again. True if bytes arrived meanwhile (the
     /// consumer need not sleep).
     pub fn prepare_to_wait(&mut self) -> Result<bool> {
-        self.sleeps += 1;
-        self.control_map
-            .word(CONSUMER_SLEEPS)
-            .store(self.sleeps, Relaxed);
-        fence(SeqCst);
+        count_sleep(&mut self.sleeps, self.control_map.word(CONSUMER_SLEEPS));
         Ok(self.ready()? > 0)
     }
+}
+
+/// Counts a sleep of one side in its word, then fences: the other side, which fences between
+/// its store of a position and its load of this word, either sees the sleep and rings, or this
+/// side's next look sees its position (no wake-up is lost).
+fn count_sleep(sleeps: &mut u64, word: &AtomicU64) {
+    *sleeps += 1;
+    word.store(*sleeps, Relaxed);
+    fence(SeqCst);
 }
 
 /// The producer ended the session and freed the ring.

@@ -363,6 +363,14 @@ fn socket_path(tag: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("conclave-shm-{tag}-{}.sock", std::process::id()))
 }
 
+/// A Unix socket listening at a fresh path of its own (what a daemon's `shm` socket is).
+fn listen(tag: &str) -> (std::path::PathBuf, tokio::net::UnixListener) {
+    let path = socket_path(tag);
+    let _ = std::fs::remove_file(&path);
+    let l = tokio::net::UnixListener::bind(&path).unwrap();
+    (path, l)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_over_a_ring_carries_replies_and_requests_and_ends_after_the_last_reply() {
     // A lost wake-up would hang: it fails instead.
@@ -372,9 +380,7 @@ async fn a_session_over_a_ring_carries_replies_and_requests_and_ends_after_the_l
 }
 
 async fn session() {
-    let path = socket_path("session");
-    let _ = std::fs::remove_file(&path);
-    let l = tokio::net::UnixListener::bind(&path).unwrap();
+    let (path, l) = listen("session");
     let total: usize = 8 << 20;
     let daemon = tokio::spawn(async move {
         let (s, _) = l.accept().await.unwrap();
@@ -421,9 +427,7 @@ async fn session() {
 
 #[tokio::test]
 async fn a_socket_that_greets_otherwise_is_not_taken_for_a_daemons_ring() {
-    let path = socket_path("stranger");
-    let _ = std::fs::remove_file(&path);
-    let l = tokio::net::UnixListener::bind(&path).unwrap();
+    let (path, l) = listen("stranger");
     let server = tokio::spawn(async move {
         let (mut s, _) = l.accept().await.unwrap();
         s.write_all(b"CNCLRNG1").await.unwrap();
@@ -437,9 +441,7 @@ async fn a_socket_that_greets_otherwise_is_not_taken_for_a_daemons_ring() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_whose_reader_is_gone_errs_instead_of_waiting_or_spinning() {
-    let path = socket_path("gone");
-    let _ = std::fs::remove_file(&path);
-    let l = tokio::net::UnixListener::bind(&path).unwrap();
+    let (path, l) = listen("gone");
     let daemon = tokio::spawn(async move {
         let (s, _) = l.accept().await.unwrap();
         let (_requests, mut w) = conclave_shm::accept(s, 0).await.unwrap();
@@ -460,9 +462,7 @@ async fn a_writer_whose_reader_is_gone_errs_instead_of_waiting_or_spinning() {
 
 #[tokio::test]
 async fn a_client_that_answers_without_its_control_page_is_refused() {
-    let path = socket_path("answer");
-    let _ = std::fs::remove_file(&path);
-    let l = tokio::net::UnixListener::bind(&path).unwrap();
+    let (path, l) = listen("answer");
     let daemon = tokio::spawn(async move {
         let (s, _) = l.accept().await.unwrap();
         conclave_shm::accept(s, 0).await.map(|_| ())
