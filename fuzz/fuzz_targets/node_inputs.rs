@@ -51,9 +51,11 @@ fuzz_target!(|data: &[u8]| {
         // As the daemon drains a step: a token passed on first.
         let _ = node.poll_token();
         while let Some((id, out)) = node.poll_session() {
-            if let SessionOutput::Bytes(b, replies) = out {
+            if let SessionOutput::Bytes(frames, replies) = out {
+                let b = frames.to_vec();
+                let buffer = frames.into_buffer();
                 if spread.contains(&id) {
-                    node.handle_session_written(id, b.len(), replies, [b]);
+                    node.handle_session_written(id, b.len(), replies, [buffer]);
                     continue;
                 }
                 let mut at = 0;
@@ -64,7 +66,7 @@ fuzz_target!(|data: &[u8]| {
                     count += 1;
                 }
                 assert_eq!((at, count), (b.len(), replies));
-                node.handle_session_written(id, b.len(), replies, [b]);
+                node.handle_session_written(id, b.len(), replies, [buffer]);
             }
         }
         while node.poll_datagram().is_some() {}

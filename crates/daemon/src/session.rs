@@ -13,7 +13,7 @@
 use crate::reads::SharedReads;
 use crate::server::ToCore;
 use bytes::Bytes;
-use conclave_node::{SessionId, SessionOutput};
+use conclave_node::{Frames, SessionId, SessionOutput};
 use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Duration;
@@ -164,12 +164,17 @@ async fn write<W: AsyncWrite + Unpin>(
             Ok(Ok(())) => {}
             _ => return,
         }
-        bufs.retain(|b| b.capacity() > 0);
+        // Dropping the frames gives their payloads' views back at once.
+        let spare = bufs
+            .into_iter()
+            .map(Frames::into_buffer)
+            .filter(|b| b.capacity() > 0)
+            .collect();
         let _ = written.send(Written {
             id,
             bytes,
             replies,
-            spare: bufs,
+            spare,
         });
         if close {
             let _ = w.flush().await;
@@ -180,12 +185,13 @@ async fn write<W: AsyncWrite + Unpin>(
     }
 }
 
-/// Writes every byte of `bufs`, in order, with vectored writes.
-async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, bufs: &[Vec<u8>]) -> std::io::Result<()> {
+/// Writes every byte of `bufs`, in order, with vectored writes (the system takes at most
+/// `IOV_MAX`, 1,024 on Linux, pieces a call; the rest go in the next).
+async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, bufs: &[Frames]) -> std::io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = bufs
         .iter()
-        .filter(|b| !b.is_empty())
-        .map(|b| IoSlice::new(b))
+        .flat_map(Frames::slices)
+        .map(IoSlice::new)
         .collect();
     let mut rest = &mut slices[..];
     while !rest.is_empty() {
@@ -201,6 +207,7 @@ async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, bufs: &[Vec<u8>]) -> std::i
 #[cfg(test)]
 mod tests {
     use super::*;
+    use conclave_node::frames::{ViewBudget, VIEW_MIN_BYTES};
     use std::pin::Pin;
     use std::task::{Context, Poll};
 
@@ -245,19 +252,28 @@ mod tests {
 
     #[tokio::test]
     async fn partial_vectored_writes_write_every_buffer_in_order() {
-        let bufs = vec![
-            b"abc".to_vec(),
-            Vec::new(),
-            b"defgh".to_vec(),
-            b"i".to_vec(),
+        let budget = ViewBudget::default();
+        let payload = Bytes::from(vec![b'p'; VIEW_MIN_BYTES]);
+        let mut viewed = Frames::from(b"de".to_vec());
+        viewed.push_payload(&payload, &budget);
+        viewed.bytes_mut().extend_from_slice(b"fgh");
+        let bufs: Vec<Frames> = vec![
+            b"abc".to_vec().into(),
+            Vec::new().into(),
+            viewed,
+            b"i".to_vec().into(),
         ];
-        for step in [1, 2, 4, 100] {
+        assert_eq!(budget.held(), 1);
+        let mut want = b"abcde".to_vec();
+        want.extend_from_slice(&payload);
+        want.extend_from_slice(b"fghi");
+        for step in [1, 2, 4, 100, 10_000] {
             let mut w = Trickle {
                 got: Vec::new(),
                 step,
             };
             write_all(&mut w, &bufs).await.unwrap();
-            assert_eq!(w.got, b"abcdefghi", "step {step}");
+            assert_eq!(w.got, want, "step {step}");
         }
     }
 
@@ -265,8 +281,12 @@ mod tests {
     async fn the_writer_writes_queued_outputs_and_gives_their_buffers_back() {
         let (tx, rx) = mpsc::unbounded_channel();
         let (wtx, mut wrx) = mpsc::unbounded_channel();
-        tx.send(SessionOutput::Bytes(b"one".to_vec(), 1)).unwrap();
-        tx.send(SessionOutput::Bytes(b"two!".to_vec(), 2)).unwrap();
+        let budget = ViewBudget::default();
+        let mut two = Frames::from(b"two".to_vec());
+        two.push_payload(&Bytes::from(vec![b'!'; VIEW_MIN_BYTES]), &budget);
+        tx.send(SessionOutput::Bytes(b"one".to_vec().into(), 1))
+            .unwrap();
+        tx.send(SessionOutput::Bytes(two, 2)).unwrap();
         tx.send(SessionOutput::Close).unwrap();
         let (client, server) = tokio::io::duplex(2);
         let reading = tokio::spawn(async move {
@@ -276,9 +296,13 @@ mod tests {
             got
         });
         write(server, 7, rx, wtx).await;
-        assert_eq!(reading.await.unwrap(), b"onetwo!");
+        let mut want = b"onetwo".to_vec();
+        want.extend_from_slice(&[b'!'; VIEW_MIN_BYTES]);
+        assert_eq!(reading.await.unwrap(), want);
         let w = wrx.recv().await.unwrap();
-        assert_eq!((w.id, w.bytes, w.replies), (7, 7, 3));
+        assert_eq!((w.id, w.bytes, w.replies), (7, want.len(), 3));
         assert_eq!(w.spare.len(), 2);
+        // Written, the payload's view is let go.
+        assert_eq!(budget.held(), 0);
     }
 }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod daemons_key;
 pub mod faults;
 pub mod frag;
+pub mod frames;
 pub mod link;
 pub mod metrics;
 pub mod node;
@@ -21,6 +22,7 @@ pub mod session;
 pub use admin::{AdminReply, AdminRequest, Status};
 pub use conclave_gcs::{IdMap, Time};
 pub use config::{Config, ConfigError};
+pub use frames::Frames;
 pub use node::{Node, NodeError, NodeOptions, SecretRng};
 pub use session::{SessionId, SessionOutput};
 

@@ -38,6 +38,7 @@ use crate::config::{qualified_name, Config, ConfigError};
 use crate::daemons_key::{is_reserved_group, member_name, ServersAgreement};
 use crate::faults::{Faults, LinkFaults};
 use crate::frag::{pack_with, Reassembly};
+use crate::frames::{Frames, ViewBudget};
 use crate::link::{LinkMode, LinkSetupError, Links, Opened};
 use crate::metrics::Metrics;
 use crate::record::Recorder;
@@ -216,6 +217,8 @@ pub struct Node {
     deadlines: BTreeSet<(Time, SessionId)>,
     /// Bytes of incomplete requests held for all sessions together.
     incomplete_bytes: usize,
+    /// Payloads that handed-out deliveries hold as views, for all sessions (crate::frames).
+    views: ViewBudget,
     metrics: Arc<Metrics>,
     recorder: Option<Recorder>,
     datagrams: VecDeque<(SocketAddr, Vec<u8>)>,
@@ -327,6 +330,7 @@ impl Node {
             dirty: Vec::new(),
             deadlines: BTreeSet::new(),
             incomplete_bytes: 0,
+            views: ViewBudget::default(),
             metrics: Arc::new(Metrics::default()),
             recorder,
             datagrams: VecDeque::new(),
@@ -915,6 +919,11 @@ impl Node {
 
     /// [`Node::reply`], for a reply `frame_into` appends in its frame.
     fn frame(&mut self, id: SessionId, frame_into: impl FnOnce(&mut Vec<u8>)) {
+        self.frame_pieces(id, |out| frame_into(out.bytes_mut()));
+    }
+
+    /// [`Node::frame`] of a reply that may leave its payload where it lies.
+    fn frame_pieces(&mut self, id: SessionId, frame_into: impl FnOnce(&mut Frames)) {
         let max_replies = self.cfg.sessions.max_unread_per_client;
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
@@ -957,7 +966,7 @@ impl Node {
         }
         // The next pass likely frames as much: room for it saves growing the buffer step by step.
         let room = (s.pending.len() + s.pending.len() / 4).min(CHUNK_ROOM);
-        let fresh = s.buffer(room);
+        let fresh = Frames::from_vec(s.buffer(room));
         let frames = std::mem::replace(&mut s.pending, fresh);
         let n = std::mem::take(&mut s.pending_replies);
         s.unwritten_bytes += frames.len();
@@ -1213,6 +1222,14 @@ impl Node {
         self.metrics.foreign_client_names.store(foreign, Relaxed);
         let keyed = self.links.peers_on_ring_key() as u64;
         self.metrics.links_on_daemons_key.store(keyed, Relaxed);
+        let views = self.views.held() as u64;
+        self.metrics.delivery_views.store(views, Relaxed);
+    }
+
+    /// Payloads of deliveries handed out and not yet written (or dropped) that are views of
+    /// the buffers they arrived in (crate::frames), all sessions together.
+    pub fn delivery_views(&self) -> usize {
+        self.views.held()
     }
 
     /// The core's outputs after the inputs since the last call: ring events recorded, client
@@ -1573,7 +1590,13 @@ impl Node {
         self.metrics.messages_delivered.fetch_add(1, Relaxed);
         let m = d.message();
         match self.resealed(id, m.group, m.sender, m.service, m.view, m.payload) {
-            None => self.frame(id, |out| m.frame_into(out)),
+            None => {
+                let budget = self.views.clone();
+                self.frame_pieces(id, |out| {
+                    m.frame_head_into(out.bytes_mut());
+                    out.push_payload(d.payload(), &budget);
+                })
+            }
             Some(payload) => self.frame(id, |out| {
                 conclave_wire::client::MessageRef {
                     payload: &payload,

@@ -15,7 +15,7 @@ pub type SessionId = conclave_gcs::ClientId;
 #[derive(Debug, PartialEq, Eq)]
 pub enum SessionOutput {
     /// Framed replies, and how many: write them in order.
-    Bytes(Vec<u8>, usize),
+    Bytes(crate::frames::Frames, usize),
     /// Write what came before, then close the connection.
     Close,
 }
@@ -37,7 +37,7 @@ pub(crate) struct Session {
     /// it has connected): the deadline runs from here.
     pub deadline: Option<conclave_gcs::Time>,
     /// Replies framed since the node last handed this session's output out.
-    pub pending: Vec<u8>,
+    pub pending: crate::frames::Frames,
     pub pending_replies: usize,
     /// Handed out and not yet reported written.
     pub unwritten_bytes: usize,
@@ -74,7 +74,7 @@ impl Session {
             requests: 0,
             input: Vec::new(),
             deadline: None,
-            pending: Vec::new(),
+            pending: Default::default(),
             pending_replies: 0,
             unwritten_bytes: 0,
             unwritten_replies: 0,

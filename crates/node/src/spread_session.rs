@@ -99,7 +99,7 @@ impl Node {
         }
         if self.sessions.len() >= self.cfg.sessions.max_connections {
             self.metrics.spread_refused.fetch_add(1, Relaxed);
-            let out = SessionOutput::Bytes(vec![Reject::Quota.byte()], 1);
+            let out = SessionOutput::Bytes(vec![Reject::Quota.byte()].into(), 1);
             self.session_out.push_back((id, out));
             self.session_out.push_back((id, SessionOutput::Close));
             return Ok(());

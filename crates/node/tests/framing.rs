@@ -71,8 +71,8 @@ fn a_long_pass_hands_a_clients_replies_out_in_chunks_in_order() {
     // b's buffers: none much past a chunk, and some full ones (600 KiB went in a few passes).
     let sizes: Vec<usize> = net.handed_out[before..]
         .iter()
-        .filter(|(i, id, _)| (*i, *id) == (1, 1))
-        .map(|(_, _, n)| *n)
+        .filter(|(i, id, _, _)| (*i, *id) == (1, 1))
+        .map(|(_, _, n, _)| *n)
         .collect();
     let frame_max = 1100;
     assert!(
@@ -220,4 +220,80 @@ fn held_messages_keep_views_of_their_reads_only_up_to_a_window() {
         .count();
     assert_eq!(got, 300, "every message delivered once the ring formed");
     assert!(reads.iter().all(|r| r.is_unique()), "every read let go");
+}
+
+/// The messages of a ring of two members, `a` sending `n` payloads of `len` bytes (each marked
+/// with its number) to g, and what `b` received of them.
+fn send_from_a(net: &mut Net, n: u32, len: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|k| {
+            let mut p = vec![(k % 251) as u8; len];
+            p[..4].copy_from_slice(&k.to_be_bytes());
+            let send = ClientCommand::Multicast {
+                service: ServiceType::Agreed,
+                groups: vec!["g".into()],
+                payload: p.clone().into(),
+            };
+            net.request(0, 1, Request::Command(send));
+            p
+        })
+        .collect()
+}
+
+/// A delivery's payload of 1 KiB goes out as a view of the buffer it arrived in, and one of
+/// a few bytes as a copy; written, the views are let go.
+#[test]
+fn large_payloads_are_delivered_as_views_and_let_go_once_written() {
+    let mut net = ring_of_two_members();
+    let (replies_before, before) = (net.replies.len(), net.handed_out.len());
+    let mut sent = send_from_a(&mut net, 200, 1024);
+    net.run(50);
+    let viewed: usize = net.handed_out[before..]
+        .iter()
+        .filter(|(i, id, _, _)| (*i, *id) == (1, 1))
+        .map(|(.., views)| *views)
+        .sum();
+    assert_eq!(viewed, 200, "each of b's deliveries a view");
+    let small_from = net.handed_out.len();
+    for k in 0..50u8 {
+        let send = ClientCommand::Multicast {
+            service: ServiceType::Agreed,
+            groups: vec!["g".into()],
+            payload: vec![k; 16].into(),
+        };
+        net.request(0, 1, Request::Command(send));
+        sent.push(vec![k; 16]);
+    }
+    net.run(50);
+    assert!(net.handed_out[small_from..].iter().all(|(.., v)| *v == 0));
+    assert_eq!(payloads_at_b(&net, replies_before), sent);
+    assert!(net.nodes.iter().all(|n| n.delivery_views() == 0));
+}
+
+/// A client that does not read keeps its deliveries' views only up to the budget: past it,
+/// payloads are copied; every message still arrives whole, and once written nothing is held.
+#[test]
+fn unwritten_deliveries_hold_views_only_up_to_the_budget() {
+    use conclave_node::frames::MAX_VIEWS;
+    let mut net = ring_of_two_members();
+    net.hold_writes = true;
+    let (replies_before, before) = (net.replies.len(), net.handed_out.len());
+    let n = MAX_VIEWS as u32 + 300;
+    let mut sent = Vec::new();
+    // In rounds: the daemons' flow control takes a few hundred messages at a time.
+    for _ in 0..4 {
+        sent.extend(send_from_a(&mut net, n / 4, 1024));
+        net.run(50);
+    }
+    let viewed: usize = net.handed_out[before..]
+        .iter()
+        .filter(|(i, id, _, _)| (*i, *id) == (1, 1))
+        .map(|(.., views)| *views)
+        .sum();
+    assert_eq!(viewed, MAX_VIEWS, "views up to the budget, copies past it");
+    assert_eq!(net.nodes[1].delivery_views(), MAX_VIEWS);
+    assert_eq!(payloads_at_b(&net, replies_before), sent);
+    net.hold_writes = false;
+    net.write_all();
+    assert!(net.nodes.iter().all(|n| n.delivery_views() == 0));
 }

@@ -28,14 +28,16 @@ fn outputs(n: &mut Node) -> (Vec<(u64, Reply)>, Vec<u64>) {
     let (mut replies, mut closed) = (Vec::new(), Vec::new());
     while let Some((id, out)) = n.poll_session() {
         match out {
-            SessionOutput::Bytes(b, count) => {
+            SessionOutput::Bytes(frames, count) => {
+                let b = frames.to_vec();
+                let buffer = frames.into_buffer();
                 let mut at = 0;
                 while let Some((body, used)) = next_frame(&b[at..]).unwrap() {
                     replies.push((id, Reply::decode(body).unwrap()));
                     at += used;
                 }
                 assert_eq!(at, b.len());
-                n.handle_session_written(id, b.len(), count, [b]);
+                n.handle_session_written(id, b.len(), count, [buffer]);
             }
             SessionOutput::Close => closed.push(id),
         }

@@ -860,13 +860,18 @@ impl Reply {
 
 /// Appends to `out` a frame whose message is the version, then what `write` writes.
 fn frame_with(out: &mut Vec<u8>, write: impl FnOnce(&mut Writer)) {
+    frame_with_tail(out, 0, write)
+}
+
+/// [`frame_with`] of a message that `tail` more bytes, not written here, complete.
+fn frame_with_tail(out: &mut Vec<u8>, tail: usize, write: impl FnOnce(&mut Writer)) {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     let mut w = Writer::from_vec(std::mem::take(out));
     w.u8(CLIENT_VERSION);
     write(&mut w);
     *out = w.into_vec();
-    let len = out.len() - start - 4;
+    let len = out.len() - start - 4 + tail;
     assert!(len <= MAX_FRAME_BYTES, "a frame over the limit");
     out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
 }
@@ -890,14 +895,26 @@ impl MessageRef<'_> {
         frame_with(out, |w| self.write(w));
     }
 
+    /// [`MessageRef::frame_into`] up to the payload's bytes, which the caller sends right
+    /// after: the payload is the message's last field, so the two together are its frame.
+    pub fn frame_head_into(&self, out: &mut Vec<u8>) {
+        frame_with_tail(out, self.payload.len(), |w| self.write_head(w));
+    }
+
     fn write(&self, w: &mut Writer) {
+        self.write_head(w);
+        w.raw(self.payload);
+    }
+
+    /// The message up to its payload's bytes (its length included).
+    fn write_head(&self, w: &mut Writer) {
         w.u8(10);
         w.name(self.group, MAX_NAME_BYTES);
         w.name(self.sender, MAX_NAME_BYTES);
         w.u8(self.service as u8);
         write_view(w, &self.view);
         w.u8(self.transitional as u8);
-        w.bytes(self.payload, MAX_PAYLOAD_BYTES);
+        w.count(self.payload.len(), MAX_PAYLOAD_BYTES);
     }
 }
 
@@ -1003,6 +1020,16 @@ mod frame_into_tests {
         ev.frame_into(&mut want);
         assert_eq!(out, want);
         assert_eq!(Reply::decode(&out[6..]).unwrap(), ev);
+        // The head and then the payload are the same frame.
+        for payload in [&b""[..], b"p", &[7u8; 70_000][..]] {
+            let m = MessageRef { payload, ..m };
+            let (mut whole, mut split) = (b"xy".to_vec(), b"xy".to_vec());
+            m.frame_into(&mut whole);
+            m.frame_head_into(&mut split);
+            assert_eq!(split.len(), whole.len() - payload.len());
+            split.extend_from_slice(payload);
+            assert_eq!(split, whole);
+        }
     }
 
     #[test]

@@ -297,7 +297,8 @@ impl Delivery {
         &self.body
     }
 
-    fn payload(&self) -> &Bytes {
+    /// The message's payload, as the ring holds it (a view of the buffer it arrived in).
+    pub fn payload(&self) -> &Bytes {
         match &*self.body {
             Body::Client { payload, .. } => payload,
             _ => &NO_PAYLOAD,

@@ -24,8 +24,13 @@ pub struct Net {
     pub raw: std::collections::HashMap<(usize, SessionId), Vec<u8>>,
     /// Sessions the nodes closed.
     pub closed: Vec<(usize, SessionId)>,
-    /// The size of every buffer of framed replies a node handed out: node, session, bytes.
-    pub handed_out: Vec<(usize, SessionId, usize)>,
+    /// The size of every buffer of framed replies a node handed out: node, session, bytes,
+    /// and how many of its payloads are views of the buffers they arrived in.
+    pub handed_out: Vec<(usize, SessionId, usize, usize)>,
+    /// While set, the replies handed out are read but not written: they wait in `unwritten`,
+    /// as a client that does not read keeps them (until [`Net::write_all`]).
+    pub hold_writes: bool,
+    pub unwritten: Vec<(usize, SessionId, conclave_node::Frames, usize)>,
 }
 
 pub fn network(n: usize, seed: u64) -> (Config, Identities) {
@@ -59,6 +64,16 @@ impl Net {
             raw: Default::default(),
             closed: Vec::new(),
             handed_out: Vec::new(),
+            hold_writes: false,
+            unwritten: Vec::new(),
+        }
+    }
+
+    /// Writes every reply held back by `hold_writes`.
+    pub fn write_all(&mut self) {
+        for (i, id, frames, count) in std::mem::take(&mut self.unwritten) {
+            let len = frames.len();
+            self.nodes[i].handle_session_written(id, len, count, [frames.into_buffer()]);
         }
     }
 
@@ -87,11 +102,13 @@ impl Net {
                         if out == SessionOutput::Close {
                             self.closed.push((i, id));
                         }
-                        if let SessionOutput::Bytes(b, count) = out {
+                        if let SessionOutput::Bytes(frames, count) = out {
+                            let b = frames.to_vec();
                             if self.spread.contains(&(i, id)) {
                                 self.raw.entry((i, id)).or_default().extend_from_slice(&b);
                                 let len = b.len();
-                                self.nodes[i].handle_session_written(id, len, count, [b]);
+                                let buffer = frames.into_buffer();
+                                self.nodes[i].handle_session_written(id, len, count, [buffer]);
                                 continue;
                             }
                             let mut at = 0;
@@ -100,9 +117,13 @@ impl Net {
                                 at += used;
                             }
                             assert_eq!(at, b.len(), "a buffer ends with a whole reply");
-                            let len = b.len();
-                            self.handed_out.push((i, id, len));
-                            self.nodes[i].handle_session_written(id, len, count, [b]);
+                            self.handed_out.push((i, id, b.len(), frames.views()));
+                            if self.hold_writes {
+                                self.unwritten.push((i, id, frames, count));
+                            } else {
+                                let buffer = frames.into_buffer();
+                                self.nodes[i].handle_session_written(id, b.len(), count, [buffer]);
+                            }
                         }
                     }
                     let rest = std::iter::from_fn(|| self.nodes[i].poll_datagram());

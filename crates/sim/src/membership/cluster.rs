@@ -223,15 +223,21 @@ impl World {
                     continue;
                 };
                 match out {
-                    SessionOutput::Bytes(bytes, n) if self.clients[ci].spread.is_some() => {
+                    SessionOutput::Bytes(frames, n) if self.clients[ci].spread.is_some() => {
                         if let Some(s) = self.clients[ci].spread.as_mut() {
-                            s.feed(&bytes);
+                            s.feed(&frames.to_vec());
                         }
-                        self.nodes[i].handle_session_written(sid, bytes.len(), n, [bytes]);
+                        let len = frames.len();
+                        self.nodes[i].handle_session_written(sid, len, n, [frames.into_buffer()]);
                     }
-                    SessionOutput::Bytes(bytes, n) => {
-                        self.clients[ci].core.buffer().extend_from_slice(&bytes);
-                        self.nodes[i].handle_session_written(sid, bytes.len(), n, [bytes]);
+                    SessionOutput::Bytes(frames, n) => {
+                        // Piece by piece, as the daemon's vectored write takes them.
+                        let buffer = self.clients[ci].core.buffer();
+                        for piece in frames.slices() {
+                            buffer.extend_from_slice(piece);
+                        }
+                        let len = frames.len();
+                        self.nodes[i].handle_session_written(sid, len, n, [frames.into_buffer()]);
                         if let Some(a) = self.replies(ci) {
                             answers.push((sid, a));
                         }

@@ -1,0 +1,237 @@
+//! A connection's framed replies, with large payloads left where they lie.
+//!
+//! A daemon delivers each message to each of its members: framing copied every payload once
+//! more in user space before the socket's copy, and at full load that copy was the daemon's
+//! largest single cost after the system calls. Now a delivery's frame is written up to its
+//! payload, and the payload goes to the socket as a view of the buffer the message arrived in
+//! (one vectored write takes both).
+//!
+//! A view keeps the whole buffer it is part of alive: a received datagram of up to 64 KiB, or a
+//! client's read. A client that reads slowly, in a group whose messages arrive among others',
+//! could then make its daemon keep many times the bytes its unwritten replies count. So the
+//! views that handed-out frames hold are counted across all of a node's connections
+//! ([`ViewBudget`]), and past [`MAX_VIEWS`] payloads are copied, as they were before.
+
+use bytes::Bytes;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// Most payloads all of a node's frames may hold as views: each keeps at most a 64 KiB buffer,
+/// so at most 32 MiB beyond what the frames count. A daemon writes a member's replies as they
+/// come, so at full load a few hundred at most are out at once.
+pub const MAX_VIEWS: usize = 512;
+
+/// Payloads shorter than this are copied into the frame: a separate piece of a vectored write
+/// costs more than copying a few hundred bytes.
+pub const VIEW_MIN_BYTES: usize = 512;
+
+/// The count of views held by a node's frames, shared with the frames it hands out: a frame
+/// gives its views back when it is dropped, wherever that is.
+#[derive(Clone, Debug, Default)]
+pub struct ViewBudget(Arc<AtomicUsize>);
+
+impl ViewBudget {
+    /// Views held now.
+    pub fn held(&self) -> usize {
+        self.0.load(Relaxed)
+    }
+
+    fn take(&self) -> bool {
+        self.0
+            .fetch_update(Relaxed, Relaxed, |n| (n < MAX_VIEWS).then_some(n + 1))
+            .is_ok()
+    }
+
+    fn give_back(&self, n: usize) {
+        if n > 0 {
+            self.0.fetch_sub(n, Relaxed);
+        }
+    }
+}
+
+/// Framed replies, in order: bytes, with payloads to be written after given offsets of them.
+#[derive(Debug, Default)]
+pub struct Frames {
+    bytes: Vec<u8>,
+    /// Each payload goes after `bytes[..at]`; `at` never decreases along the list.
+    views: Vec<(usize, Bytes)>,
+    view_bytes: usize,
+    /// Where the views are counted, once there is one.
+    budget: Option<ViewBudget>,
+}
+
+impl Frames {
+    /// Frames to be appended to `bytes` (empty, or bytes already framed).
+    pub fn from_vec(bytes: Vec<u8>) -> Frames {
+        Frames {
+            bytes,
+            views: Vec::new(),
+            view_bytes: 0,
+            budget: None,
+        }
+    }
+
+    /// The bytes framed so far, to append to (a frame is appended whole, after any view).
+    pub fn bytes_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.bytes
+    }
+
+    /// Appends `payload` after the bytes so far, as a view of its buffer when it is large and
+    /// `budget` has room, as a copy otherwise.
+    pub fn push_payload(&mut self, payload: &Bytes, budget: &ViewBudget) {
+        if payload.len() < VIEW_MIN_BYTES || !budget.take() {
+            self.bytes.extend_from_slice(payload);
+            return;
+        }
+        if self.budget.is_none() {
+            self.budget = Some(budget.clone());
+        }
+        self.view_bytes += payload.len();
+        self.views.push((self.bytes.len(), payload.clone()));
+    }
+
+    /// Every byte, views included.
+    pub fn len(&self) -> usize {
+        self.bytes.len() + self.view_bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Payloads held as views.
+    pub fn views(&self) -> usize {
+        self.views.len()
+    }
+
+    /// The pieces to write, in order (none empty).
+    pub fn slices(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let last = self.views.last().map_or(0, |(at, _)| *at);
+        self.views
+            .iter()
+            .scan(0, |from, (at, view)| {
+                let before = &self.bytes[*from..*at];
+                *from = *at;
+                Some([before, &view[..]])
+            })
+            .flatten()
+            .chain(std::iter::once(&self.bytes[last..]))
+            .filter(|s| !s.is_empty())
+    }
+
+    /// Every byte in one buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        for s in self.slices() {
+            out.extend_from_slice(s);
+        }
+        out
+    }
+
+    /// Drops everything framed, giving the views back.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.release();
+    }
+
+    /// The buffer the bytes were framed in, empty, to frame into again; the views are given
+    /// back.
+    pub fn into_buffer(mut self) -> Vec<u8> {
+        let mut b = std::mem::take(&mut self.bytes);
+        b.clear();
+        b
+    }
+
+    fn release(&mut self) {
+        if let Some(b) = &self.budget {
+            b.give_back(self.views.len());
+        }
+        self.views.clear();
+        self.view_bytes = 0;
+    }
+}
+
+impl Drop for Frames {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl From<Vec<u8>> for Frames {
+    fn from(bytes: Vec<u8>) -> Frames {
+        Frames::from_vec(bytes)
+    }
+}
+
+/// Frames are equal when they would write the same bytes.
+impl PartialEq for Frames {
+    fn eq(&self, other: &Frames) -> bool {
+        self.len() == other.len() && self.to_vec() == other.to_vec()
+    }
+}
+
+impl Eq for Frames {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_in_order_and_views_counted_until_dropped() {
+        let budget = ViewBudget::default();
+        let big = Bytes::from(vec![9u8; VIEW_MIN_BYTES]);
+        let small = Bytes::from_static(b"tiny");
+        let mut f = Frames::from_vec(b"ab".to_vec());
+        f.push_payload(&big, &budget);
+        f.push_payload(&big, &budget);
+        f.bytes_mut().extend_from_slice(b"cd");
+        f.push_payload(&small, &budget);
+        f.push_payload(&big, &budget);
+        assert_eq!(f.views(), 3);
+        assert_eq!(budget.held(), 3);
+        let mut want = b"ab".to_vec();
+        want.extend_from_slice(&big);
+        want.extend_from_slice(&big);
+        want.extend_from_slice(b"cdtiny");
+        want.extend_from_slice(&big);
+        assert_eq!(f.len(), want.len());
+        assert_eq!(f.to_vec(), want);
+        assert_eq!(f.slices().count(), 5);
+        assert!(f.slices().all(|s| !s.is_empty()));
+        let buffer = f.into_buffer();
+        assert!(buffer.is_empty() && buffer.capacity() >= 6);
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn past_the_budget_payloads_are_copied() {
+        let budget = ViewBudget::default();
+        let big = Bytes::from(vec![1u8; 1024]);
+        let mut held = Frames::default();
+        for _ in 0..MAX_VIEWS {
+            held.push_payload(&big, &budget);
+        }
+        assert_eq!(budget.held(), MAX_VIEWS);
+        let mut f = Frames::default();
+        f.push_payload(&big, &budget);
+        assert_eq!((f.views(), f.len()), (0, 1024));
+        held.clear();
+        assert_eq!(budget.held(), 0);
+        f.push_payload(&big, &budget);
+        assert_eq!((f.views(), f.len()), (1, 2048));
+        drop(f);
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn equal_when_they_write_the_same_bytes() {
+        let budget = ViewBudget::default();
+        let mut viewed = Frames::from_vec(b"x".to_vec());
+        viewed.push_payload(&Bytes::from(vec![3u8; 600]), &budget);
+        let mut flat = b"x".to_vec();
+        flat.extend_from_slice(&[3u8; 600]);
+        assert_eq!(viewed, Frames::from(flat));
+        assert_ne!(viewed, Frames::from(b"x".to_vec()));
+        assert!(Frames::default().slices().next().is_none());
+    }
+}
