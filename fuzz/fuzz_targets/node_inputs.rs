@@ -53,9 +53,8 @@ fuzz_target!(|data: &[u8]| {
         while let Some((id, out)) = node.poll_session() {
             if let SessionOutput::Bytes(frames, replies) = out {
                 let b = frames.to_vec();
-                let buffer = frames.into_buffer();
                 if spread.contains(&id) {
-                    node.handle_session_written(id, b.len(), replies, [buffer]);
+                    node.handle_frames_written(id, frames, replies);
                     continue;
                 }
                 let mut at = 0;
@@ -66,7 +65,7 @@ fuzz_target!(|data: &[u8]| {
                     count += 1;
                 }
                 assert_eq!((at, count), (b.len(), replies));
-                node.handle_session_written(id, b.len(), replies, [buffer]);
+                node.handle_frames_written(id, frames, replies);
             }
         }
         while node.poll_datagram().is_some() {}

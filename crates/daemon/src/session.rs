@@ -211,8 +211,7 @@ mod tests {
     use std::pin::Pin;
     use std::task::{Context, Poll};
 
-    /// A writer that takes at most `step` bytes of its first slice per write, as a full socket
-    /// may.
+    /// A writer that takes at most `step` bytes per write, as a full socket may.
     struct Trickle {
         got: Vec<u8>,
         step: usize,
@@ -229,15 +228,21 @@ mod tests {
             Poll::Ready(Ok(n))
         }
         fn poll_write_vectored(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
             bufs: &[IoSlice<'_>],
         ) -> Poll<std::io::Result<usize>> {
-            let first = bufs
-                .iter()
-                .find(|b| !b.is_empty())
-                .map_or(&[][..], |b| &b[..]);
-            self.poll_write(cx, first)
+            // Up to `step` bytes, across as many slices as that takes.
+            let mut n = 0;
+            for b in bufs {
+                let take = b.len().min(self.step - n);
+                self.got.extend_from_slice(&b[..take]);
+                n += take;
+                if n == self.step {
+                    break;
+                }
+            }
+            Poll::Ready(Ok(n))
         }
         fn is_write_vectored(&self) -> bool {
             true

@@ -336,9 +336,13 @@ impl Reassembly {
                     return Ok(Packets::None);
                 }
                 let p = self.partial.remove(at).expect("present");
-                Ok(Packets::Owned(
-                    p.parts.into_iter().flatten().flatten().collect(),
-                ))
+                // Exactly its size: the packet's messages keep views of it, and a buffer grown
+                // by doubling would keep up to twice the packet.
+                let mut whole = Vec::with_capacity(p.bytes);
+                for part in p.parts.into_iter().flatten() {
+                    whole.extend_from_slice(&part);
+                }
+                Ok(Packets::Owned(whole))
             }
             tag => Err(DecodeError::BadTag {
                 what: "datagram kind",

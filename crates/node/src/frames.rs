@@ -6,8 +6,8 @@
 //! payload, and the payload goes to the socket as a view of the buffer the message arrived in
 //! (one vectored write takes both).
 //!
-//! A view keeps the whole buffer it is part of alive: a received datagram of up to 64 KiB, or a
-//! client's read. A client that reads slowly, in a group whose messages arrive among others',
+//! A view keeps the whole buffer it is part of alive: a received datagram's of up to 64 KiB, a
+//! client's read of 64 KiB, or a packet reassembled from fragments (its own size). A client that reads slowly, in a group whose messages arrive among others',
 //! could then make its daemon keep many times the bytes its unwritten replies count. So the
 //! views that handed-out frames hold are counted across all of a node's connections
 //! ([`ViewBudget`]), and past [`MAX_VIEWS`] payloads are copied, as they were before.
@@ -16,9 +16,9 @@ use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
-/// Most payloads all of a node's frames may hold as views: each keeps at most a 64 KiB buffer,
-/// so at most 64 MiB beyond what the frames count (as much as one client may leave unread,
-/// [`crate::node::MAX_UNREAD_BYTES`]). A daemon writes a member's replies as they come, but at
+/// Most payloads all of a node's frames may hold as views: each keeps at most 64 KiB beyond its
+/// own bytes, so at most 64 MiB beyond what the frames count (as much as one client may leave
+/// unread, [`crate::node::MAX_UNREAD_BYTES`]). A daemon writes a member's replies as they come, but at
 /// full load with three senders 500 to 1,000 are out at once: with 512, one delivery in seven
 /// was copied; with 1,024, one in 400.
 pub const MAX_VIEWS: usize = 1024;
@@ -97,6 +97,11 @@ impl Frames {
         self.bytes.len() + self.view_bytes
     }
 
+    /// The bytes framed here, views left out: what a buffer to frame into needs room for.
+    pub fn copied_len(&self) -> usize {
+        self.bytes.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -109,6 +114,10 @@ impl Frames {
     /// The pieces to write, in order (none empty).
     pub fn slices(&self) -> impl Iterator<Item = &[u8]> + '_ {
         let last = self.views.last().map_or(0, |(at, _)| *at);
+        debug_assert!(
+            last <= self.bytes.len(),
+            "framed bytes taken back from under a view"
+        );
         self.views
             .iter()
             .scan(0, |from, (at, view)| {

@@ -89,7 +89,7 @@ metrics! {
     unread_bytes: "gauge", "Bytes queued for clients and not yet written to them.";
     incomplete_bytes: "gauge", "Bytes of client requests not yet complete, held for all connections.";
     shared_read_bytes: "gauge", "Bytes of read buffers held because messages' payloads are views of them, all connections together.";
-    delivery_views: "gauge", "Payloads of deliveries handed out to be written as views of the buffers they arrived in, all connections together (at most 1,024).";
+    delivery_views: "gauge", "Payloads of deliveries framed and not yet written that are views of the buffers they arrived in, all connections together (at most 1,024; past that they are copied).";
     groups: "gauge", "Client groups this daemon keeps state for.";
     foreign_client_names: "counter", "Joins, leaves, departures and state entries another daemon sent for a client that is not its own (its name does not end in that daemon's name): dropped.";
     sync_changes_dropped: "counter", "Group changes dropped past the limit of what a state exchange keeps (only a faulty daemon's flood reaches it).";

@@ -670,6 +670,13 @@ impl Node {
         }
     }
 
+    /// [`Node::handle_session_written`] of one output written whole: its buffer is given back
+    /// and its views let go.
+    pub fn handle_frames_written(&mut self, id: SessionId, frames: Frames, replies: usize) {
+        let len = frames.len();
+        self.handle_session_written(id, len, replies, [frames.into_buffer()]);
+    }
+
     /// The driver wrote `bytes` holding `replies` replies of a connection's output, and may give
     /// back the buffers they came in, to frame into again.
     pub fn handle_session_written(
@@ -965,7 +972,8 @@ impl Node {
             return;
         }
         // The next pass likely frames as much: room for it saves growing the buffer step by step.
-        let room = (s.pending.len() + s.pending.len() / 4).min(CHUNK_ROOM);
+        let copied = s.pending.copied_len();
+        let room = (copied + copied / 4).min(CHUNK_ROOM);
         let fresh = Frames::from_vec(s.buffer(room));
         let frames = std::mem::replace(&mut s.pending, fresh);
         let n = std::mem::take(&mut s.pending_replies);
@@ -1226,8 +1234,8 @@ impl Node {
         self.metrics.delivery_views.store(views, Relaxed);
     }
 
-    /// Payloads of deliveries handed out and not yet written (or dropped) that are views of
-    /// the buffers they arrived in (crate::frames), all sessions together.
+    /// Payloads of deliveries framed and not yet written (or dropped) that are views of the
+    /// buffers they arrived in (crate::frames), all sessions together.
     pub fn delivery_views(&self) -> usize {
         self.views.held()
     }

@@ -22,7 +22,13 @@ fn member(net: &mut Net, i: usize, id: u64, name: &str) {
 
 /// A ring of three with member `a` at the first daemon and `b` at the second, both in group g.
 fn ring_of_two_members() -> Net {
-    let (cfg, ids) = network(3, 5);
+    ring_of_two_members_with(|_| {})
+}
+
+/// [`ring_of_two_members`] with the configuration `change` makes.
+fn ring_of_two_members_with(change: impl FnOnce(&mut conclave_node::Config)) -> Net {
+    let (mut cfg, ids) = network(3, 5);
+    change(&mut cfg);
     let mut net = Net::new(&cfg, &ids);
     net.run(400);
     assert_eq!(net.ring(0).1, vec![1, 2, 3], "the ring formed");
@@ -240,6 +246,15 @@ fn send_from_a(net: &mut Net, n: u32, len: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// How many of the payloads handed out to `b` since `from` were views.
+fn views_at_b(net: &Net, from: usize) -> usize {
+    net.handed_out[from..]
+        .iter()
+        .filter(|(i, id, _, _)| (*i, *id) == (1, 1))
+        .map(|(.., views)| *views)
+        .sum()
+}
+
 /// A delivery's payload of 1 KiB goes out as a view of the buffer it arrived in, and one of
 /// a few bytes as a copy; written, the views are let go.
 #[test]
@@ -248,12 +263,11 @@ fn large_payloads_are_delivered_as_views_and_let_go_once_written() {
     let (replies_before, before) = (net.replies.len(), net.handed_out.len());
     let mut sent = send_from_a(&mut net, 200, 1024);
     net.run(50);
-    let viewed: usize = net.handed_out[before..]
-        .iter()
-        .filter(|(i, id, _, _)| (*i, *id) == (1, 1))
-        .map(|(.., views)| *views)
-        .sum();
-    assert_eq!(viewed, 200, "each of b's deliveries a view");
+    assert_eq!(
+        views_at_b(&net, before),
+        200,
+        "each of b's deliveries a view"
+    );
     let small_from = net.handed_out.len();
     for k in 0..50u8 {
         let send = ClientCommand::Multicast {
@@ -276,7 +290,7 @@ fn large_payloads_are_delivered_as_views_and_let_go_once_written() {
 fn unwritten_deliveries_hold_views_only_up_to_the_budget() {
     use conclave_node::frames::MAX_VIEWS;
     let mut net = ring_of_two_members();
-    net.hold_writes = true;
+    net.hold_writes.insert((1, 1));
     let (replies_before, before) = (net.replies.len(), net.handed_out.len());
     let n = MAX_VIEWS as u32 + 300;
     let mut sent = Vec::new();
@@ -285,15 +299,39 @@ fn unwritten_deliveries_hold_views_only_up_to_the_budget() {
         sent.extend(send_from_a(&mut net, n / 4, 1024));
         net.run(50);
     }
-    let viewed: usize = net.handed_out[before..]
-        .iter()
-        .filter(|(i, id, _, _)| (*i, *id) == (1, 1))
-        .map(|(.., views)| *views)
-        .sum();
-    assert_eq!(viewed, MAX_VIEWS, "views up to the budget, copies past it");
+    assert_eq!(
+        views_at_b(&net, before),
+        MAX_VIEWS,
+        "views up to the budget, copies past it"
+    );
     assert_eq!(net.nodes[1].delivery_views(), MAX_VIEWS);
     assert_eq!(payloads_at_b(&net, replies_before), sent);
-    net.hold_writes = false;
+    net.hold_writes.clear();
     net.write_all();
     assert!(net.nodes.iter().all(|n| n.delivery_views() == 0));
+}
+
+/// A client cut off for not reading lets go of the views its unsent replies held: those still
+/// being written keep theirs until they are.
+#[test]
+fn a_client_cut_off_as_slow_lets_its_views_go() {
+    let mut net = ring_of_two_members_with(|c| c.sessions.max_unread_per_client = 100);
+    net.hold_writes.insert((1, 1));
+    let before = net.handed_out.len();
+    send_from_a(&mut net, 90, 1024);
+    net.run(50);
+    assert!(net.closed.is_empty());
+    let held = views_at_b(&net, before);
+    assert!(held > 0);
+    assert_eq!(net.nodes[1].delivery_views(), held);
+    // Past its 100 unread replies, b is cut off: what was framed for it and not handed out
+    // goes, with its views; what was handed out keeps its views until it is dropped.
+    send_from_a(&mut net, 60, 1024);
+    net.run(50);
+    assert!(net.closed.contains(&(1, 1)), "b was cut off");
+    let handed: usize = net.unwritten.iter().map(|(_, _, f, _)| f.views()).sum();
+    assert!(handed >= held);
+    assert_eq!(net.nodes[1].delivery_views(), handed);
+    net.unwritten.clear();
+    assert_eq!(net.nodes[1].delivery_views(), 0);
 }

@@ -30,14 +30,13 @@ fn outputs(n: &mut Node) -> (Vec<(u64, Reply)>, Vec<u64>) {
         match out {
             SessionOutput::Bytes(frames, count) => {
                 let b = frames.to_vec();
-                let buffer = frames.into_buffer();
                 let mut at = 0;
                 while let Some((body, used)) = next_frame(&b[at..]).unwrap() {
                     replies.push((id, Reply::decode(body).unwrap()));
                     at += used;
                 }
                 assert_eq!(at, b.len());
-                n.handle_session_written(id, b.len(), count, [buffer]);
+                n.handle_frames_written(id, frames, count);
             }
             SessionOutput::Close => closed.push(id),
         }

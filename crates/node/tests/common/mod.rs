@@ -27,9 +27,9 @@ pub struct Net {
     /// The size of every buffer of framed replies a node handed out: node, session, bytes,
     /// and how many of its payloads are views of the buffers they arrived in.
     pub handed_out: Vec<(usize, SessionId, usize, usize)>,
-    /// While set, the replies handed out are read but not written: they wait in `unwritten`,
-    /// as a client that does not read keeps them (until [`Net::write_all`]).
-    pub hold_writes: bool,
+    /// Sessions whose replies are read but not written: they wait in `unwritten`, as a client
+    /// that does not read keeps them (until [`Net::write_all`]).
+    pub hold_writes: std::collections::HashSet<(usize, SessionId)>,
     pub unwritten: Vec<(usize, SessionId, conclave_node::Frames, usize)>,
 }
 
@@ -64,7 +64,7 @@ impl Net {
             raw: Default::default(),
             closed: Vec::new(),
             handed_out: Vec::new(),
-            hold_writes: false,
+            hold_writes: Default::default(),
             unwritten: Vec::new(),
         }
     }
@@ -72,8 +72,7 @@ impl Net {
     /// Writes every reply held back by `hold_writes`.
     pub fn write_all(&mut self) {
         for (i, id, frames, count) in std::mem::take(&mut self.unwritten) {
-            let len = frames.len();
-            self.nodes[i].handle_session_written(id, len, count, [frames.into_buffer()]);
+            self.nodes[i].handle_frames_written(id, frames, count);
         }
     }
 
@@ -106,9 +105,7 @@ impl Net {
                             let b = frames.to_vec();
                             if self.spread.contains(&(i, id)) {
                                 self.raw.entry((i, id)).or_default().extend_from_slice(&b);
-                                let len = b.len();
-                                let buffer = frames.into_buffer();
-                                self.nodes[i].handle_session_written(id, len, count, [buffer]);
+                                self.nodes[i].handle_frames_written(id, frames, count);
                                 continue;
                             }
                             let mut at = 0;
@@ -118,11 +115,10 @@ impl Net {
                             }
                             assert_eq!(at, b.len(), "a buffer ends with a whole reply");
                             self.handed_out.push((i, id, b.len(), frames.views()));
-                            if self.hold_writes {
+                            if self.hold_writes.contains(&(i, id)) {
                                 self.unwritten.push((i, id, frames, count));
                             } else {
-                                let buffer = frames.into_buffer();
-                                self.nodes[i].handle_session_written(id, b.len(), count, [buffer]);
+                                self.nodes[i].handle_frames_written(id, frames, count);
                             }
                         }
                     }

@@ -227,8 +227,7 @@ impl World {
                         if let Some(s) = self.clients[ci].spread.as_mut() {
                             s.feed(&frames.to_vec());
                         }
-                        let len = frames.len();
-                        self.nodes[i].handle_session_written(sid, len, n, [frames.into_buffer()]);
+                        self.nodes[i].handle_frames_written(sid, frames, n);
                     }
                     SessionOutput::Bytes(frames, n) => {
                         // Piece by piece, as the daemon's vectored write takes them.
@@ -236,8 +235,7 @@ impl World {
                         for piece in frames.slices() {
                             buffer.extend_from_slice(piece);
                         }
-                        let len = frames.len();
-                        self.nodes[i].handle_session_written(sid, len, n, [frames.into_buffer()]);
+                        self.nodes[i].handle_frames_written(sid, frames, n);
                         if let Some(a) = self.replies(ci) {
                             answers.push((sid, a));
                         }
