@@ -56,6 +56,25 @@ async fn a_client_over_tls_talks_to_the_daemon_whose_key_it_knows() {
             break;
         }
     }
+    // Payloads the daemon writes as views of the buffers they arrived in, with the frames
+    // around them, through TLS: whole and in order.
+    let sent: Vec<Vec<u8>> = (0..40u32)
+        .map(|k| {
+            let mut p = vec![k as u8; 600 + (k as usize * 1_777) % 70_000];
+            p[..4].copy_from_slice(&k.to_be_bytes());
+            p
+        })
+        .collect();
+    for p in &sent {
+        c.multicast(ServiceType::Agreed, &["g"], p).await.unwrap();
+    }
+    let mut got = Vec::new();
+    while got.len() < sent.len() {
+        if let ClientEvent::Message { payload, .. } = ends(c.receive()).await.unwrap() {
+            got.push(payload.to_vec());
+        }
+    }
+    assert_eq!(got, sent);
 
     // A client that expects another daemon's key does not connect: the handshake fails.
     let impostor = Identity::generate(SigScheme::Ed25519, &mut rand_core::OsRng).unwrap();
