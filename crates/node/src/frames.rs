@@ -52,7 +52,8 @@ impl ViewBudget {
 }
 
 /// Framed replies, in order: bytes, with payloads to be written after given offsets of them.
-#[derive(Debug, Default)]
+/// Its `Debug` gives sizes only: the frames may hold a group's key (`ViewKey`) or a message.
+#[derive(Default)]
 pub struct Frames {
     bytes: Vec<u8>,
     /// Each payload goes after `bytes[..at]`; `at` never decreases along the list.
@@ -168,6 +169,15 @@ impl Drop for Frames {
     }
 }
 
+impl std::fmt::Debug for Frames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frames")
+            .field("len", &self.len())
+            .field("views", &self.views.len())
+            .finish()
+    }
+}
+
 impl From<Vec<u8>> for Frames {
     fn from(bytes: Vec<u8>) -> Frames {
         Frames::from_vec(bytes)
@@ -244,5 +254,22 @@ mod tests {
         assert_eq!(viewed, Frames::from(flat));
         assert_ne!(viewed, Frames::from(b"x".to_vec()));
         assert!(Frames::default().slices().next().is_none());
+    }
+
+    #[test]
+    fn debug_shows_sizes_not_bytes() {
+        let budget = ViewBudget::default();
+        let mut f = Frames::from_vec(b"secret-key-bytes".to_vec());
+        f.push_payload(&Bytes::from(vec![b'k'; VIEW_MIN_BYTES]), &budget);
+        let shown = format!("{f:?}");
+        assert_eq!(
+            shown,
+            format!("Frames {{ len: {}, views: 1 }}", 16 + VIEW_MIN_BYTES)
+        );
+        let out = crate::SessionOutput::Bytes(f, 1);
+        assert!(
+            !format!("{out:?}").contains("107"),
+            "no byte values printed"
+        );
     }
 }

@@ -292,24 +292,26 @@ impl ClientCommand {
     /// The client library makes them before a command travels, the daemon again when it
     /// arrives; one function, so both refuse the same commands for the same reasons.
     pub fn validate(&self) -> Result<(), (Refusal, String)> {
-        let name = |what: &str, n: &str| {
-            if n.is_empty() || n.len() > MAX_NAME_BYTES {
-                return Err((
-                    Refusal::BadName,
-                    format!("a {what} name is 1 to {MAX_NAME_BYTES} bytes"),
-                ));
-            }
-            Ok(())
-        };
         match self {
             ClientCommand::Join { group, .. }
             | ClientCommand::Leave { group }
-            | ClientCommand::FlushAck { group, .. } => name("group", group),
+            | ClientCommand::FlushAck { group, .. } => check_name("group", group),
             ClientCommand::Multicast {
                 groups, payload, ..
             } => validate_multicast(groups, payload.len()),
         }
     }
+}
+
+/// A `what` name's refusal, if it is empty or too long.
+fn check_name(what: &str, n: &str) -> Result<(), (Refusal, String)> {
+    if n.is_empty() || n.len() > MAX_NAME_BYTES {
+        return Err((
+            Refusal::BadName,
+            format!("a {what} name is 1 to {MAX_NAME_BYTES} bytes"),
+        ));
+    }
+    Ok(())
 }
 
 /// What a daemon would refuse of a message to `groups` of `payload_len` bytes, for its form.
@@ -325,12 +327,7 @@ pub fn validate_multicast<G: AsRef<str>>(
     }
     for (i, g) in groups.iter().enumerate() {
         let g = g.as_ref();
-        if g.is_empty() || g.len() > MAX_NAME_BYTES {
-            return Err((
-                Refusal::BadName,
-                format!("a group name is 1 to {MAX_NAME_BYTES} bytes"),
-            ));
-        }
+        check_name("group", g)?;
         if groups[..i].iter().any(|h| h.as_ref() == g) {
             return Err((Refusal::BadGroupList, format!("group {g:?} is named twice")));
         }
@@ -1414,20 +1411,40 @@ mod multicast_frame_tests {
 
     #[test]
     fn borrowed_parts_are_validated_as_the_command_is() {
-        let cases: [(&[&str], usize); 5] = [
-            (&[], 1),
-            (&["g", "g"], 1),
-            (&[""], 1),
-            (&["g"], MAX_PAYLOAD_BYTES + 1),
-            (&["g", "h"], MAX_PAYLOAD_BYTES),
+        let long = "n".repeat(MAX_NAME_BYTES + 1);
+        let cases: [(&[&str], usize, Option<Refusal>); 7] = [
+            (&[], 1, Some(Refusal::BadGroupList)),
+            (&["g", "g"], 1, Some(Refusal::BadGroupList)),
+            (&[""], 1, Some(Refusal::BadName)),
+            (&["g", &long], 1, Some(Refusal::BadName)),
+            (
+                &["g"],
+                MAX_PAYLOAD_BYTES + 1,
+                Some(Refusal::PayloadTooLarge),
+            ),
+            (&["g", "h"], MAX_PAYLOAD_BYTES, None),
+            (&["g"], 0, None),
         ];
-        for (groups, len) in cases {
+        for (groups, len, want) in cases {
             let cmd = ClientCommand::Multicast {
                 service: ServiceType::Agreed,
                 groups: groups.iter().map(|g| g.to_string()).collect(),
                 payload: Bytes::from(vec![0u8; len]),
             };
-            assert_eq!(validate_multicast(groups, len), cmd.validate());
+            let got = validate_multicast(groups, len);
+            assert_eq!(
+                got.as_ref().err().map(|(code, _)| *code),
+                want,
+                "{groups:?} {len}"
+            );
+            assert_eq!(got, cmd.validate());
         }
+        let too_many: Vec<String> = (0..=MAX_GROUPS_PER_MESSAGE)
+            .map(|k| format!("g{k}"))
+            .collect();
+        assert_eq!(
+            validate_multicast(&too_many, 1).map_err(|(code, _)| code),
+            Err(Refusal::BadGroupList)
+        );
     }
 }
