@@ -10,7 +10,7 @@
 //! again and a message to that group is refused here. A message takes one place in the window
 //! per group, given back when the daemon acknowledges it in that group (`Sent`) or refuses it.
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use conclave_wire::client::{
     frame, frame_multicast_into, next_frame, validate_multicast, ClientCommand, ClientEvent,
     Refusal, Reply, Request,
@@ -55,6 +55,8 @@ pub struct ReplyDecoder {
     buf: BytesMut,
     /// The last view's member lists, shared with the next view that has the same ones.
     lists: conclave_wire::client::NameLists,
+    /// What is left to hand out of a run of acknowledgements ([`Reply::SentRun`]).
+    run: Option<(ClientEvent, u16)>,
 }
 
 impl ReplyDecoder {
@@ -73,15 +75,43 @@ impl ReplyDecoder {
         &mut self.buf
     }
 
-    /// The next complete reply, if one has arrived.
+    /// The next complete reply, if one has arrived. A run of acknowledgements comes out as
+    /// its `Sent` events, one at a time, before whatever follows it.
     pub fn next_reply(&mut self) -> Result<Option<Reply>, DecodeError> {
+        if let Some((sent, left)) = &mut self.run {
+            *left -= 1;
+            let sent = match *left {
+                0 => self.run.take().expect("a run").0,
+                _ => sent.clone(),
+            };
+            return Ok(Some(Reply::Event(sent)));
+        }
         let used = match next_frame(&self.buf)? {
             None => return Ok(None),
             Some((_, used)) => used,
         };
         // The frame's length, then its body.
         let body = self.buf.split_to(used).freeze().slice(4..);
-        Ok(Some(Reply::decode_shared(&body, &mut self.lists)?))
+        match Reply::decode_shared(&body, &mut self.lists)? {
+            Reply::SentRun {
+                group,
+                service,
+                view,
+                count,
+            } => {
+                self.run = Some((
+                    ClientEvent::Sent {
+                        group,
+                        service,
+                        payload: Bytes::new(),
+                        view,
+                    },
+                    count,
+                ));
+                self.next_reply()
+            }
+            reply => Ok(Some(reply)),
+        }
     }
 }
 
@@ -391,6 +421,25 @@ impl SessionCore {
                 }
                 Handled::Refused { code, reason }
             }
+            // A decoder of the stream hands a run out as its events ([`ReplyDecoder`]); one
+            // given whole counts all its acknowledgements, and the application hears of the run
+            // once.
+            Reply::SentRun {
+                group,
+                service,
+                view,
+                count,
+            } => {
+                for _ in 0..count {
+                    self.acknowledged(&group);
+                }
+                Handled::Event(ClientEvent::Sent {
+                    group,
+                    service,
+                    payload: Bytes::new(),
+                    view,
+                })
+            }
             Reply::Event(ClientEvent::Closed { reason }) => Handled::Closed(reason),
             Reply::Event(ev) => {
                 match &ev {
@@ -508,6 +557,66 @@ mod tests {
         let mut d = ReplyDecoder::default();
         d.buffer().extend_from_slice(&[0, 0, 0, 2, 9, 9]);
         assert!(d.next_reply().is_err());
+    }
+
+    /// A run of `count` acknowledgements in group `g`.
+    fn run(g: &str, count: u16) -> Reply {
+        let Reply::Event(ClientEvent::Sent {
+            group,
+            service,
+            view,
+            ..
+        }) = sent(g)
+        else {
+            unreachable!()
+        };
+        Reply::SentRun {
+            group,
+            service,
+            view,
+            count,
+        }
+    }
+
+    #[test]
+    fn a_run_of_acknowledgements_comes_out_one_by_one_in_its_place() {
+        let replies = [run("g", 3), message(vec![1; 10]), run("h", 1), run("g", 2)];
+        let bytes: Vec<u8> = replies.iter().flat_map(|r| frame(&r.encode())).collect();
+        let want = [
+            sent("g"),
+            sent("g"),
+            sent("g"),
+            message(vec![1; 10]),
+            sent("h"),
+            sent("g"),
+            sent("g"),
+        ];
+        for chunk in [1, 5, bytes.len()] {
+            let mut d = ReplyDecoder::default();
+            let mut got = Vec::new();
+            for c in bytes.chunks(chunk) {
+                d.buffer().extend_from_slice(c);
+                while let Some(r) = d.next_reply().unwrap() {
+                    got.push(r);
+                }
+            }
+            assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn a_run_given_whole_gives_back_the_places_of_all_it_acknowledges() {
+        let mut s = connected(); // a window of 4
+        s.command(join("a")).unwrap();
+        for _ in 0..3 {
+            s.command(msg(&["a"], 1)).unwrap();
+        }
+        assert_eq!(s.window_free(), 1);
+        assert!(matches!(
+            s.handle(run("a", 3)),
+            Handled::Event(ClientEvent::Sent { .. })
+        ));
+        assert_eq!(s.window_free(), 4);
     }
 
     /// A delivery of `payload` to group g.

@@ -283,6 +283,7 @@ async fn replies_keep_the_order_of_requests_sent_together() {
             Reply::Connected { .. } => "connected".to_string(),
             Reply::Challenge { .. } => "challenge".to_string(),
             Reply::Refused { .. } => "refused".to_string(),
+            Reply::SentRun { .. } => "sent".to_string(),
             Reply::Event(ClientEvent::Joined { .. }) => "joined".to_string(),
             Reply::Event(ClientEvent::Left { .. }) => "left".to_string(),
             Reply::Event(e) => format!("{e:?}"),

@@ -935,9 +935,10 @@ impl Node {
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };
-        if s.pending.is_empty() {
+        if s.nothing_pending() {
             self.dirty.push(id);
         }
+        s.frame_sent_run();
         frame_into(&mut s.pending);
         s.pending_replies += 1;
         let bytes = s.unwritten_bytes + s.pending.len();
@@ -968,9 +969,10 @@ impl Node {
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };
-        if s.pending.is_empty() {
+        if s.nothing_pending() {
             return;
         }
+        s.frame_sent_run();
         // The next pass likely frames as much: room for it saves growing the buffer step by step.
         let copied = s.pending.copied_len();
         let room = (copied + copied / 4).min(CHUNK_ROOM);
@@ -1801,18 +1803,22 @@ impl Node {
                 }
                 ev
             }
-            // The client has its payload: the acknowledgement does not carry it back.
+            // The client has its payload: the acknowledgement does not carry it back. A run of
+            // them in a row goes as one reply.
             ClientEvent::Sent {
                 group,
                 service,
                 view,
                 ..
-            } => ClientEvent::Sent {
-                group,
-                service,
-                payload: Default::default(),
-                view,
-            },
+            } => {
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    if s.nothing_pending() {
+                        self.dirty.push(id);
+                    }
+                    s.sent(group, service, view);
+                }
+                return;
+            }
             ClientEvent::Closed { .. } => {
                 self.reply(id, Reply::Event(ev));
                 // The core has already disconnected it, and the Crash is recorded above.

@@ -4,12 +4,23 @@
 //! [`crate::node`]'s budgets.
 
 use bytes::Bytes;
-use conclave_wire::client::{next_frame_within, Request, MAX_REQUEST_BYTES};
+use conclave_wire::client::{
+    next_frame_within, ClientEvent, GroupViewId, Reply, Request, MAX_REQUEST_BYTES, MAX_SENT_RUN,
+};
+use conclave_wire::gcs::ServiceType;
 use conclave_wire::DecodeError;
 
 /// A connection, as its driver numbers it; once it has connected, also its client's id in the
 /// core ([`conclave_gcs::ClientId`]).
 pub type SessionId = conclave_gcs::ClientId;
+
+/// Acknowledgements in a row of one group, service and view ([`Reply::SentRun`]).
+pub(crate) struct SentRun {
+    group: String,
+    service: ServiceType,
+    view: GroupViewId,
+    count: u16,
+}
 
 /// What the node hands a driver for one connection.
 #[derive(Debug, PartialEq, Eq)]
@@ -39,6 +50,9 @@ pub(crate) struct Session {
     /// Replies framed since the node last handed this session's output out.
     pub pending: crate::frames::Frames,
     pub pending_replies: usize,
+    /// Acknowledgements of the client's messages not yet framed: framed as one reply before
+    /// anything framed after them, or when the session's output is handed out.
+    pub sent_run: Option<SentRun>,
     /// Handed out and not yet reported written.
     pub unwritten_bytes: usize,
     pub unwritten_replies: usize,
@@ -76,6 +90,7 @@ impl Session {
             deadline: None,
             pending: Default::default(),
             pending_replies: 0,
+            sent_run: None,
             unwritten_bytes: 0,
             unwritten_replies: 0,
             spare: Vec::new(),
@@ -86,6 +101,63 @@ impl Session {
             evs_views: Default::default(),
             spread: None,
         }
+    }
+
+    /// Counts the acknowledgement of one more of the client's messages: it joins the run
+    /// waiting if it is of the same group, service and view, and otherwise the run waiting is
+    /// framed and a new one starts.
+    pub fn sent(&mut self, group: String, service: ServiceType, view: GroupViewId) {
+        if let Some(run) = &mut self.sent_run {
+            if run.count < MAX_SENT_RUN
+                && run.view == view
+                && run.service == service
+                && run.group == group
+            {
+                run.count += 1;
+                return;
+            }
+        }
+        self.frame_sent_run();
+        self.sent_run = Some(SentRun {
+            group,
+            service,
+            view,
+            count: 1,
+        });
+    }
+
+    /// Frames the run of acknowledgements waiting, if any: one `Sent` alone as itself.
+    pub fn frame_sent_run(&mut self) {
+        let Some(SentRun {
+            group,
+            service,
+            view,
+            count,
+        }) = self.sent_run.take()
+        else {
+            return;
+        };
+        let reply = match count {
+            1 => Reply::Event(ClientEvent::Sent {
+                group,
+                service,
+                payload: Bytes::new(),
+                view,
+            }),
+            _ => Reply::SentRun {
+                group,
+                service,
+                view,
+                count,
+            },
+        };
+        reply.frame_into(self.pending.bytes_mut());
+        self.pending_replies += 1;
+    }
+
+    /// Whether nothing is framed or waiting to be.
+    pub fn nothing_pending(&self) -> bool {
+        self.pending.is_empty() && self.sent_run.is_none()
     }
 
     /// An empty buffer to frame into, reused if the driver gave one back.

@@ -6,7 +6,7 @@ mod common;
 
 use common::{network, Net};
 use conclave_node::node::CHUNK_BYTES;
-use conclave_wire::client::{ClientCommand, ClientEvent, Reply, Request};
+use conclave_wire::client::{frame, ClientCommand, ClientEvent, Reply, Request};
 use conclave_wire::gcs::ServiceType;
 
 fn member(net: &mut Net, i: usize, id: u64, name: &str) {
@@ -334,4 +334,77 @@ fn a_client_cut_off_as_slow_lets_its_views_go() {
     assert_eq!(net.nodes[1].delivery_views(), handed);
     net.unwritten.clear();
     assert_eq!(net.nodes[1].delivery_views(), 0);
+}
+
+/// A client's acknowledgements in a row, of one group, service and view, go out as one reply,
+/// in their place among its other replies; a client's decoder hands them out one by one.
+#[test]
+fn acknowledgements_in_a_row_go_as_one_reply_in_their_place() {
+    let mut net = ring_of_two_members();
+    let join = ClientCommand::Join {
+        group: "h".into(),
+        vs: false,
+    };
+    net.request(0, 1, Request::Command(join));
+    net.run(50);
+    let from = net.replies.len();
+    // One read: to g three times, to h twice, to g once more, with another service.
+    let mut bytes = Vec::new();
+    let sends = [
+        ("g", ServiceType::Agreed),
+        ("g", ServiceType::Agreed),
+        ("g", ServiceType::Agreed),
+        ("h", ServiceType::Agreed),
+        ("h", ServiceType::Agreed),
+        ("g", ServiceType::Fifo),
+    ];
+    for (group, service) in sends {
+        let send = ClientCommand::Multicast {
+            service,
+            groups: vec![group.into()],
+            payload: vec![7; 100].into(),
+        };
+        bytes.extend(frame(&Request::Command(send).encode()));
+    }
+    let now = net.time();
+    net.nodes[0].handle_session_shared(now, 1, &bytes::Bytes::from(bytes));
+    net.run(50);
+    let acks: Vec<(String, ServiceType, u16)> = net.replies[from..]
+        .iter()
+        .filter(|(i, id, _)| (*i, *id) == (0, 1))
+        .filter_map(|(_, _, r)| match r {
+            Reply::SentRun {
+                group,
+                service,
+                count,
+                ..
+            } => Some((group.clone(), *service, *count)),
+            Reply::Event(ClientEvent::Sent { group, service, .. }) => {
+                Some((group.clone(), *service, 1))
+            }
+            _ => None,
+        })
+        .collect();
+    let want = [
+        ("g", ServiceType::Agreed, 3),
+        ("h", ServiceType::Agreed, 2),
+        ("g", ServiceType::Fifo, 1),
+    ];
+    assert_eq!(
+        acks,
+        want.map(|(g, s, n)| (g.to_string(), s, n)),
+        "three replies for six acknowledgements"
+    );
+    // Every acknowledgement came before the deliveries of the messages it acknowledged.
+    let mine: Vec<&Reply> = net.replies[from..]
+        .iter()
+        .filter(|(i, id, _)| (*i, *id) == (0, 1))
+        .map(|(_, _, r)| r)
+        .collect();
+    let first_message = mine
+        .iter()
+        .position(|r| matches!(r, Reply::Event(ClientEvent::Message { .. })))
+        .unwrap();
+    assert_eq!(first_message, 3);
+    assert_eq!(mine.len(), 3 + 6);
 }

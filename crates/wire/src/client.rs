@@ -16,7 +16,9 @@ pub use bytes::Bytes;
 use std::sync::Arc;
 
 /// The client protocol version this build speaks.
-pub const CLIENT_VERSION: u8 = 3;
+pub const CLIENT_VERSION: u8 = 4;
+/// Most acknowledgements one [`Reply::SentRun`] carries.
+pub const MAX_SENT_RUN: u16 = 4096;
 /// Most members a view lists.
 pub const MAX_VIEW_MEMBERS: usize = 16_384;
 /// Longest refusal text, in bytes.
@@ -429,6 +431,17 @@ pub enum Reply {
         nonce: [u8; 32],
     },
     Event(ClientEvent),
+    /// `count` [`ClientEvent::Sent`] of `group`, `service` and `view` in a row, in one reply:
+    /// a sender's acknowledgements are half of what its daemon writes to it, and one each cost
+    /// a frame to write and decode for a few bytes of news. A stream's decoder hands them out
+    /// one by one (as `conclave_client`'s does), so an application never sees a run.
+    SentRun {
+        group: String,
+        service: ServiceType,
+        view: GroupViewId,
+        /// From 1 to [`MAX_SENT_RUN`] (a daemon sends a lone acknowledgement as a `Sent`).
+        count: u16,
+    },
     /// A request was refused (the connection goes on unless the daemon closes it).
     Refused {
         /// Which request of the connection, counting from 1 (the connect).
@@ -674,6 +687,18 @@ impl Reply {
                 w.name(name, MAX_NAME_BYTES);
                 w.raw(nonce);
             }
+            Reply::SentRun {
+                group,
+                service,
+                view,
+                count,
+            } => {
+                w.u8(14);
+                w.name(group, MAX_NAME_BYTES);
+                w.u8(*service as u8);
+                write_view(w, view);
+                w.u16(*count);
+            }
             Reply::Refused {
                 request,
                 code,
@@ -835,6 +860,26 @@ impl Reply {
                 name: r.name("client name", MAX_NAME_BYTES)?,
                 nonce: r.take(32, "nonce")?.try_into().expect("32 bytes"),
             },
+            14 => Reply::SentRun {
+                group: group(&mut r)?,
+                service: service(&mut r)?,
+                view: read_view(&mut r)?,
+                count: match r.u16("acknowledgements")? {
+                    0 => {
+                        return Err(DecodeError::Empty {
+                            what: "run of acknowledgements",
+                        })
+                    }
+                    n @ 1..=MAX_SENT_RUN => n,
+                    n => {
+                        return Err(DecodeError::TooLong {
+                            what: "run of acknowledgements",
+                            len: n as usize,
+                            max: MAX_SENT_RUN as usize,
+                        })
+                    }
+                },
+            },
             12 => ev(ClientEvent::ViewKey {
                 group: group(&mut r)?,
                 view: read_view(&mut r)?,
@@ -964,6 +1009,34 @@ pub fn next_frame_within(stream: &[u8], max: usize) -> Result<Option<(&[u8], usi
 #[cfg(test)]
 mod frame_into_tests {
     use super::*;
+
+    #[test]
+    fn a_run_of_acknowledgements_is_refused_empty_or_past_its_bound() {
+        let run = |count| Reply::SentRun {
+            group: "g".into(),
+            service: ServiceType::Agreed,
+            view: GroupViewId {
+                ring: crate::gcs::RingId {
+                    seq: 1,
+                    rep: 1,
+                    inc: 0,
+                },
+                index: 2,
+            },
+            count,
+        };
+        for ok in [1, 2, MAX_SENT_RUN] {
+            assert_eq!(Reply::decode(&run(ok).encode()).unwrap(), run(ok));
+        }
+        assert!(matches!(
+            Reply::decode(&run(0).encode()),
+            Err(DecodeError::Empty { .. })
+        ));
+        assert!(matches!(
+            Reply::decode(&run(MAX_SENT_RUN + 1).encode()),
+            Err(DecodeError::TooLong { len, .. }) if len == MAX_SENT_RUN as usize + 1
+        ));
+    }
 
     #[test]
     fn frame_into_appends_what_frame_gives() {
@@ -1228,6 +1301,14 @@ mod tests {
                     reason,
                 }
             }),
+            (name(), service(), view(), 1..=MAX_SENT_RUN).prop_map(
+                |(group, service, view, count)| Reply::SentRun {
+                    group,
+                    service,
+                    view,
+                    count,
+                }
+            ),
             event().prop_map(Reply::Event),
         ]
     }
