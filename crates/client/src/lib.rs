@@ -551,10 +551,16 @@ impl Sender {
         groups: &[&str],
         payload: &[u8],
     ) -> Result<(), ClientError> {
-        // Checked before any wait: a message that cannot go fails at once.
         self.shared.check_open()?;
-        self.shared.core().check_multicast(groups, payload.len())?;
-        let n = self.take_places(groups.len(), payload.len()).await?;
+        // With room in the window, the message is checked once, as it is counted; without, it
+        // is checked before the wait too, so that a message that cannot go fails at once.
+        let n = match self.try_take_places(groups.len(), payload.len()) {
+            Some(n) => n,
+            None => {
+                self.shared.core().check_multicast(groups, payload.len())?;
+                self.take_places(groups.len(), payload.len()).await?
+            }
+        };
         // Framed from the borrowed parts (no list, name or payload copied on the way: they
         // were a tenth of a sending member's time), into the buffer of the message before.
         let mut framed = std::mem::take(&mut self.framed);
@@ -593,6 +599,17 @@ impl Sender {
                 Err(e)
             }
         }
+    }
+
+    /// [`Sender::take_places`] if they are free now, without a wait or a flush.
+    fn try_take_places(&mut self, groups: usize, payload_len: usize) -> Option<usize> {
+        let n = core::places(payload_len, groups, self.shared.window_size) * groups;
+        if n > self.shared.window_size {
+            return None;
+        }
+        let permit = self.shared.window.try_acquire_many(n as u32).ok()?;
+        permit.forget();
+        Some(n)
     }
 
     /// Takes the places in the window of a message to `groups` groups of `payload_len` bytes,

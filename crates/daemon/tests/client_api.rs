@@ -51,6 +51,40 @@ async fn a_message_to_more_groups_than_the_window_fails_at_once() {
 }
 
 #[tokio::test]
+async fn a_message_refused_with_room_in_the_window_gives_its_places_back() {
+    let (d, addr, _) = one_daemon(|_| {}).await;
+    let mut c = Client::connect_with_window(&addr, "narrow", 2)
+        .await
+        .unwrap();
+    c.join("a").await.unwrap();
+    joined(&mut c, "a").await;
+    // Each would take both places; none may keep them.
+    for _ in 0..3 {
+        let e = ends(c.multicast(ServiceType::Agreed, &["a", "elsewhere"], b"x"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::Refused {
+                    code: Refusal::NotMember,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    // Had they kept them, this would wait for ever.
+    for k in 0..4u8 {
+        ends(c.multicast(ServiceType::Agreed, &["a"], &[k]))
+            .await
+            .unwrap();
+    }
+    c.disconnect().await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_join_the_daemon_refuses_is_rolled_back() {
     let (d, addr, _) = one_daemon(|c| c.core.max_groups_per_client = 2).await;
     let mut c = Client::connect(&addr, "greedy").await.unwrap();
