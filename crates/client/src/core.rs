@@ -533,6 +533,19 @@ mod tests {
         s
     }
 
+    /// The replies `bytes` hold, read `chunk` bytes at a time.
+    fn decoded_in_chunks(bytes: &[u8], chunk: usize) -> Vec<Reply> {
+        let mut d = ReplyDecoder::default();
+        let mut got = Vec::new();
+        for c in bytes.chunks(chunk) {
+            d.buffer().extend_from_slice(c);
+            while let Some(r) = d.next_reply().unwrap() {
+                got.push(r);
+            }
+        }
+        got
+    }
+
     #[test]
     fn replies_split_off_a_stream_in_any_chunking() {
         let replies = vec![
@@ -544,15 +557,7 @@ mod tests {
         ];
         let bytes: Vec<u8> = replies.iter().flat_map(|r| frame(&r.encode())).collect();
         for chunk in [1, 3, 7, bytes.len()] {
-            let mut d = ReplyDecoder::default();
-            let mut got = Vec::new();
-            for c in bytes.chunks(chunk) {
-                d.buffer().extend_from_slice(c);
-                while let Some(r) = d.next_reply().unwrap() {
-                    got.push(r);
-                }
-            }
-            assert_eq!(got, replies);
+            assert_eq!(decoded_in_chunks(&bytes, chunk), replies);
         }
         let mut d = ReplyDecoder::default();
         d.buffer().extend_from_slice(&[0, 0, 0, 2, 9, 9]);
@@ -592,15 +597,7 @@ mod tests {
             sent("g"),
         ];
         for chunk in [1, 5, bytes.len()] {
-            let mut d = ReplyDecoder::default();
-            let mut got = Vec::new();
-            for c in bytes.chunks(chunk) {
-                d.buffer().extend_from_slice(c);
-                while let Some(r) = d.next_reply().unwrap() {
-                    got.push(r);
-                }
-            }
-            assert_eq!(got, want);
+            assert_eq!(decoded_in_chunks(&bytes, chunk), want);
         }
     }
 

@@ -17,6 +17,19 @@ async fn ends<T>(f: impl std::future::Future<Output = T>) -> T {
         .expect("the call never ended")
 }
 
+fn assert_not_member(e: &ClientError) {
+    assert!(
+        matches!(
+            e,
+            ClientError::Refused {
+                code: Refusal::NotMember,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
 /// The next event that is not an acknowledgement of the client's own requests.
 async fn joined(c: &mut Client, group: &str) {
     loop {
@@ -63,16 +76,7 @@ async fn a_message_refused_with_room_in_the_window_gives_its_places_back() {
         let e = ends(c.multicast(ServiceType::Agreed, &["a", "elsewhere"], b"x"))
             .await
             .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                ClientError::Refused {
-                    code: Refusal::NotMember,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert_not_member(&e);
     }
     // Had they kept them, this would wait for ever.
     for k in 0..4u8 {
@@ -115,16 +119,7 @@ async fn a_join_the_daemon_refuses_is_rolled_back() {
         .multicast(ServiceType::Agreed, &["c"], b"x")
         .await
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            ClientError::Refused {
-                code: Refusal::NotMember,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_not_member(&e);
     c.leave("a").await.unwrap();
     c.join("c").await.unwrap();
     joined(&mut c, "c").await;
