@@ -10,7 +10,7 @@
 //! again and a message to that group is refused here. A message takes one place in the window
 //! per group, given back when the daemon acknowledges it in that group (`Sent`) or refuses it.
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use conclave_wire::client::{
     frame, frame_multicast_into, next_frame, validate_multicast, ClientCommand, ClientEvent,
     Refusal, Reply, Request,
@@ -92,25 +92,12 @@ impl ReplyDecoder {
         };
         // The frame's length, then its body.
         let body = self.buf.split_to(used).freeze().slice(4..);
-        match Reply::decode_shared(&body, &mut self.lists)? {
-            Reply::SentRun {
-                group,
-                service,
-                view,
-                count,
-            } => {
-                self.run = Some((
-                    ClientEvent::Sent {
-                        group,
-                        service,
-                        payload: Bytes::new(),
-                        view,
-                    },
-                    count,
-                ));
+        match Reply::decode_shared(&body, &mut self.lists)?.into_sent_run() {
+            Ok(run) => {
+                self.run = Some(run);
                 self.next_reply()
             }
-            reply => Ok(Some(reply)),
+            Err(reply) => Ok(Some(reply)),
         }
     }
 }
@@ -424,21 +411,16 @@ impl SessionCore {
             // A decoder of the stream hands a run out as its events ([`ReplyDecoder`]); one
             // given whole counts all its acknowledgements, and the application hears of the run
             // once.
-            Reply::SentRun {
-                group,
-                service,
-                view,
-                count,
-            } => {
-                for _ in 0..count {
-                    self.acknowledged(&group);
+            run @ Reply::SentRun { .. } => {
+                let Ok((sent, count)) = run.into_sent_run() else {
+                    return Handled::Nothing;
+                };
+                if let ClientEvent::Sent { group, .. } = &sent {
+                    for _ in 0..count {
+                        self.acknowledged(group);
+                    }
                 }
-                Handled::Event(ClientEvent::Sent {
-                    group,
-                    service,
-                    payload: Bytes::new(),
-                    view,
-                })
+                Handled::Event(sent)
             }
             Reply::Event(ClientEvent::Closed { reason }) => Handled::Closed(reason),
             Reply::Event(ev) => {

@@ -787,6 +787,28 @@ impl Reply {
         Reply::decode_sharing(buf, &mut NameLists::default())
     }
 
+    /// A run of acknowledgements as the `Sent` event each of them stands for, and their count;
+    /// any other reply is given back as it is.
+    pub fn into_sent_run(self) -> Result<(ClientEvent, u16), Reply> {
+        match self {
+            Reply::SentRun {
+                group,
+                service,
+                view,
+                count,
+            } => Ok((
+                ClientEvent::Sent {
+                    group,
+                    service,
+                    payload: Bytes::new(),
+                    view,
+                },
+                count,
+            )),
+            reply => Err(reply),
+        }
+    }
+
     /// [`Reply::decode`], taking a view's member lists from `lists` when they are the ones it
     /// holds, byte for byte: after a configuration change a client in hundreds of groups of
     /// the same members gets a view of each, and decodes and keeps their names once.
