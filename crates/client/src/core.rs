@@ -384,7 +384,9 @@ impl SessionCore {
         Ok(self.input.next_reply()?.map(|r| self.handle(r)))
     }
 
-    /// What one reply of the daemon means: the session's state follows it.
+    /// What one reply of the daemon means: the session's state follows it. Replies should come
+    /// through [`ReplyDecoder`], which hands a run of acknowledgements out one by one: a run
+    /// given here whole counts all its acknowledgements but makes one event.
     pub fn handle(&mut self, reply: Reply) -> Handled {
         match reply {
             Reply::Connected { name } => {

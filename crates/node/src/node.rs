@@ -931,7 +931,6 @@ impl Node {
 
     /// [`Node::frame`] of a reply that may leave its payload where it lies.
     fn frame_pieces(&mut self, id: SessionId, frame_into: impl FnOnce(&mut Frames)) {
-        let max_replies = self.cfg.sessions.max_unread_per_client;
         let Some(s) = self.sessions.get_mut(&id) else {
             return;
         };
@@ -941,6 +940,16 @@ impl Node {
         s.frame_sent_run();
         frame_into(&mut s.pending);
         s.pending_replies += 1;
+        self.check_unread(id);
+    }
+
+    /// Hands a session's framed replies out once they make a chunk, and disconnects a client
+    /// whose unwritten replies pass the limits.
+    fn check_unread(&mut self, id: SessionId) {
+        let max_replies = self.cfg.sessions.max_unread_per_client;
+        let Some(s) = self.sessions.get_mut(&id) else {
+            return;
+        };
         let bytes = s.unwritten_bytes + s.pending.len();
         let replies = s.unwritten_replies + s.pending_replies;
         if bytes > MAX_UNREAD_BYTES || replies > max_replies {
@@ -1815,7 +1824,9 @@ impl Node {
                     if s.nothing_pending() {
                         self.dirty.push(id);
                     }
-                    s.sent(group, service, view);
+                    if s.sent(group, service, view) {
+                        self.check_unread(id);
+                    }
                 }
                 return;
             }

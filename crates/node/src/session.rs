@@ -105,8 +105,9 @@ impl Session {
 
     /// Counts the acknowledgement of one more of the client's messages: it joins the run
     /// waiting if it is of the same group, service and view, and otherwise the run waiting is
-    /// framed and a new one starts.
-    pub fn sent(&mut self, group: String, service: ServiceType, view: GroupViewId) {
+    /// framed and a new one starts. Whether a run was framed (so that the limits on what the
+    /// client leaves unread are checked, as for any reply).
+    pub fn sent(&mut self, group: String, service: ServiceType, view: GroupViewId) -> bool {
         if let Some(run) = &mut self.sent_run {
             if run.count < MAX_SENT_RUN
                 && run.view == view
@@ -114,9 +115,10 @@ impl Session {
                 && run.group == group
             {
                 run.count += 1;
-                return;
+                return false;
             }
         }
+        let framed = self.sent_run.is_some();
         self.frame_sent_run();
         self.sent_run = Some(SentRun {
             group,
@@ -124,6 +126,7 @@ impl Session {
             view,
             count: 1,
         });
+        framed
     }
 
     /// Frames the run of acknowledgements waiting, if any: one `Sent` alone as itself.
@@ -202,4 +205,63 @@ pub(crate) enum RequestError {
     Frame(DecodeError),
     #[error("undecodable request: {0}")]
     Undecodable(DecodeError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use conclave_wire::client::next_frame;
+    use conclave_wire::gcs::RingId;
+
+    fn view(index: u64) -> GroupViewId {
+        GroupViewId {
+            ring: RingId {
+                seq: 1,
+                rep: 1,
+                inc: 0,
+            },
+            index,
+        }
+    }
+
+    /// The acknowledgements a session framed, as (group, view index, count).
+    fn framed(s: &Session) -> Vec<(String, u64, u16)> {
+        let bytes = s.pending.to_vec();
+        let mut at = 0;
+        let mut out = Vec::new();
+        while let Some((body, used)) = next_frame(&bytes[at..]).unwrap() {
+            at += used;
+            out.push(match Reply::decode(body).unwrap() {
+                Reply::SentRun {
+                    group, view, count, ..
+                } => (group, view.index, count),
+                Reply::Event(ClientEvent::Sent { group, view, .. }) => (group, view.index, 1),
+                r => panic!("not an acknowledgement: {r:?}"),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn a_run_ends_at_its_bound_and_at_a_new_view() {
+        let mut s = Session::new();
+        let agreed = ServiceType::Agreed;
+        let mut runs_framed = 0;
+        for _ in 0..MAX_SENT_RUN as usize + 1 {
+            runs_framed += s.sent("g".into(), agreed, view(1)) as usize;
+        }
+        runs_framed += s.sent("g".into(), agreed, view(2)) as usize;
+        s.frame_sent_run();
+        assert!(!s.nothing_pending() && s.sent_run.is_none());
+        assert_eq!(
+            framed(&s),
+            [
+                ("g".to_string(), 1, MAX_SENT_RUN),
+                ("g".to_string(), 1, 1),
+                ("g".to_string(), 2, 1),
+            ]
+        );
+        assert_eq!(runs_framed, 2);
+        assert_eq!(s.pending_replies, 3);
+    }
 }

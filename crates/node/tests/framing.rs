@@ -408,3 +408,35 @@ fn acknowledgements_in_a_row_go_as_one_reply_in_their_place() {
     assert_eq!(first_message, 3);
     assert_eq!(mine.len(), 3 + 6);
 }
+
+/// Acknowledgements still waiting as a run when the client disconnects go out before the
+/// connection closes.
+#[test]
+fn a_run_waiting_at_a_disconnect_goes_out_before_the_close() {
+    let mut net = ring_of_two_members();
+    let from = net.replies.len();
+    let mut bytes = Vec::new();
+    for _ in 0..3 {
+        let send = ClientCommand::Multicast {
+            service: ServiceType::Agreed,
+            groups: vec!["g".into()],
+            payload: vec![7; 100].into(),
+        };
+        bytes.extend(frame(&Request::Command(send).encode()));
+    }
+    bytes.extend(frame(&Request::Disconnect.encode()));
+    let now = net.time();
+    net.nodes[0].handle_session_shared(now, 1, &bytes::Bytes::from(bytes));
+    net.run(50);
+    assert!(net.closed.contains(&(0, 1)));
+    let acks: Vec<u16> = net.replies[from..]
+        .iter()
+        .filter(|(i, id, _)| (*i, *id) == (0, 1))
+        .filter_map(|(_, _, r)| match r {
+            Reply::SentRun { count, .. } => Some(*count),
+            Reply::Event(ClientEvent::Sent { .. }) => Some(1),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acks, [3]);
+}
