@@ -148,11 +148,12 @@ impl OldKeys {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use conclave_wire::gcs::RingId;
 
-    fn view(index: u64) -> GroupViewId {
+    /// View `index` of a group on ring 1.
+    pub(crate) fn view(index: u64) -> GroupViewId {
         GroupViewId {
             ring: RingId {
                 seq: 1,

@@ -210,19 +210,8 @@ pub(crate) enum RequestError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reseal::tests::view;
     use conclave_wire::client::next_frame;
-    use conclave_wire::gcs::RingId;
-
-    fn view(index: u64) -> GroupViewId {
-        GroupViewId {
-            ring: RingId {
-                seq: 1,
-                rep: 1,
-                inc: 0,
-            },
-            index,
-        }
-    }
 
     /// The acknowledgements a session framed, as (group, view index, count).
     fn framed(s: &Session) -> Vec<(String, u64, u16)> {
