@@ -78,12 +78,10 @@ impl ReplyDecoder {
     /// The next complete reply, if one has arrived. A run of acknowledgements comes out as
     /// its `Sent` events, one at a time, before whatever follows it.
     pub fn next_reply(&mut self) -> Result<Option<Reply>, DecodeError> {
-        if let Some((sent, left)) = &mut self.run {
-            *left -= 1;
-            let sent = match *left {
-                0 => self.run.take().expect("a run").0,
-                _ => sent.clone(),
-            };
+        if let Some((sent, left)) = self.run.take() {
+            if left > 1 {
+                self.run = Some((sent.clone(), left - 1));
+            }
             return Ok(Some(Reply::Event(sent)));
         }
         let used = match next_frame(&self.buf)? {

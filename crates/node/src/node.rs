@@ -955,6 +955,7 @@ impl Node {
         if bytes > MAX_UNREAD_BYTES || replies > max_replies {
             s.pending.clear();
             s.pending_replies = 0;
+            s.sent_run = None;
             self.slow(id);
         } else if s.pending.len() >= CHUNK_BYTES || s.pending_replies >= max_replies / 2 {
             self.flush_session(id);

@@ -440,3 +440,41 @@ fn a_run_waiting_at_a_disconnect_goes_out_before_the_close() {
         .collect();
     assert_eq!(acks, [3]);
 }
+
+/// A client cut off for not reading is handed nothing framed after the cut-off, not even the
+/// acknowledgement that was waiting to start a run.
+#[test]
+fn a_client_cut_off_by_its_acknowledgements_is_handed_nothing_more() {
+    let mut net = ring_of_two_members_with(|c| c.sessions.max_unread_per_client = 20);
+    let join = ClientCommand::Join {
+        group: "h".into(),
+        vs: false,
+    };
+    net.request(0, 1, Request::Command(join));
+    net.run(50);
+    net.hold_writes.insert((0, 1));
+    let from = net.replies.len();
+    // Alternating groups: every acknowledgement breaks the run before it.
+    let mut bytes = Vec::new();
+    for k in 0..30 {
+        let send = ClientCommand::Multicast {
+            service: ServiceType::Agreed,
+            groups: vec![["g", "h"][k % 2].into()],
+            payload: vec![7; 100].into(),
+        };
+        bytes.extend(frame(&Request::Command(send).encode()));
+    }
+    let now = net.time();
+    net.nodes[0].handle_session_shared(now, 1, &bytes::Bytes::from(bytes));
+    net.run(50);
+    assert!(net.closed.contains(&(0, 1)), "a was cut off");
+    // Handed out: the ten framed when half the limit was reached, with the acknowledgement
+    // then waiting; what was framed after them went with the cut-off.
+    let acks = net.replies[from..]
+        .iter()
+        .filter(|(i, id, r)| {
+            (*i, *id) == (0, 1) && matches!(r, Reply::Event(ClientEvent::Sent { .. }))
+        })
+        .count();
+    assert_eq!(acks, 11);
+}
