@@ -7,10 +7,11 @@
 //! (one vectored write takes both).
 //!
 //! A view keeps the whole buffer it is part of alive: a received datagram's of up to 64 KiB, a
-//! client's read of 64 KiB, or a packet reassembled from fragments (its own size). A client that reads slowly, in a group whose messages arrive among others',
-//! could then make its daemon keep many times the bytes its unwritten replies count. So the
-//! views that handed-out frames hold are counted across all of a node's connections
-//! ([`ViewBudget`]), and past [`MAX_VIEWS`] payloads are copied, as they were before.
+//! client's read of 64 KiB, or a packet reassembled from fragments (its own size). A client
+//! that reads slowly, in a group whose messages arrive among others', could then make its
+//! daemon keep many times the bytes its unwritten replies count. So the views that handed-out
+//! frames hold are counted across all of a node's connections ([`ViewBudget`]), and past
+//! [`MAX_VIEWS`] payloads are copied, as they were before.
 
 use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -18,9 +19,9 @@ use std::sync::Arc;
 
 /// Most payloads all of a node's frames may hold as views: each keeps at most 64 KiB beyond its
 /// own bytes, so at most 64 MiB beyond what the frames count (as much as one client may leave
-/// unread, [`crate::node::MAX_UNREAD_BYTES`]). A daemon writes a member's replies as they come, but at
-/// full load with three senders 500 to 1,000 are out at once: with 512, one delivery in seven
-/// was copied; with 1,024, one in 400.
+/// unread, [`crate::node::MAX_UNREAD_BYTES`]). A daemon writes a member's replies as they come,
+/// but at full load with three senders 500 to 1,000 are out at once: with 512, one delivery in
+/// seven was copied; with 1,024, one in 400.
 pub const MAX_VIEWS: usize = 1024;
 
 /// Payloads shorter than this are copied into the frame: a separate piece of a vectored write
