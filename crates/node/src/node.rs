@@ -213,6 +213,9 @@ pub struct Node {
     resume_at: Option<Time>,
     /// Sessions with replies framed and not yet handed out.
     dirty: Vec<SessionId>,
+    /// When the acknowledgements held back for another reply ([`Node::flush_replies`]) go out
+    /// anyway.
+    acks_due: Option<Time>,
     /// Handshake and request deadlines, by time.
     deadlines: BTreeSet<(Time, SessionId)>,
     /// Bytes of incomplete requests held for all sessions together.
@@ -328,6 +331,7 @@ impl Node {
             paused: BTreeSet::new(),
             resume_at: None,
             dirty: Vec::new(),
+            acks_due: None,
             deadlines: BTreeSet::new(),
             incomplete_bytes: 0,
             views: ViewBudget::default(),
@@ -464,7 +468,7 @@ impl Node {
         let core = self.daemon.poll_timeout();
         let delayed = self.delayed.peek().map(|Reverse((t, ..))| *t);
         let session = self.deadlines.first().map(|(t, _)| *t);
-        [core, delayed, session, self.resume_at]
+        [core, delayed, session, self.resume_at, self.acks_due]
             .into_iter()
             .flatten()
             .min()
@@ -968,11 +972,33 @@ impl Node {
         self.close(id, None);
     }
 
-    /// Hands every session's framed replies out.
+    /// Hands every session's framed replies out, but for a session with nothing but a short run
+    /// of acknowledgements: that waits for another reply to its client (in the group it sent
+    /// to, the delivery of its message) or until `ack_delay_us` after the first such wait.
+    /// Woken for an acknowledgement alone, a sender took a processor from the daemons while its
+    /// message was on its way.
     fn flush_replies(&mut self) {
+        let delay = self.cfg.sessions.ack_delay_us;
+        let due = delay == 0 || self.acks_due.is_some_and(|t| t <= self.now);
+        let mut waiting = Vec::new();
         for id in std::mem::take(&mut self.dirty) {
-            self.flush_session(id);
+            if !due
+                && self
+                    .sessions
+                    .get(&id)
+                    .is_some_and(Session::only_a_short_run)
+            {
+                waiting.push(id);
+            } else {
+                self.flush_session(id);
+            }
         }
+        self.acks_due = match (waiting.is_empty(), self.acks_due) {
+            (true, _) => None,
+            (false, None) => Some(self.now + Duration::from_micros(delay)),
+            (false, due_at) => due_at,
+        };
+        self.dirty.extend(waiting);
     }
 
     fn flush_session(&mut self, id: SessionId) {

@@ -478,3 +478,119 @@ fn a_client_cut_off_by_its_acknowledgements_is_handed_nothing_more() {
         .count();
     assert_eq!(acks, 11);
 }
+
+/// The replies of `a` (client 1 at the first daemon) from `from` on, and the buffers they were
+/// handed out in from `buffers_from` on.
+fn at_a(net: &Net, from: usize, buffers_from: usize) -> (Vec<&Reply>, usize) {
+    let replies = net.replies[from..]
+        .iter()
+        .filter(|(i, id, _)| (*i, *id) == (0, 1))
+        .map(|(_, _, r)| r)
+        .collect();
+    let buffers = net.handed_out[buffers_from..]
+        .iter()
+        .filter(|(i, id, ..)| (*i, *id) == (0, 1))
+        .count();
+    (replies, buffers)
+}
+
+/// One message to `g` from `a`.
+fn send_one(net: &mut Net, service: ServiceType) {
+    let send = ClientCommand::Multicast {
+        service,
+        groups: vec!["g".into()],
+        payload: vec![7; 100].into(),
+    };
+    net.request(0, 1, Request::Command(send));
+}
+
+/// A sender's lone acknowledgement waits for the delivery of its message and goes with it: the
+/// sender is woken once, not twice.
+#[test]
+fn a_lone_acknowledgement_goes_out_with_the_delivery_of_its_message() {
+    for (delay_us, buffers_wanted) in [(1_000, 1), (0, 2)] {
+        let mut net = ring_of_two_members_with(|c| c.sessions.ack_delay_us = delay_us);
+        let (from, buffers_from) = (net.replies.len(), net.handed_out.len());
+        send_one(&mut net, ServiceType::Agreed);
+        net.run(20);
+        let (replies, buffers) = at_a(&net, from, buffers_from);
+        assert!(
+            matches!(
+                replies[..],
+                [
+                    Reply::Event(ClientEvent::Sent { .. }),
+                    Reply::Event(ClientEvent::Message { .. })
+                ]
+            ),
+            "{replies:?}"
+        );
+        assert_eq!(buffers, buffers_wanted, "with ack_delay_us = {delay_us}");
+    }
+}
+
+/// An acknowledgement whose message is slow to be delivered goes out alone once `ack_delay_us`
+/// has passed: the daemon sets its timer for it.
+#[test]
+fn a_lone_acknowledgement_waits_no_longer_than_the_delay() {
+    let mut net = ring_of_two_members_with(|c| c.sessions.ack_delay_us = 2_000);
+    // Every datagram between the daemons takes 5 ms, and a safe message waits for two rounds of
+    // the token: the delivery takes longer than the delay.
+    for i in 0..3 {
+        let now = net.time();
+        let delay = conclave_node::admin::AdminRequest::Delay {
+            ms: 5,
+            jitter_ms: 0,
+            peer: None,
+        };
+        net.nodes[i].handle_admin(now, delay);
+    }
+    net.run(50);
+    let (from, buffers_from) = (net.replies.len(), net.handed_out.len());
+    let sent_at = net.time();
+    send_one(&mut net, ServiceType::Safe);
+    // Outputs are prepared on the first poll after the inputs (no records are kept here).
+    assert!(net.nodes[0].poll_record().is_none());
+    let due = net.nodes[0].poll_timeout().expect("a timer is set");
+    assert!(
+        due <= sent_at + std::time::Duration::from_millis(2),
+        "{due:?}"
+    );
+    net.run(1);
+    assert_eq!(at_a(&net, from, buffers_from).0.len(), 0, "held after 1 ms");
+    net.run(2);
+    let (replies, buffers) = at_a(&net, from, buffers_from);
+    assert!(
+        matches!(replies[..], [Reply::Event(ClientEvent::Sent { .. })]),
+        "the acknowledgement alone after 3 ms: {replies:?}"
+    );
+    assert_eq!(buffers, 1);
+    net.run(100);
+    let (replies, _) = at_a(&net, from, buffers_from);
+    assert!(
+        matches!(replies[1..], [Reply::Event(ClientEvent::Message { .. })]),
+        "then the delivery: {replies:?}"
+    );
+}
+
+/// A run of acknowledgements as long as `SHORT_RUN` goes out at the end of its pass, without
+/// waiting for the deliveries: its sender may be waiting on its window.
+#[test]
+fn a_long_run_of_acknowledgements_does_not_wait() {
+    let mut net = ring_of_two_members();
+    let mut bytes = Vec::new();
+    for _ in 0..conclave_node::session::SHORT_RUN {
+        let send = ClientCommand::Multicast {
+            service: ServiceType::Agreed,
+            groups: vec!["g".into()],
+            payload: vec![7; 100].into(),
+        };
+        bytes.extend(frame(&Request::Command(send).encode()));
+    }
+    let now = net.time();
+    net.nodes[0].handle_session_shared(now, 1, &bytes::Bytes::from(bytes));
+    let handed = std::iter::from_fn(|| net.nodes[0].poll_session()).count();
+    assert_eq!(
+        handed, 1,
+        "the run is handed out in the pass that framed it"
+    );
+}
