@@ -141,7 +141,8 @@ impl Default for SessionLimits {
             require_client_keys: false,
             // A sender in the group gets its acknowledgement with the delivery of its message,
             // well within this; one outside it, at most this late. At 1,000 messages a second
-            // as deployed, agreed delivery's p50 fell by about a tenth.
+            // as deployed, agreed delivery's p50 fell by a few hundredths (a median of 0.96
+            // over twelve alternated pairs) and a sender's wake-ups per message from 4.0 to 3.6.
             ack_delay_us: 1_000,
         }
     }
