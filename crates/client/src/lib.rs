@@ -11,8 +11,9 @@
 //! ```
 //!
 //! Sending is flow-controlled: at most a window of messages (a place per group for each 32 KiB
-//! of a message) is on its way to the daemon and not yet accepted by it (acknowledged with
-//! [`ClientEvent::Sent`]); `multicast` waits past that, so
+//! of a message) is on its way to the daemon and not yet acknowledged by it
+//! ([`ClientEvent::Sent`]; a lone acknowledgement may wait for the delivery of its message, up
+//! to the daemon's `ack_delay_us`); `multicast` waits past that, so
 //! a fast sender waits for the ring instead of being refused. A command is checked before it
 //! waits or travels ([`core::SessionCore`]): one the daemon would refuse, or a message to more
 //! groups than the window holds, fails at once.

@@ -211,7 +211,7 @@ pub struct Node {
     /// When paused sessions are to be read on, in a step of their own
     /// ([`Node::resume_sessions`]).
     resume_at: Option<Time>,
-    /// Sessions with replies framed and not yet handed out.
+    /// Sessions with replies framed, or an acknowledgement waiting, not yet handed out.
     dirty: Vec<SessionId>,
     /// When the acknowledgements held back for another reply ([`Node::flush_replies`]) go out
     /// anyway.
@@ -972,10 +972,10 @@ impl Node {
         self.close(id, None);
     }
 
-    /// Hands every session's framed replies out, but for a session with nothing but a short run
-    /// of acknowledgements: that waits for another reply to its client (in the group it sent
-    /// to, the delivery of its message) or until `ack_delay_us` after the first such wait.
-    /// Woken for an acknowledgement alone, a sender took a processor from the daemons while its
+    /// Hands every session's framed replies out, but for a session with nothing but one
+    /// acknowledgement: that waits for another reply to its client (usually the delivery of the
+    /// message it acknowledges) or until `ack_delay_us` after the first such wait began. Woken
+    /// for an acknowledgement alone, a sender took a processor from the daemons while its
     /// message was on its way.
     fn flush_replies(&mut self) {
         let delay = self.cfg.sessions.ack_delay_us;
@@ -986,13 +986,16 @@ impl Node {
                 && self
                     .sessions
                     .get(&id)
-                    .is_some_and(Session::only_a_short_run)
+                    .is_some_and(Session::only_a_lone_acknowledgement)
             {
                 waiting.push(id);
             } else {
                 self.flush_session(id);
             }
         }
+        // A session handed out early (its unread chunk) and pushed again meanwhile is here twice.
+        waiting.sort_unstable();
+        waiting.dedup();
         self.acks_due = match (waiting.is_empty(), self.acks_due) {
             (true, _) => None,
             (false, None) => Some(self.now + Duration::from_micros(delay)),

@@ -14,12 +14,6 @@ use conclave_wire::DecodeError;
 /// core ([`conclave_gcs::ClientId`]).
 pub type SessionId = conclave_gcs::ClientId;
 
-/// A run of acknowledgements this long or longer is handed out at the end of its pass: its
-/// sender sends fast, and may be waiting on its window. (Holding back runs of any length for
-/// the next delivery made one sender over TCP about 6% slower in four alternated pairs; under
-/// 8, no slower.)
-pub const SHORT_RUN: u16 = 8;
-
 /// Acknowledgements in a row of one group, service and view ([`Reply::SentRun`]).
 pub(crate) struct SentRun {
     group: String,
@@ -135,10 +129,13 @@ impl Session {
         framed
     }
 
-    /// Whether all the session has waiting is a run of fewer than [`SHORT_RUN`]
-    /// acknowledgements, which may wait for another reply to go with.
-    pub fn only_a_short_run(&self) -> bool {
-        self.pending.is_empty() && self.sent_run.as_ref().is_some_and(|r| r.count < SHORT_RUN)
+    /// Whether all the session has waiting is one acknowledgement, which may wait for another
+    /// reply to go with. Two or more go at once: their sender sends faster than its messages
+    /// are delivered, and may be waiting on its window. (Holding back runs of any length made
+    /// one sender over TCP about 6% slower, in four alternated pairs; and a client whose window
+    /// holds only a few messages would send them a few per delivery.)
+    pub fn only_a_lone_acknowledgement(&self) -> bool {
+        self.pending.is_empty() && self.sent_run.as_ref().is_some_and(|r| r.count == 1)
     }
 
     /// Frames the run of acknowledgements waiting, if any: one `Sent` alone as itself.
