@@ -993,7 +993,7 @@ impl Node {
                 self.flush_session(id);
             }
         }
-        // A session handed out early (its unread chunk) and pushed again meanwhile is here twice.
+        // A session handed out mid-pass (a chunk's worth framed) and pushed again is here twice.
         waiting.sort_unstable();
         waiting.dedup();
         self.acks_due = match (waiting.is_empty(), self.acks_due) {

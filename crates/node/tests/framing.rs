@@ -349,7 +349,6 @@ fn acknowledgements_in_a_row_go_as_one_reply_in_their_place() {
     net.run(50);
     let from = net.replies.len();
     // One read: to g three times, to h twice, to g once more, with another service.
-    let mut bytes = Vec::new();
     let sends = [
         ("g", ServiceType::Agreed),
         ("g", ServiceType::Agreed),
@@ -358,16 +357,10 @@ fn acknowledgements_in_a_row_go_as_one_reply_in_their_place() {
         ("h", ServiceType::Agreed),
         ("g", ServiceType::Fifo),
     ];
-    for (group, service) in sends {
-        let send = ClientCommand::Multicast {
-            service,
-            groups: vec![group.into()],
-            payload: vec![7; 100].into(),
-        };
-        bytes.extend(frame(&Request::Command(send).encode()));
-    }
-    let now = net.time();
-    net.nodes[0].handle_session_shared(now, 1, &bytes::Bytes::from(bytes));
+    read_at_a(
+        &mut net,
+        sends.iter().flat_map(|(g, s)| multicast(g, *s)).collect(),
+    );
     net.run(50);
     let acks: Vec<(String, ServiceType, u16)> = net.replies[from..]
         .iter()
@@ -415,18 +408,9 @@ fn acknowledgements_in_a_row_go_as_one_reply_in_their_place() {
 fn a_run_waiting_at_a_disconnect_goes_out_before_the_close() {
     let mut net = ring_of_two_members();
     let from = net.replies.len();
-    let mut bytes = Vec::new();
-    for _ in 0..3 {
-        let send = ClientCommand::Multicast {
-            service: ServiceType::Agreed,
-            groups: vec!["g".into()],
-            payload: vec![7; 100].into(),
-        };
-        bytes.extend(frame(&Request::Command(send).encode()));
-    }
+    let mut bytes = multicast("g", ServiceType::Agreed).repeat(3);
     bytes.extend(frame(&Request::Disconnect.encode()));
-    let now = net.time();
-    net.nodes[0].handle_session_shared(now, 1, &bytes::Bytes::from(bytes));
+    read_at_a(&mut net, bytes);
     net.run(50);
     assert!(net.closed.contains(&(0, 1)));
     let acks: Vec<u16> = net.replies[from..]
@@ -455,17 +439,10 @@ fn a_client_cut_off_by_its_acknowledgements_is_handed_nothing_more() {
     net.hold_writes.insert((0, 1));
     let from = net.replies.len();
     // Alternating groups: every acknowledgement breaks the run before it.
-    let mut bytes = Vec::new();
-    for k in 0..30 {
-        let send = ClientCommand::Multicast {
-            service: ServiceType::Agreed,
-            groups: vec![["g", "h"][k % 2].into()],
-            payload: vec![7; 100].into(),
-        };
-        bytes.extend(frame(&Request::Command(send).encode()));
-    }
-    let now = net.time();
-    net.nodes[0].handle_session_shared(now, 1, &bytes::Bytes::from(bytes));
+    let bytes = (0..30)
+        .flat_map(|k| multicast(["g", "h"][k % 2], ServiceType::Agreed))
+        .collect();
+    read_at_a(&mut net, bytes);
     net.run(50);
     assert!(net.closed.contains(&(0, 1)), "a was cut off");
     // Handed out: the ten framed when half the limit was reached, with the acknowledgement
@@ -494,14 +471,25 @@ fn at_a(net: &Net, from: usize, buffers_from: usize) -> (Vec<&Reply>, usize) {
     (replies, buffers)
 }
 
-/// One message to `g` from `a`.
-fn send_one(net: &mut Net, service: ServiceType) {
+/// A message of 100 bytes to `group`, framed.
+fn multicast(group: &str, service: ServiceType) -> Vec<u8> {
     let send = ClientCommand::Multicast {
         service,
-        groups: vec!["g".into()],
+        groups: vec![group.into()],
         payload: vec![7; 100].into(),
     };
-    net.request(0, 1, Request::Command(send));
+    frame(&Request::Command(send).encode())
+}
+
+/// `bytes` as one read of `a`'s connection (client 1 at the first daemon).
+fn read_at_a(net: &mut Net, bytes: Vec<u8>) {
+    let now = net.time();
+    net.nodes[0].handle_session_shared(now, 1, &bytes::Bytes::from(bytes));
+}
+
+/// One message to `g` from `a`.
+fn send_one(net: &mut Net, service: ServiceType) {
+    read_at_a(net, multicast("g", service));
 }
 
 /// A sender's lone acknowledgement waits for the delivery of its message and goes with it: the
@@ -577,17 +565,7 @@ fn a_lone_acknowledgement_waits_no_longer_than_the_delay() {
 #[test]
 fn a_run_of_acknowledgements_does_not_wait() {
     let mut net = ring_of_two_members();
-    let mut bytes = Vec::new();
-    for _ in 0..2 {
-        let send = ClientCommand::Multicast {
-            service: ServiceType::Agreed,
-            groups: vec!["g".into()],
-            payload: vec![7; 100].into(),
-        };
-        bytes.extend(frame(&Request::Command(send).encode()));
-    }
-    let now = net.time();
-    net.nodes[0].handle_session_shared(now, 1, &bytes::Bytes::from(bytes));
+    read_at_a(&mut net, multicast("g", ServiceType::Agreed).repeat(2));
     let handed = std::iter::from_fn(|| net.nodes[0].poll_session()).count();
     assert_eq!(
         handed, 1,
