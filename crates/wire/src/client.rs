@@ -693,10 +693,7 @@ impl Reply {
                 view,
                 count,
             } => {
-                w.u8(14);
-                w.name(group, MAX_NAME_BYTES);
-                w.u8(*service as u8);
-                write_view(w, view);
+                write_acknowledged(w, 14, group, *service, view);
                 w.u16(*count);
             }
             Reply::Refused {
@@ -725,10 +722,7 @@ impl Reply {
                     payload,
                     view,
                 } => {
-                    w.u8(5);
-                    w.name(group, MAX_NAME_BYTES);
-                    w.u8(*service as u8);
-                    write_view(w, view);
+                    write_acknowledged(w, 5, group, *service, view);
                     w.bytes(payload, MAX_PAYLOAD_BYTES);
                 }
                 ClientEvent::FlushAcked { group } => {
@@ -980,6 +974,20 @@ impl MessageRef<'_> {
         w.u8(self.transitional as u8);
         w.count(self.payload.len(), MAX_PAYLOAD_BYTES);
     }
+}
+
+/// The head a `Sent` (tag 5) and a run of them (tag 14) share: what is acknowledged.
+fn write_acknowledged(
+    w: &mut Writer,
+    tag: u8,
+    group: &str,
+    service: ServiceType,
+    view: &GroupViewId,
+) {
+    w.u8(tag);
+    w.name(group, MAX_NAME_BYTES);
+    w.u8(service as u8);
+    write_view(w, view);
 }
 
 fn write_view_key(w: &mut Writer, group: &str, view: &GroupViewId, key: &KeyBytes) {
