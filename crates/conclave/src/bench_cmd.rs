@@ -36,7 +36,8 @@ pub enum BenchCommand {
     /// input; not for direct use.
     #[command(hide = true)]
     Member(crate::process_bench::MemberArgs),
-    /// One relay of `bench throughput --processes --limit`; not for direct use.
+    /// One relay of `bench throughput --processes --limit` or `bench latency --processes
+    /// --limit`; not for direct use.
     #[command(hide = true)]
     Relay(crate::limit_bench::RelayArgs),
     /// E1: computation cost of GDH, CKD, TGDH, STR and BD per event (join, leave, merge,

@@ -1,14 +1,15 @@
-//! The machine's limit for `conclave bench throughput --processes --limit`: the byte flow of a
-//! deployed run with the protocol left out, so that the README can say how close to the machine
-//! Conclave runs. Each daemon is replaced by a `conclave bench relay` process and each member by
+//! The machine's limit for `conclave bench throughput --processes --limit` and `bench latency
+//! --processes --limit`: the byte flow of a deployed run with the protocol left out, so that the
+//! README can say how close to the machine Conclave runs. Each daemon is replaced by a `conclave bench relay` process and each member by
 //! a skeleton member:
 //!
 //! - a member writes its messages to its relay over TCP, 32 length-prefixed frames a write (as
-//!   the client library batches);
+//!   the client library batches), or, for latency, one frame a write at its rate, stamped with
+//!   the system clock;
 //! - a relay packs what it reads into datagrams of up to 60,000 bytes (a daemon's largest part),
 //!   sends each to every other relay over UDP with the daemons' socket buffers, and hands every
 //!   datagram, its own and the others', to each of its members over TCP;
-//! - a member counts the frames it reads.
+//! - a member counts the frames it reads (and, for latency, notes each one's delay).
 //!
 //! No ordering, token, acknowledgement, membership, codec or sealing: what remains is system
 //! calls, copies and wake-ups between processes, which no protocol can avoid. Nothing paces the
@@ -208,8 +209,20 @@ pub(crate) async fn send_frames(
     Ok(sent)
 }
 
-/// A skeleton member's side: counts the frames read (calling `each` for every one).
-pub(crate) async fn count_frames(mut r: tokio::net::tcp::OwnedReadHalf, each: impl Fn()) {
+/// A skeleton member's side, for latency: one frame, written at once.
+pub(crate) async fn send_frame(
+    w: &mut tokio::net::tcp::OwnedWriteHalf,
+    frame: &mut Vec<u8>,
+    payload: &[u8],
+) -> Result<()> {
+    frame.clear();
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(payload);
+    w.write_all(frame).await.context("writing to the relay")
+}
+
+/// A skeleton member's side: reads frames, calling `each` with every one's payload.
+pub(crate) async fn count_frames(mut r: tokio::net::tcp::OwnedReadHalf, each: impl Fn(&[u8])) {
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
     let mut chunk = vec![0u8; 256 << 10];
     loop {
@@ -227,9 +240,24 @@ pub(crate) async fn count_frames(mut r: tokio::net::tcp::OwnedReadHalf, each: im
             if buf.len() - at < 4 + len {
                 break;
             }
+            each(&buf[at + 4..at + 4 + len]);
             at += 4 + len;
-            each();
         }
         buf.drain(..at);
     }
+}
+
+/// The machine's own hiccups, beside a latency limit: the most a thread that sleeps 200 µs at a
+/// time, doing nothing else, overslept over `seconds` (in microseconds). A virtual machine whose
+/// processors the host takes away now and then shows it here, with no protocol and no load.
+pub(crate) fn oversleep_max_us(seconds: f64) -> u64 {
+    let nap = std::time::Duration::from_micros(200);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(seconds);
+    let mut most = std::time::Duration::ZERO;
+    while std::time::Instant::now() < until {
+        let t = std::time::Instant::now();
+        std::thread::sleep(nap);
+        most = most.max(t.elapsed().saturating_sub(nap));
+    }
+    most.as_micros() as u64
 }

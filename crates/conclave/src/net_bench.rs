@@ -99,6 +99,14 @@ pub struct LatencyArgs {
     /// throughput`); several (comma-separated) run one after the other.
     #[arg(long, value_delimiter = ',', default_value = "tcp")]
     transport: Vec<String>,
+    /// With --processes, after each run the same senders and rate on relays (`bench relay`):
+    /// skeleton members send stamped frames to their relays over TCP, the relays pass them to
+    /// each other over UDP and to their members, with no protocol at all, the machine's limit
+    /// (rows say `"deployment": "limit"`, and how many frames were `lost`: nothing retransmits);
+    /// then, for as long, a thread that sleeps 200 µs at a time notes the most it overslept
+    /// (`idle_oversleep_max_us`), the machine's own hiccups.
+    #[arg(long, requires = "processes")]
+    limit: bool,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -714,6 +722,10 @@ pub fn run_latency(args: LatencyArgs) -> Result<()> {
         let mut round = 0;
         for &transport in transports.iter().filter(|_| args.processes) {
             let cfg = Config::local_on_free_ports(args.daemons)?;
+            let relays = match args.limit {
+                true => Some(crate::process_bench::Daemons::start_relays(args.daemons).await?),
+                false => None,
+            };
             let net = crate::process_bench::Daemons::start(cfg, transport).await?;
             for &service in &services {
                 for &rate in &args.rates {
@@ -724,9 +736,29 @@ pub fn run_latency(args: LatencyArgs) -> Result<()> {
                         .await?;
                     println!("{row}");
                     rows.push(row);
+                    // The same senders on the relays, in the same minute.
+                    if let Some(relays) = &relays {
+                        let tag = format!("ll{round}-");
+                        let mut row = relays
+                            .latency(rate, args.size, service, args.seconds, &tag)
+                            .await?;
+                        // Then the machine alone for as long (not during the run, which a
+                        // thread waking 5,000 times a second would disturb).
+                        let seconds = args.seconds;
+                        row["idle_oversleep_max_us"] = tokio::task::spawn_blocking(move || {
+                            crate::limit_bench::oversleep_max_us(seconds)
+                        })
+                        .await?
+                        .into();
+                        println!("{row}");
+                        rows.push(row);
+                    }
                 }
             }
             net.stop().await?;
+            if let Some(relays) = relays {
+                relays.stop().await?;
+            }
         }
         if args.processes {
             return anyhow::Ok(rows);
@@ -745,14 +777,23 @@ pub fn run_latency(args: LatencyArgs) -> Result<()> {
         net.stop().await?;
         anyhow::Ok(rows)
     })?;
-    let series = services
+    // One line per service and percentile; the limit (the same for every service) once, from
+    // the first service's rows.
+    let mut lines: Vec<(&str, &str, bool)> = services
         .iter()
-        .flat_map(|s| {
+        .map(|s| (service_name(*s), service_name(*s), false))
+        .collect();
+    if args.limit {
+        lines.push(("limit", service_name(services[0]), true));
+    }
+    let series = lines
+        .iter()
+        .flat_map(|&(name, service, limit)| {
             ["p50_us", "p99_us"].map(|p| Series {
-                name: format!("{} {}", service_name(*s), &p[..3]),
+                name: format!("{name} {}", &p[..3]),
                 points: rows
                     .iter()
-                    .filter(|r| r["service"] == service_name(*s))
+                    .filter(|r| r["service"] == service && (r["deployment"] == "limit") == limit)
                     .map(|r| {
                         (
                             r["rate"].as_f64().unwrap_or(0.0),

@@ -386,7 +386,8 @@ impl Daemons {
     }
 
     /// `bench latency` as deployed: a member process on each daemon, each sending its share of
-    /// `rate` messages per second for `seconds`, every member noting each delivery's delay.
+    /// `rate` messages per second for `seconds`, every member noting each delivery's delay. On
+    /// relays (the limit), skeleton members send and time frames alike.
     pub(crate) async fn latency(
         &self,
         rate: u64,
@@ -406,6 +407,9 @@ impl Daemons {
                 .arg((rate as f64 / n as f64).to_string())
                 .arg("--phase")
                 .arg((i as f64 / n as f64).to_string());
+            if !self.relays.is_empty() {
+                cmd.arg("--skeleton");
+            }
             members.push(MemberProcess::spawn(cmd)?);
         }
         for m in &mut members {
@@ -442,8 +446,9 @@ impl Daemons {
         for m in members {
             m.finish().await;
         }
-        // Percentiles over part of the deliveries would say nothing.
-        if views > 0 || got.iter().any(|&g| g < total) {
+        // Percentiles over part of the deliveries would say nothing. Relays retransmit nothing,
+        // so there the row says how many were lost.
+        if views > 0 || self.relays.is_empty() && got.iter().any(|&g| g < total) {
             bail!(
                 "members delivered {got:?} of the {total} sent at {rate}/s, with {views} view \
                  changes ({})",
@@ -453,11 +458,14 @@ impl Daemons {
         delays.sort_unstable();
         tokio::time::sleep(Duration::from_millis(50)).await;
         Ok(json!({
-            "bench": "latency", "deployment": "processes", "daemons": n, "senders": n,
+            "bench": "latency",
+            "deployment": if self.relays.is_empty() { "processes" } else { "limit" },
+            "daemons": n, "senders": n,
             "transport": self.transport.name(),
             // A member's payload holds at least its name's hash and a count.
             "size": size.max(16), "service": service_name(service), "rate": rate,
-            "deliveries": delays.len(), "refused": refused, "view_changes": views,
+            "deliveries": delays.len(), "lost": (total * n as u64).saturating_sub(delays.len() as u64),
+            "refused": refused, "view_changes": views,
             "p50_us": percentile(&delays, 0.5), "p99_us": percentile(&delays, 0.99),
             "max_us": delays.last().copied().unwrap_or(0),
             // While the senders sent: what a message cost the daemons and the members together,
@@ -705,7 +713,7 @@ pub struct MemberArgs {
     /// Latency: send at this rate (messages per second) rather than as fast as the daemon
     /// takes them, each message carrying its send time on the system clock; report the delay
     /// of every delivery.
-    #[arg(long, requires = "send", conflicts_with = "skeleton")]
+    #[arg(long, requires = "send")]
     rate: Option<f64>,
     /// With `--rate`: start this fraction of an interval late, so that the senders of a load
     /// take turns rather than all sending in the same instant.
@@ -745,6 +753,23 @@ struct Counts {
     delays: Arc<std::sync::Mutex<Vec<u64>>>,
 }
 
+impl Counts {
+    /// A delivery: counted, and (`timed`, with `--rate`) its delay noted from the send time its
+    /// payload starts with.
+    fn delivered(&self, start: Instant, timed: bool, payload: &[u8]) {
+        if timed {
+            let sent = payload.get(..8).and_then(|b| b.try_into().ok());
+            let delay = clock_ns().saturating_sub(sent.map_or(0, u64::from_be_bytes)) / 1000;
+            self.delays
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(delay);
+        }
+        self.got.fetch_add(1, Relaxed);
+        self.last.set(start.elapsed().as_nanos() as u64);
+    }
+}
+
 /// Nanoseconds on the system clock, which every process on the machine reads alike.
 fn clock_ns() -> u64 {
     std::time::SystemTime::now()
@@ -763,15 +788,15 @@ async fn member(args: MemberArgs) -> Result<()> {
         .with_context(|| format!("no service type {:?}", args.service))?;
     let mut input = BufReader::new(tokio::io::stdin()).lines();
     let counts = Counts::default();
+    let timed = args.rate.is_some();
     let (mut sending, start, counting) = if args.skeleton {
         let s = tokio::net::TcpStream::connect(&args.address).await?;
         s.set_nodelay(true)?;
         let (r, w) = s.into_split();
         let start = ready(&mut input).await?;
         let c = counts.clone();
-        let counting = tokio::spawn(crate::limit_bench::count_frames(r, move || {
-            c.got.fetch_add(1, Relaxed);
-            c.last.set(start.elapsed().as_nanos() as u64);
+        let counting = tokio::spawn(crate::limit_bench::count_frames(r, move |frame| {
+            c.delivered(start, timed, frame)
         }));
         (Sending::Frames(w), start, counting)
     } else {
@@ -782,23 +807,10 @@ async fn member(args: MemberArgs) -> Result<()> {
         wait_view(&mut rx, args.members).await?;
         let start = ready(&mut input).await?;
         let c = counts.clone();
-        let timed = args.rate.is_some();
         let counting = tokio::spawn(async move {
             loop {
                 match rx.receive().await {
-                    Ok(ClientEvent::Message { payload, .. }) => {
-                        if timed {
-                            let sent = payload.get(..8).and_then(|b| b.try_into().ok());
-                            let sent = sent.map_or(0, u64::from_be_bytes);
-                            let delay = clock_ns().saturating_sub(sent) / 1000;
-                            c.delays
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(delay);
-                        }
-                        c.got.fetch_add(1, Relaxed);
-                        c.last.set(start.elapsed().as_nanos() as u64);
-                    }
+                    Ok(ClientEvent::Message { payload, .. }) => c.delivered(start, timed, &payload),
                     Ok(ClientEvent::View { .. }) => {
                         c.views.fetch_add(1, Relaxed);
                     }
@@ -826,16 +838,24 @@ async fn member(args: MemberArgs) -> Result<()> {
         let mut payload = vec![0x5a; size.max(16)];
         payload[..8].copy_from_slice(&hash(&args.name).to_be_bytes());
         match &mut sending {
-            Sending::Client(tx) if args.rate.is_some() => {
+            _ if args.rate.is_some() => {
                 let rate = args.rate.unwrap_or(1.0).max(0.001);
                 let interval = Duration::from_secs_f64(1.0 / rate);
                 let mut next = tokio::time::Instant::now() + interval.mul_f64(args.phase);
+                let mut frame = Vec::new();
                 while Instant::now() < until {
                     next += interval;
                     tokio::time::sleep_until(next).await;
                     payload[..8].copy_from_slice(&clock_ns().to_be_bytes());
-                    tx.multicast(service, &[args.group.as_str()], &payload)
-                        .await?;
+                    match &mut sending {
+                        Sending::Client(tx) => {
+                            tx.multicast(service, &[args.group.as_str()], &payload)
+                                .await?
+                        }
+                        Sending::Frames(w) => {
+                            crate::limit_bench::send_frame(w, &mut frame, &payload).await?
+                        }
+                    }
                     sent += 1;
                 }
             }
