@@ -28,6 +28,9 @@
 //! with a message to send while it rests elsewhere multicasts a [`Packet::Wake`]: the member
 //! resting it passes it on, and the others do not rest it until it has gone by (Totem has
 //! neither; they trade an idle ring's processor time against a message's wait for the token).
+//! A member holding a safe message it may not deliver yet claims one message of the token's
+//! `backlog` until it does, so that the token rests only once every member has delivered
+//! everything it holds.
 
 use crate::seq_buffer::SeqBuffer;
 use crate::time::Time;
@@ -56,7 +59,8 @@ pub struct OrderingConfig {
     /// least one message goes): large messages in a burst of `max_per_visit` would overflow the
     /// receivers' buffers and delay the token behind them.
     pub max_visit_bytes: usize,
-    /// An idle token (nothing sent, missing or waiting anywhere on the ring) is held this long
+    /// An idle token (nothing sent, missing, or waiting to be sent or delivered anywhere on the
+    /// ring) is held this long
     /// (microseconds) before it is passed on, unless a message is submitted meanwhile: without
     /// it, an idle ring passes its token as fast as the network allows and keeps every daemon's
     /// processor busy (an idle ring of three then costs them a few percent of a processor, and a
@@ -828,11 +832,20 @@ impl Ordering {
             t.aru = self.my_aru;
             t.aru_id = if t.aru == t.seq { None } else { Some(self.me) };
         }
+        // What this visit lets this member deliver, first: what it then holds and may not
+        // deliver yet waits behind a safe message whose `aru` it has not seen twice, that is for
+        // the token's next visits. It claims one message of backlog meanwhile, so that no member
+        // rests the token (`idle`) while a safe message waits anywhere: rested, the token kept
+        // safe delivery waiting out the holds (at 1,000 messages a second as deployed, p99 went
+        // from 1.8 to 2.5 ms when the hold grew from 100 µs to 1 ms). The claim goes with its
+        // next visit, as any backlog does.
+        self.advance();
+        let waiting_safe = u64::from(self.delivered < self.my_aru);
         let left = mine_now.saturating_sub(sent);
         t.fcc = (others_fcc + sent + resent).min(u32::MAX as u64) as u32;
-        t.backlog = (others_backlog + left).min(u32::MAX as u64) as u32;
+        t.backlog = (others_backlog + left + waiting_safe).min(u32::MAX as u64) as u32;
         self.last_fcc = sent + resent;
-        self.last_backlog = left;
+        self.last_backlog = left + waiting_safe;
         // The successor accepts it for its higher number; `last_token_seq` stays at the number
         // received, so that on a ring of one the token comes back to its only member.
         t.token_seq += 1;
@@ -851,10 +864,10 @@ impl Ordering {
             self.out.push_back(token);
             self.out.extend(fresh);
         }
-        self.advance();
     }
 
-    /// Whether a token may be held: nothing is on its way, missing or waiting anywhere.
+    /// Whether a token may be held: nothing is on its way, missing or waiting anywhere (a safe
+    /// message waiting for delivery counts in the token's `backlog`).
     fn idle(&self, t: &Token) -> bool {
         self.cfg.idle_hold_us > 0
             && !self.hold_queue

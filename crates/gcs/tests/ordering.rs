@@ -29,14 +29,50 @@ fn sized_msg(service: ServiceType, tag: u8, size: usize) -> Body {
 
 /// Three members over a perfect network, whose idle token never rests.
 fn three() -> TestNet<Ordering> {
+    three_resting(0)
+}
+
+/// Three members over a perfect network, whose idle token rests `hold` µs at each.
+fn three_resting(hold: u64) -> TestNet<Ordering> {
     let cfg = OrderingConfig {
-        idle_hold_us: 0,
+        idle_hold_us: hold,
         ..OrderingConfig::default()
     };
     let nodes = (1..=3)
         .map(|m| Ordering::new(cfg.clone(), m, ring(), vec![1, 2, 3]))
         .collect();
     TestNet::new(nodes, Hop::default())
+}
+
+/// Rounds of one message of `service` at a member other than the one resting the token, each
+/// once the ring is idle again; each must be delivered everywhere within a tenth of a hold
+/// (`hold`, far longer than the hops): a message that waited out a hold anywhere fails.
+fn at_an_idle_ring_none_waits_out_a_hold(service: ServiceType, rounds: u8) {
+    let hold = 20_000;
+    let mut net = three_resting(hold);
+    start(&mut net);
+    for round in 0..rounds {
+        net.run_to(net.now() + std::time::Duration::from_millis(35));
+        let holder = net.peers.iter().position(|n| n.holds_idle_token());
+        let holder = holder.expect("an idle ring rests its token somewhere");
+        // Each member but the holder, in turn: the holder's own message needs no asking.
+        let at = (holder + 1 + round as usize % 2) % 3;
+        net.peers[at].submit(msg(service, round)).unwrap();
+        net.send(at);
+        let asked = net.now();
+        let n = round as u64 + 1;
+        let all = |net: &mut TestNet<Ordering>| net.peers.iter().all(|p| p.delivered_up_to() == n);
+        assert!(net.run_until(10_000, all));
+        let waited = net.now().as_micros() - asked.as_micros();
+        assert!(
+            waited < hold / 10,
+            "round {round}: delivered {waited} µs after it was submitted at member {}, the token \
+             resting at member {}",
+            at + 1,
+            holder + 1
+        );
+    }
+    assert!(net.refusals.is_empty(), "{:?}", net.refusals);
 }
 
 /// The first member creates the token.
@@ -76,41 +112,24 @@ fn every_member_delivers_the_same_sequence() {
 
 #[test]
 fn a_message_at_an_idle_ring_asks_for_the_token_rather_than_wait_out_the_holds() {
-    // Holds far longer than the hops: without asking, a message waits up to two of them.
-    let hold = 20_000;
-    let cfg = OrderingConfig {
-        idle_hold_us: hold,
-        ..OrderingConfig::default()
-    };
-    let nodes = (1..=3)
-        .map(|m| Ordering::new(cfg.clone(), m, ring(), vec![1, 2, 3]))
-        .collect();
-    let mut net = TestNet::new(nodes, Hop::default());
+    // Without asking, a message waits up to two holds.
+    at_an_idle_ring_none_waits_out_a_hold(ServiceType::Agreed, 6);
+}
+
+#[test]
+fn no_member_rests_the_token_while_a_safe_message_waits_for_its_second_aru() {
+    // Each member delivers a safe message once it has seen the token's `aru` cover it on two
+    // visits: a token rested after the first would keep the others waiting out the holds.
+    at_an_idle_ring_none_waits_out_a_hold(ServiceType::Safe, 6);
+    // And once every member has delivered it, the token rests again.
+    let mut net = three_resting(20_000);
     start(&mut net);
-    for round in 0..6u8 {
-        net.run_to(net.now() + std::time::Duration::from_millis(35));
-        let holder = net.peers.iter().position(|n| n.holds_idle_token());
-        let holder = holder.expect("an idle ring rests its token somewhere");
-        // Each member but the holder, in turn: the holder's own message needs no asking.
-        let at = (holder + 1 + round as usize % 2) % 3;
-        net.peers[at]
-            .submit(msg(ServiceType::Agreed, round))
-            .unwrap();
-        net.send(at);
-        let asked = net.now();
-        let n = round as u64 + 1;
-        let all = |net: &mut TestNet<Ordering>| net.peers.iter().all(|p| p.delivered_up_to() == n);
-        assert!(net.run_until(10_000, all));
-        let waited = net.now().as_micros() - asked.as_micros();
-        assert!(
-            waited < hold / 10,
-            "round {round}: delivered {waited} µs after it was submitted at member {}, the token \
-             resting at member {}",
-            at + 1,
-            holder + 1
-        );
-    }
-    assert!(net.refusals.is_empty(), "{:?}", net.refusals);
+    net.run_to(net.now() + std::time::Duration::from_millis(35));
+    net.peers[0].submit(msg(ServiceType::Safe, 1)).unwrap();
+    net.send(0);
+    net.run_to(net.now() + std::time::Duration::from_millis(35));
+    assert!(net.peers.iter().all(|p| p.delivered_up_to() == 1));
+    assert!(net.peers.iter().any(|n| n.holds_idle_token()));
 }
 
 #[test]
