@@ -60,11 +60,11 @@ pub struct OrderingConfig {
     /// receivers' buffers and delay the token behind them.
     pub max_visit_bytes: usize,
     /// An idle token (nothing sent, missing, or waiting to be sent or delivered anywhere on the
-    /// ring) is held this long
-    /// (microseconds) before it is passed on, unless a message is submitted meanwhile: without
-    /// it, an idle ring passes its token as fast as the network allows and keeps every daemon's
-    /// processor busy (an idle ring of three then costs them a few percent of a processor, and a
-    /// message waits at most this long for the token). 0: never held.
+    /// ring) is held this long (microseconds) before it is passed on, unless a message is
+    /// submitted meanwhile (its daemon asks for the token: [`Packet::Wake`]); at most half
+    /// `token_retransmit_ms` over the ring's members, so that a rotation of rests never looks
+    /// like a lost token. Without it, an idle ring passes its token as fast as the network
+    /// allows and keeps every daemon's processor busy. 0: never held.
     pub idle_hold_us: u64,
     /// A visit with at most this many new messages (and at most 16 KiB of them) sends them
     /// before the token rather than after it: a light ring's next holder has nothing to wait
@@ -91,10 +91,11 @@ impl Default for OrderingConfig {
             max_queued: 2_000,
             max_queued_bytes: 64 << 20,
             max_visit_bytes: 1 << 20,
-            // 300 µs made agreed delivery's p99 at 1,000 messages a second 1.2 ms (a message
-            // waits out the holds of the daemons before its own); 100 µs makes it 0.3-0.5 ms,
-            // and an idle ring of three still costs 3% of one processor (2% before).
-            idle_hold_us: 100,
+            // Since a daemon with a message asks for the token, and a safe message keeps it from
+            // resting, a longer rest only spares an idle ring its passes: as deployed at 1,000
+            // agreed messages a second, 3 ms gave a p50 0.75 times that of 100 µs (four runs
+            // each, alternated; 1 ms: 0.84), the daemons woken 5.3 times a message against 6.1.
+            idle_hold_us: 3_000,
             // A visit of 1 KiB messages at 1,000 a second carries one or two; at full load, a
             // hundred or more, which go after the token.
             light_visit: 4,
@@ -636,7 +637,7 @@ impl Ordering {
                     return;
                 }
                 if self.idle(&t) && !self.wanted {
-                    self.held = Some((t, now + Duration::from_micros(self.cfg.idle_hold_us)));
+                    self.held = Some((t, now + self.hold()));
                     return;
                 }
                 self.held = None;
@@ -864,6 +865,14 @@ impl Ordering {
             self.out.push_back(token);
             self.out.extend(fresh);
         }
+    }
+
+    /// How long an idle token rests here: `idle_hold_us`, but a rotation of rests within half
+    /// the token's retransmission timeout (a large ring rests it less at each member).
+    fn hold(&self) -> Duration {
+        let rotation = self.cfg.token_retransmit_ms.saturating_mul(1000) / 2;
+        let share = rotation / self.members.len().max(1) as u64;
+        Duration::from_micros(self.cfg.idle_hold_us.min(share))
     }
 
     /// Whether a token may be held: nothing is on its way, missing or waiting anywhere (a safe

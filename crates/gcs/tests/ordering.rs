@@ -133,6 +133,35 @@ fn no_member_rests_the_token_while_a_safe_message_waits_for_its_second_aru() {
 }
 
 #[test]
+fn a_large_ring_rests_its_token_less_at_each_member() {
+    // A rotation of rests stays within half the token's retransmission timeout (20 ms), so
+    // that no member takes a resting token for a lost one.
+    for (members, rest_us) in [(1u32, 3_000u64), (3, 3_000), (8, 1_250), (20, 500)] {
+        let cfg = OrderingConfig {
+            idle_hold_us: 3_000,
+            token_retransmit_ms: 20,
+            ..OrderingConfig::default()
+        };
+        let mut o = Ordering::new(cfg, 1, ring(), (1..=members).collect());
+        let idle = Token {
+            ring: ring(),
+            token_seq: 1,
+            seq: 0,
+            aru: 0,
+            aru_id: None,
+            fcc: 0,
+            backlog: 0,
+            rtr: Vec::new(),
+        };
+        let now = Time::ZERO + std::time::Duration::from_millis(5);
+        o.handle_packet(now, Packet::Token(idle));
+        assert!(o.holds_idle_token(), "{members} members");
+        let until = now + std::time::Duration::from_micros(rest_us);
+        assert_eq!(o.poll_timeout(), Some(until), "{members} members");
+    }
+}
+
+#[test]
 fn a_safe_message_waits_until_every_member_has_it() {
     let mut net = three();
     net.peers[0].submit(msg(ServiceType::Safe, 1)).unwrap();
