@@ -31,7 +31,7 @@ pub struct SimArgs {
     /// Write the history of the last seed run to this file (JSON lines).
     #[arg(long)]
     pub history: Option<PathBuf>,
-    /// Full runs, instead of the deployed default (100): the daemons hold an idle token this
+    /// Full runs, instead of the deployed default (3000): the daemons hold an idle token this
     /// long, microseconds (0: never).
     #[arg(long)]
     pub idle_hold_us: Option<u64>,

@@ -32,10 +32,12 @@ fn three() -> TestNet<Ordering> {
     three_resting(0)
 }
 
-/// Three members over a perfect network, whose idle token rests `hold` µs at each.
+/// Three members over a perfect network, whose idle token rests `hold` µs at each (up to
+/// 33 ms: the token's retransmission timeout is 200 ms here).
 fn three_resting(hold: u64) -> TestNet<Ordering> {
     let cfg = OrderingConfig {
         idle_hold_us: hold,
+        token_retransmit_ms: 200,
         ..OrderingConfig::default()
     };
     let nodes = (1..=3)
@@ -53,8 +55,14 @@ fn at_an_idle_ring_none_waits_out_a_hold(service: ServiceType, rounds: u8) {
     start(&mut net);
     for round in 0..rounds {
         net.run_to(net.now() + std::time::Duration::from_millis(35));
+        // Then on to the next rest, should that instant fall on a hop.
+        let resting = |net: &mut TestNet<Ordering>| net.peers.iter().any(|n| n.holds_idle_token());
+        assert!(
+            net.run_until(100, resting),
+            "an idle ring rests its token somewhere"
+        );
         let holder = net.peers.iter().position(|n| n.holds_idle_token());
-        let holder = holder.expect("an idle ring rests its token somewhere");
+        let holder = holder.expect("resting");
         // Each member but the holder, in turn: the holder's own message needs no asking.
         let at = (holder + 1 + round as usize % 2) % 3;
         net.peers[at].submit(msg(service, round)).unwrap();
@@ -159,6 +167,84 @@ fn a_large_ring_rests_its_token_less_at_each_member() {
         let until = now + std::time::Duration::from_micros(rest_us);
         assert_eq!(o.poll_timeout(), Some(until), "{members} members");
     }
+}
+
+#[test]
+fn a_token_that_came_back_is_not_sent_again_while_it_rests() {
+    let cfg = OrderingConfig {
+        idle_hold_us: 3_000,
+        token_retransmit_ms: 20,
+        ..OrderingConfig::default()
+    };
+    let mut o = Ordering::new(cfg, 1, ring(), vec![1, 2, 3]);
+    let idle = |token_seq| Token {
+        ring: ring(),
+        token_seq,
+        seq: 0,
+        aru: 0,
+        aru_id: None,
+        fcc: 0,
+        backlog: 0,
+        rtr: Vec::new(),
+    };
+    // Asked for by another member, the token is passed on at once.
+    let t0 = Time::ZERO + std::time::Duration::from_millis(5);
+    o.handle_packet(t0, Packet::Wake { ring: ring() });
+    o.handle_packet(t0, Packet::Token(idle(3)));
+    assert!(!o.holds_idle_token());
+    assert!(
+        matches!(o.poll_transmit().map(|t| t.packet), Some(Packet::Token(t)) if t.token_seq == 4)
+    );
+    // A slow rotation later it is back, and rests 3 ms: past the 20 ms after which the one
+    // passed on would be sent again, had this one not proved that it arrived.
+    let back = t0 + std::time::Duration::from_millis(19);
+    o.handle_packet(back, Packet::Token(idle(6)));
+    assert!(o.holds_idle_token());
+    let rest_ends = back + std::time::Duration::from_millis(3);
+    assert_eq!(o.poll_timeout(), Some(rest_ends));
+    o.handle_timeout(t0 + std::time::Duration::from_millis(20));
+    assert!(
+        o.poll_transmit().is_none(),
+        "a token sent again while it rests here"
+    );
+    o.handle_timeout(rest_ends);
+    assert!(
+        matches!(o.poll_transmit().map(|t| t.packet), Some(Packet::Token(t)) if t.token_seq == 7)
+    );
+}
+
+#[test]
+fn a_member_whose_messages_are_still_on_the_token_does_not_ask_for_it() {
+    let mut o = Ordering::new(OrderingConfig::default(), 1, ring(), vec![1, 2, 3]);
+    let t0 = Time::ZERO + std::time::Duration::from_millis(5);
+    o.start(t0);
+    // The first member's first visit, with nothing to send: the ring is idle, so a message
+    // submitted after it asks for the token.
+    while o.poll_transmit().is_some() {}
+    o.submit(msg(ServiceType::Agreed, 1)).unwrap();
+    let wakes = |o: &mut Ordering| {
+        std::iter::from_fn(|| o.poll_transmit())
+            .filter(|t| matches!(t.packet, Packet::Wake { .. }))
+            .count()
+    };
+    assert_eq!(wakes(&mut o), 1);
+    // Its next visit sends that message: until the visit after, the token carries it in its
+    // `fcc`, no member rests it, and a message submitted meanwhile asks nobody.
+    let back = Token {
+        ring: ring(),
+        token_seq: 3,
+        seq: 0,
+        aru: 0,
+        aru_id: None,
+        fcc: 0,
+        backlog: 0,
+        rtr: Vec::new(),
+    };
+    o.handle_packet(t0, Packet::Token(back));
+    assert_eq!(o.queued(), 0);
+    while o.poll_transmit().is_some() {}
+    o.submit(msg(ServiceType::Agreed, 2)).unwrap();
+    assert_eq!(wakes(&mut o), 0);
 }
 
 #[test]

@@ -157,19 +157,29 @@ fn regression_full_seed_394_recovery_ended_before_everyone_had_the_markers() {
 }
 
 /// A full run of `seed` with the basic faults (`conclave sim --seeds N --faults
-/// loss,dup,partition,crash,disconnect`).
+/// loss,dup,partition,crash,disconnect`), as deployed and with the idle token's rest of 100 µs
+/// under which the regression seeds were found (a rest changes every seed's schedule).
 fn full_seed_passes(seed: u64) {
     use conclave_sim::{run_membership, FaultChoice, FaultSet, MembershipSimConfig};
-    let mut m = MembershipSimConfig::new(seed);
-    m.faults = FaultChoice::List(FaultSet::BASIC);
-    let r = run_membership(&m);
-    assert!(r.completed, "seed {seed} did not converge");
-    let cfg = Config {
-        max_views_after_stable: m.max_views_after_stable(),
-    };
-    let v = check(&r.history, &cfg);
-    assert!(v.is_empty(), "seed {seed}: {v:?}");
+    for idle_hold_us in [None, Some(FOUND_WITH_IDLE_HOLD_US)] {
+        let mut m = MembershipSimConfig::new(seed);
+        m.faults = FaultChoice::List(FaultSet::BASIC);
+        m.idle_hold_us = idle_hold_us;
+        let r = run_membership(&m);
+        assert!(
+            r.completed,
+            "seed {seed} ({idle_hold_us:?}) did not converge"
+        );
+        let cfg = Config {
+            max_views_after_stable: m.max_views_after_stable(),
+        };
+        let v = check(&r.history, &cfg);
+        assert!(v.is_empty(), "seed {seed} ({idle_hold_us:?}): {v:?}");
+    }
 }
+
+/// The idle token's rest when the regression seeds were found.
+const FOUND_WITH_IDLE_HOLD_US: u64 = 100;
 
 /// Seed 18 (first found as 2728) breaks D1 without the check: a daemon installed a group view when
 /// the last flush marker arrived, and a client there sent in it; the ring broke, and another
@@ -207,6 +217,7 @@ fn regression_full_seed_2403_clients_from_a_view_of_an_older_ring() {
 #[test]
 fn regression_full_seed_1285_acknowledgement_of_a_leaving_client() {
     full_swarm_seeds(1285..1286);
+    full_swarm_seeds_with(1285..1286, Some(FOUND_WITH_IDLE_HOLD_US), None);
 }
 
 /// Seed 879 (5 daemons) once never converged: the representative formed a ring of the two
