@@ -83,6 +83,20 @@ fn at_an_idle_ring_none_waits_out_a_hold(service: ServiceType, rounds: u8) {
     assert!(net.refusals.is_empty(), "{:?}", net.refusals);
 }
 
+/// The token of an idle ring (nothing sent, missing or waiting) on its `token_seq`-th pass.
+fn idle_token(token_seq: u64) -> Token {
+    Token {
+        ring: ring(),
+        token_seq,
+        seq: 0,
+        aru: 0,
+        aru_id: None,
+        fcc: 0,
+        backlog: 0,
+        rtr: Vec::new(),
+    }
+}
+
 /// The first member creates the token.
 fn start(net: &mut TestNet<Ordering>) {
     net.peers[0].start(Time::ZERO);
@@ -151,16 +165,7 @@ fn a_large_ring_rests_its_token_less_at_each_member() {
             ..OrderingConfig::default()
         };
         let mut o = Ordering::new(cfg, 1, ring(), (1..=members).collect());
-        let idle = Token {
-            ring: ring(),
-            token_seq: 1,
-            seq: 0,
-            aru: 0,
-            aru_id: None,
-            fcc: 0,
-            backlog: 0,
-            rtr: Vec::new(),
-        };
+        let idle = idle_token(1);
         let now = Time::ZERO + std::time::Duration::from_millis(5);
         o.handle_packet(now, Packet::Token(idle));
         assert!(o.holds_idle_token(), "{members} members");
@@ -177,20 +182,10 @@ fn a_token_that_came_back_is_not_sent_again_while_it_rests() {
         ..OrderingConfig::default()
     };
     let mut o = Ordering::new(cfg, 1, ring(), vec![1, 2, 3]);
-    let idle = |token_seq| Token {
-        ring: ring(),
-        token_seq,
-        seq: 0,
-        aru: 0,
-        aru_id: None,
-        fcc: 0,
-        backlog: 0,
-        rtr: Vec::new(),
-    };
     // Asked for by another member, the token is passed on at once.
     let t0 = Time::ZERO + std::time::Duration::from_millis(5);
     o.handle_packet(t0, Packet::Wake { ring: ring() });
-    o.handle_packet(t0, Packet::Token(idle(3)));
+    o.handle_packet(t0, Packet::Token(idle_token(3)));
     assert!(!o.holds_idle_token());
     assert!(
         matches!(o.poll_transmit().map(|t| t.packet), Some(Packet::Token(t)) if t.token_seq == 4)
@@ -198,7 +193,7 @@ fn a_token_that_came_back_is_not_sent_again_while_it_rests() {
     // A slow rotation later it is back, and rests 3 ms: past the 20 ms after which the one
     // passed on would be sent again, had this one not proved that it arrived.
     let back = t0 + std::time::Duration::from_millis(19);
-    o.handle_packet(back, Packet::Token(idle(6)));
+    o.handle_packet(back, Packet::Token(idle_token(6)));
     assert!(o.holds_idle_token());
     let rest_ends = back + std::time::Duration::from_millis(3);
     assert_eq!(o.poll_timeout(), Some(rest_ends));
@@ -230,17 +225,7 @@ fn a_member_whose_messages_are_still_on_the_token_does_not_ask_for_it() {
     assert_eq!(wakes(&mut o), 1);
     // Its next visit sends that message: until the visit after, the token carries it in its
     // `fcc`, no member rests it, and a message submitted meanwhile asks nobody.
-    let back = Token {
-        ring: ring(),
-        token_seq: 3,
-        seq: 0,
-        aru: 0,
-        aru_id: None,
-        fcc: 0,
-        backlog: 0,
-        rtr: Vec::new(),
-    };
-    o.handle_packet(t0, Packet::Token(back));
+    o.handle_packet(t0, Packet::Token(idle_token(3)));
     assert_eq!(o.queued(), 0);
     while o.poll_transmit().is_some() {}
     o.submit(msg(ServiceType::Agreed, 2)).unwrap();
