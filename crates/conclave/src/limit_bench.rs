@@ -200,8 +200,7 @@ pub(crate) async fn send_frames(
         batch.clear();
         for _ in 0..32 {
             payload[8..16].copy_from_slice(&sent.to_be_bytes());
-            batch.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-            batch.extend_from_slice(payload);
+            push_frame(&mut batch, payload);
             sent += 1;
         }
         w.write_all(&batch).await.context("writing to the relay")?;
@@ -216,9 +215,14 @@ pub(crate) async fn send_frame(
     payload: &[u8],
 ) -> Result<()> {
     frame.clear();
-    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    frame.extend_from_slice(payload);
+    push_frame(frame, payload);
     w.write_all(frame).await.context("writing to the relay")
+}
+
+/// `payload` as a length-prefixed frame at the end of `buf`.
+fn push_frame(buf: &mut Vec<u8>, payload: &[u8]) {
+    buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    buf.extend_from_slice(payload);
 }
 
 /// A skeleton member's side: reads frames, calling `each` with every one's payload.

@@ -837,41 +837,41 @@ async fn member(args: MemberArgs) -> Result<()> {
         // Each payload its own (the sender and a count first), as in-process.
         let mut payload = vec![0x5a; size.max(16)];
         payload[..8].copy_from_slice(&hash(&args.name).to_be_bytes());
-        match &mut sending {
-            _ if args.rate.is_some() => {
-                let rate = args.rate.unwrap_or(1.0).max(0.001);
-                let interval = Duration::from_secs_f64(1.0 / rate);
-                let mut next = tokio::time::Instant::now() + interval.mul_f64(args.phase);
-                let mut frame = Vec::new();
-                while Instant::now() < until {
-                    next += interval;
-                    tokio::time::sleep_until(next).await;
-                    payload[..8].copy_from_slice(&clock_ns().to_be_bytes());
-                    match &mut sending {
-                        Sending::Client(tx) => {
-                            tx.multicast(service, &[args.group.as_str()], &payload)
-                                .await?
-                        }
-                        Sending::Frames(w) => {
-                            crate::limit_bench::send_frame(w, &mut frame, &payload).await?
-                        }
+        if let Some(rate) = args.rate {
+            let interval = Duration::from_secs_f64(1.0 / rate.max(0.001));
+            let mut next = tokio::time::Instant::now() + interval.mul_f64(args.phase);
+            let mut frame = Vec::new();
+            while Instant::now() < until {
+                next += interval;
+                tokio::time::sleep_until(next).await;
+                payload[..8].copy_from_slice(&clock_ns().to_be_bytes());
+                match &mut sending {
+                    Sending::Client(tx) => {
+                        tx.multicast(service, &[args.group.as_str()], &payload)
+                            .await?
                     }
-                    sent += 1;
-                }
-            }
-            Sending::Client(tx) => {
-                while Instant::now() < until {
-                    payload[8..16].copy_from_slice(&sent.to_be_bytes());
-                    tx.queue(service, &[args.group.as_str()], &payload).await?;
-                    sent += 1;
-                    if sent.is_multiple_of(BATCH) {
-                        tx.flush().await?;
+                    Sending::Frames(w) => {
+                        crate::limit_bench::send_frame(w, &mut frame, &payload).await?
                     }
                 }
-                tx.flush().await?;
+                sent += 1;
             }
-            Sending::Frames(w) => {
-                sent = crate::limit_bench::send_frames(w, &mut payload, until).await?;
+        } else {
+            match &mut sending {
+                Sending::Client(tx) => {
+                    while Instant::now() < until {
+                        payload[8..16].copy_from_slice(&sent.to_be_bytes());
+                        tx.queue(service, &[args.group.as_str()], &payload).await?;
+                        sent += 1;
+                        if sent.is_multiple_of(BATCH) {
+                            tx.flush().await?;
+                        }
+                    }
+                    tx.flush().await?;
+                }
+                Sending::Frames(w) => {
+                    sent = crate::limit_bench::send_frames(w, &mut payload, until).await?;
+                }
             }
         }
         // Refusals come back after the sends: those of the last messages are awaited a moment.

@@ -613,17 +613,7 @@ impl Ordering {
         }
         self.started = true;
         if self.members[0] == self.me {
-            let token = Token {
-                ring: self.ring,
-                token_seq: 0,
-                seq: 0,
-                aru: 0,
-                aru_id: None,
-                fcc: 0,
-                backlog: 0,
-                rtr: Vec::new(),
-            };
-            self.on_token(now, token);
+            self.on_token(now, Token::new(self.ring));
         }
     }
 

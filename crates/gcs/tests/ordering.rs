@@ -86,14 +86,8 @@ fn at_an_idle_ring_none_waits_out_a_hold(service: ServiceType, rounds: u8) {
 /// The token of an idle ring (nothing sent, missing or waiting) on its `token_seq`-th pass.
 fn idle_token(token_seq: u64) -> Token {
     Token {
-        ring: ring(),
         token_seq,
-        seq: 0,
-        aru: 0,
-        aru_id: None,
-        fcc: 0,
-        backlog: 0,
-        rtr: Vec::new(),
+        ..Token::new(ring())
     }
 }
 
@@ -271,14 +265,9 @@ fn a_full_queue_is_a_typed_error() {
 fn impossible_tokens_and_far_messages_are_refused() {
     let mut n = Ordering::new(OrderingConfig::default(), 2, ring(), vec![1, 2, 3]);
     let bad = Token {
-        ring: ring(),
         token_seq: u64::MAX,
         seq: u64::MAX,
-        aru: 0,
-        aru_id: None,
-        fcc: 0,
-        backlog: 0,
-        rtr: vec![],
+        ..Token::new(ring())
     };
     n.handle_packet(Time::from_micros(1), Packet::Token(bad.clone()));
     n.handle_packet(
@@ -331,14 +320,9 @@ fn the_horizon_bounds_what_is_held_and_tokens_behind_it_are_refused() {
     }
     assert_eq!(n.my_aru(), 3);
     let behind = Token {
-        ring: ring(),
         token_seq: 1,
         seq: 2,
-        aru: 0,
-        aru_id: None,
-        fcc: 0,
-        backlog: 0,
-        rtr: vec![],
+        ..Token::new(ring())
     };
     n.handle_packet(Time::from_micros(4), Packet::Token(behind));
     assert_eq!(n.refused(), 2);

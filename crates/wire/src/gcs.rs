@@ -89,6 +89,22 @@ pub struct Token {
     pub rtr: Vec<u64>,
 }
 
+impl Token {
+    /// The token a ring's representative creates: nothing sent, missing or waiting yet.
+    pub fn new(ring: RingId) -> Token {
+        Token {
+            ring,
+            token_seq: 0,
+            seq: 0,
+            aru: 0,
+            aru_id: None,
+            fcc: 0,
+            backlog: 0,
+            rtr: Vec::new(),
+        }
+    }
+}
+
 /// What a data message carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Body {
