@@ -143,7 +143,7 @@ impl Default for SessionLimits {
             // A sender gets its acknowledgement with the delivery of its message, usually well
             // within this (not a safe message, or on a slow ring). At 1,000 messages a second
             // as deployed, a sender's wake-ups per message fell from 4.0 to 3.5-3.6, and agreed
-            // delivery's p50 by a few hundredths at most (README).
+            // delivery's p50 by a few hundredths at most (docs/performance.md).
             ack_delay_us: 1_000,
         }
     }
