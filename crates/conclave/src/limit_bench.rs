@@ -1,7 +1,7 @@
 //! The machine's limit for `conclave bench throughput --processes --limit` and `bench latency
 //! --processes --limit`: the byte flow of a deployed run with the protocol left out, so that the
-//! README can say how close to the machine Conclave runs. Each daemon is replaced by a `conclave bench relay` process and each member by
-//! a skeleton member:
+//! README can say how close to the machine Conclave runs. Each daemon is replaced by a `conclave
+//! bench relay` process and each member by a skeleton member:
 //!
 //! - a member writes its messages to its relay over TCP, 32 length-prefixed frames a write (as
 //!   the client library batches), or, for latency, one frame a write at its rate, stamped with

@@ -456,6 +456,7 @@ impl Daemons {
             );
         }
         delays.sort_unstable();
+        let lost = (total * n as u64).saturating_sub(delays.len() as u64);
         tokio::time::sleep(Duration::from_millis(50)).await;
         Ok(json!({
             "bench": "latency",
@@ -464,7 +465,7 @@ impl Daemons {
             "transport": self.transport.name(),
             // A member's payload holds at least its name's hash and a count.
             "size": size.max(16), "service": service_name(service), "rate": rate,
-            "deliveries": delays.len(), "lost": (total * n as u64).saturating_sub(delays.len() as u64),
+            "deliveries": delays.len(), "lost": lost,
             "refused": refused, "view_changes": views,
             "p50_us": percentile(&delays, 0.5), "p99_us": percentile(&delays, 0.99),
             "max_us": delays.last().copied().unwrap_or(0),
