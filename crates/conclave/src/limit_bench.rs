@@ -225,11 +225,17 @@ fn push_frame(buf: &mut Vec<u8>, payload: &[u8]) {
     buf.extend_from_slice(payload);
 }
 
-/// A skeleton member's side: reads frames, calling `each` with every one's payload.
-pub(crate) async fn count_frames(mut r: tokio::net::tcp::OwnedReadHalf, each: impl Fn(&[u8])) {
+/// A skeleton member's side: reads frames, calling `each` with every one's payload, and `settled`
+/// before each read.
+pub(crate) async fn count_frames(
+    mut r: tokio::net::tcp::OwnedReadHalf,
+    each: impl Fn(&[u8]),
+    mut settled: impl FnMut(),
+) {
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
     let mut chunk = vec![0u8; 256 << 10];
     loop {
+        settled();
         let n = match r.read(&mut chunk).await {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
