@@ -719,36 +719,33 @@ async fn read_replies(
     };
     let end = 'read: loop {
         // What one read brought is decoded, then handed over at once: one wake-up of the
-        // receiving task for many events.
-        let mut freed = 0;
-        loop {
-            let reply = match dec.next_reply() {
-                Err(e) => break 'read ClientError::Protocol(e),
-                Ok(None) => break,
-                Ok(Some(r)) => r,
-            };
-            let handled = {
-                let mut core = shared.core();
-                let free = core.window_free();
-                let h = core.handle(reply);
-                freed += core.window_free() - free;
-                h
-            };
-            match handled {
-                // A challenge after the handshake is none the client answers.
-                Handled::Nothing | Handled::Challenge { .. } => {}
-                Handled::Closed(reason) => break 'read ClientError::Closed(reason),
-                Handled::Event(ev) => batch.push(Ok(ev)),
-                Handled::Refused { code, reason } => {
-                    batch.push(Err(ClientError::Refused { code, reason }))
+        // receiving task for many events. The session core is locked once for all of it.
+        let freed = {
+            let mut core = shared.core();
+            let free = core.window_free();
+            loop {
+                let reply = match dec.next_reply() {
+                    Err(e) => break 'read ClientError::Protocol(e),
+                    Ok(None) => break,
+                    Ok(Some(r)) => r,
+                };
+                match core.handle(reply) {
+                    // A challenge after the handshake is none the client answers.
+                    Handled::Nothing | Handled::Challenge { .. } => {}
+                    Handled::Closed(reason) => break 'read ClientError::Closed(reason),
+                    Handled::Event(ev) => batch.push(Ok(ev)),
+                    Handled::Refused { code, reason } => {
+                        batch.push(Err(ClientError::Refused { code, reason }))
+                    }
+                }
+                if batch.len() >= EVENT_BATCH {
+                    if let Err(e) = hand_over(next_batch(&mut batch)) {
+                        break 'read e;
+                    }
                 }
             }
-            if batch.len() >= EVENT_BATCH {
-                if let Err(e) = hand_over(next_batch(&mut batch)) {
-                    break 'read e;
-                }
-            }
-        }
+            core.window_free() - free
+        };
         if freed > 0 {
             shared.window.add_permits(freed);
         }
