@@ -257,10 +257,10 @@ mod tests {
 
     #[tokio::test]
     async fn partial_vectored_writes_write_every_buffer_in_order() {
-        let budget = ViewBudget::default();
+        let mut budget = ViewBudget::default();
         let payload = Bytes::from(vec![b'p'; VIEW_MIN_BYTES]);
         let mut viewed = Frames::from(b"de".to_vec());
-        viewed.push_payload(&payload, &budget);
+        viewed.push_payload(&payload, &mut budget);
         viewed.bytes_mut().extend_from_slice(b"fgh");
         let bufs: Vec<Frames> = vec![
             b"abc".to_vec().into(),
@@ -286,9 +286,9 @@ mod tests {
     async fn the_writer_writes_queued_outputs_and_gives_their_buffers_back() {
         let (tx, rx) = mpsc::unbounded_channel();
         let (wtx, mut wrx) = mpsc::unbounded_channel();
-        let budget = ViewBudget::default();
+        let mut budget = ViewBudget::default();
         let mut two = Frames::from(b"two".to_vec());
-        two.push_payload(&Bytes::from(vec![b'!'; VIEW_MIN_BYTES]), &budget);
+        two.push_payload(&Bytes::from(vec![b'!'; VIEW_MIN_BYTES]), &mut budget);
         tx.send(SessionOutput::Bytes(b"one".to_vec().into(), 1))
             .unwrap();
         tx.send(SessionOutput::Bytes(two, 2)).unwrap();

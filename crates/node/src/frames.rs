@@ -28,26 +28,39 @@ pub const MAX_VIEWS: usize = 1024;
 /// costs more than copying a few hundred bytes.
 pub const VIEW_MIN_BYTES: usize = 512;
 
-/// The count of views held by a node's frames, shared with the frames it hands out: a frame
-/// gives its views back when it is dropped, wherever that is.
-#[derive(Clone, Debug, Default)]
-pub struct ViewBudget(Arc<AtomicUsize>);
+/// The count of views held by a node's frames. The node takes views (on its own thread, at
+/// every delivery it frames as a view) and counts them here without an atomic operation; the
+/// frames it hands out give theirs back when they are dropped, wherever that is, through
+/// [`ViewReturns`]. Both counts only grow: the views held are their difference.
+#[derive(Debug, Default)]
+pub struct ViewBudget {
+    taken: usize,
+    returned: ViewReturns,
+}
 
 impl ViewBudget {
     /// Views held now.
     pub fn held(&self) -> usize {
-        self.0.load(Relaxed)
+        self.taken.wrapping_sub(self.returned.0.load(Relaxed))
     }
 
-    fn take(&self) -> bool {
-        self.0
-            .fetch_update(Relaxed, Relaxed, |n| (n < MAX_VIEWS).then_some(n + 1))
-            .is_ok()
+    fn take(&mut self) -> bool {
+        if self.held() >= MAX_VIEWS {
+            return false;
+        }
+        self.taken = self.taken.wrapping_add(1);
+        true
     }
+}
 
+/// Where frames give their views back to the [`ViewBudget`] they were taken from.
+#[derive(Clone, Debug, Default)]
+struct ViewReturns(Arc<AtomicUsize>);
+
+impl ViewReturns {
     fn give_back(&self, n: usize) {
         if n > 0 {
-            self.0.fetch_sub(n, Relaxed);
+            self.0.fetch_add(n, Relaxed);
         }
     }
 }
@@ -60,8 +73,8 @@ pub struct Frames {
     /// Each payload goes after `bytes[..at]`; `at` never decreases along the list.
     views: Vec<(usize, Bytes)>,
     view_bytes: usize,
-    /// Where the views are counted, once there is one.
-    budget: Option<ViewBudget>,
+    /// Where the views are given back, once there is one.
+    budget: Option<ViewReturns>,
 }
 
 impl Frames {
@@ -82,13 +95,13 @@ impl Frames {
 
     /// Appends `payload` after the bytes so far, as a view of its buffer when it is large and
     /// `budget` has room, as a copy otherwise.
-    pub fn push_payload(&mut self, payload: &Bytes, budget: &ViewBudget) {
+    pub fn push_payload(&mut self, payload: &Bytes, budget: &mut ViewBudget) {
         if payload.len() < VIEW_MIN_BYTES || !budget.take() {
             self.bytes.extend_from_slice(payload);
             return;
         }
         if self.budget.is_none() {
-            self.budget = Some(budget.clone());
+            self.budget = Some(budget.returned.clone());
         }
         self.view_bytes += payload.len();
         self.views.push((self.bytes.len(), payload.clone()));
@@ -200,15 +213,15 @@ mod tests {
 
     #[test]
     fn pieces_in_order_and_views_counted_until_dropped() {
-        let budget = ViewBudget::default();
+        let mut budget = ViewBudget::default();
         let big = Bytes::from(vec![9u8; VIEW_MIN_BYTES]);
         let small = Bytes::from_static(b"tiny");
         let mut f = Frames::from_vec(b"ab".to_vec());
-        f.push_payload(&big, &budget);
-        f.push_payload(&big, &budget);
+        f.push_payload(&big, &mut budget);
+        f.push_payload(&big, &mut budget);
         f.bytes_mut().extend_from_slice(b"cd");
-        f.push_payload(&small, &budget);
-        f.push_payload(&big, &budget);
+        f.push_payload(&small, &mut budget);
+        f.push_payload(&big, &mut budget);
         assert_eq!(f.views(), 3);
         assert_eq!(budget.held(), 3);
         let mut want = b"ab".to_vec();
@@ -227,19 +240,19 @@ mod tests {
 
     #[test]
     fn past_the_budget_payloads_are_copied() {
-        let budget = ViewBudget::default();
+        let mut budget = ViewBudget::default();
         let big = Bytes::from(vec![1u8; 1024]);
         let mut held = Frames::default();
         for _ in 0..MAX_VIEWS {
-            held.push_payload(&big, &budget);
+            held.push_payload(&big, &mut budget);
         }
         assert_eq!(budget.held(), MAX_VIEWS);
         let mut f = Frames::default();
-        f.push_payload(&big, &budget);
+        f.push_payload(&big, &mut budget);
         assert_eq!((f.views(), f.len()), (0, 1024));
         held.clear();
         assert_eq!(budget.held(), 0);
-        f.push_payload(&big, &budget);
+        f.push_payload(&big, &mut budget);
         assert_eq!((f.views(), f.len()), (1, 2048));
         drop(f);
         assert_eq!(budget.held(), 0);
@@ -247,9 +260,9 @@ mod tests {
 
     #[test]
     fn equal_when_they_write_the_same_bytes() {
-        let budget = ViewBudget::default();
+        let mut budget = ViewBudget::default();
         let mut viewed = Frames::from_vec(b"x".to_vec());
-        viewed.push_payload(&Bytes::from(vec![3u8; 600]), &budget);
+        viewed.push_payload(&Bytes::from(vec![3u8; 600]), &mut budget);
         let mut flat = b"x".to_vec();
         flat.extend_from_slice(&[3u8; 600]);
         assert_eq!(viewed, Frames::from(flat));
@@ -259,9 +272,9 @@ mod tests {
 
     #[test]
     fn debug_shows_sizes_not_bytes() {
-        let budget = ViewBudget::default();
+        let mut budget = ViewBudget::default();
         let mut f = Frames::from_vec(b"secret-key-bytes".to_vec());
-        f.push_payload(&Bytes::from(vec![b'k'; VIEW_MIN_BYTES]), &budget);
+        f.push_payload(&Bytes::from(vec![b'k'; VIEW_MIN_BYTES]), &mut budget);
         let shown = format!("{f:?}");
         assert_eq!(
             shown,
