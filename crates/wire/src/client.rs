@@ -816,6 +816,17 @@ impl Reply {
         Reply::read(Reader::shared(buf), lists)
     }
 
+    /// [`Reply::decode_shared`] of `buf`, a part of `all`: a message's payload is a view of
+    /// `all` (the client library decodes the frames one read brought this way, all of them
+    /// views of one buffer).
+    pub fn decode_within(
+        all: &Bytes,
+        buf: &[u8],
+        lists: &mut NameLists,
+    ) -> Result<Reply, DecodeError> {
+        Reply::read(Reader::shared_within(all, buf), lists)
+    }
+
     fn read(r: Reader<'_>, lists: &mut NameLists) -> Result<Reply, DecodeError> {
         let mut r = open(r)?;
         let ev = |e| Reply::Event(e);
