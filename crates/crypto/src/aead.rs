@@ -81,6 +81,30 @@ impl Aead {
         buf.extend_from_slice(tag.as_ref());
     }
 
+    /// Encrypts `plaintext` into `out`, which must be `TAG_BYTES` longer: the ciphertext, then
+    /// the tag. `plaintext` is left as it is, so one buffer can be sealed for several keys
+    /// without a copy of it for each.
+    pub fn seal_into(
+        &self,
+        nonce: [u8; NONCE_BYTES],
+        aad: &[u8],
+        plaintext: &[u8],
+        out: &mut [u8],
+    ) {
+        assert_eq!(out.len(), plaintext.len() + TAG_BYTES, "room for the tag");
+        let (ciphertext, tag) = out.split_at_mut(plaintext.len());
+        self.key
+            .seal_out_of_place_scatter(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad),
+                plaintext,
+                ciphertext,
+                &[],
+                tag,
+            )
+            .expect("plaintext within AEAD limits");
+    }
+
     /// The tag of `aad` alone (no ciphertext): authentication without encryption.
     pub fn tag(&self, nonce: [u8; NONCE_BYTES], aad: &[u8]) -> [u8; TAG_BYTES] {
         let tag = self
@@ -190,5 +214,21 @@ mod tests {
             a.open_in_place([2; 12], b"aad", &mut [0u8; 3]),
             Err(AeadError::Truncated)
         );
+    }
+
+    #[test]
+    fn sealing_into_another_buffer_matches_seal_and_leaves_the_plaintext() {
+        for alg in [AeadAlg::Aes256Gcm, AeadAlg::ChaCha20Poly1305] {
+            let a = Aead::new(alg, &[5; 32]);
+            // Longer than a few blocks, and not a whole number of them.
+            let plaintext: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+            let mut out = vec![0u8; plaintext.len() + TAG_BYTES];
+            a.seal_into([6; 12], b"aad", &plaintext, &mut out);
+            assert_eq!(out, a.seal([6; 12], b"aad", &plaintext));
+            assert_eq!(plaintext[999], (999u32 * 7) as u8);
+            let mut empty = [0u8; TAG_BYTES];
+            a.seal_into([6; 12], b"aad", &[], &mut empty);
+            assert_eq!(empty[..], a.tag([6; 12], b"aad")[..]);
+        }
     }
 }

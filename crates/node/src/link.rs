@@ -458,6 +458,19 @@ impl Links {
             return Some(framed);
         }
         debug_assert!(framed.len() >= HEADER_BYTES, "no room for the link header");
+        let header = self.next_header(now, to)?;
+        let mut head = Vec::with_capacity(HEADER_BYTES);
+        header.encode_into(&mut head);
+        framed[..HEADER_BYTES].copy_from_slice(&head);
+        let mode = self.mode;
+        let (_, aead) = self.send_aead(to)?;
+        seal(mode, aead, &header, &mut framed);
+        Some(framed)
+    }
+
+    /// The header of the next data datagram to `to`, its counter taken; `None` if `to`'s epoch
+    /// is not known yet (a hello asks for it).
+    fn next_header(&mut self, now: Time, to: DaemonId) -> Option<LinkHeader> {
         let Some(pe) = self.peer(to)?.epoch else {
             self.hello(now, to, 0, Hello::Ask);
             return None;
@@ -478,9 +491,9 @@ impl Links {
         }
         self.counter += 1;
         let counter = self.counter;
-        let (me, epoch, mode) = (self.me, self.epoch, self.mode);
-        let (key, aead) = self.send_aead(to)?;
-        let header = LinkHeader {
+        let (me, epoch) = (self.me, self.epoch);
+        let (key, _) = self.send_aead(to)?;
+        Some(LinkHeader {
             kind: LinkKind::Data,
             from: me,
             to,
@@ -488,12 +501,32 @@ impl Links {
             to_epoch: pe,
             key,
             counter,
-        };
+        })
+    }
+
+    /// [`Links::seal_framed`] of a copy of `framed`, which is left as it is. When the links
+    /// encrypt, the copy is the ciphertext, written once: the datagrams of a visit go to every
+    /// other daemon, and copying each for the second before sealing it was a pass over every
+    /// byte the daemon sends.
+    pub fn seal_framed_copy(&mut self, now: Time, to: DaemonId, framed: &[u8]) -> Option<Vec<u8>> {
+        if self.mode != LinkMode::Sealed || framed.len() < HEADER_BYTES {
+            let mut copy = Vec::with_capacity(framed.len() + self.room().tail);
+            copy.extend_from_slice(framed);
+            return self.seal_framed(now, to, copy);
+        }
+        let header = self.next_header(now, to)?;
+        let mut out = vec![0u8; framed.len() + TAG_BYTES];
         let mut head = Vec::with_capacity(HEADER_BYTES);
         header.encode_into(&mut head);
-        framed[..HEADER_BYTES].copy_from_slice(&head);
-        seal(mode, aead, &header, &mut framed);
-        Some(framed)
+        out[..HEADER_BYTES].copy_from_slice(&head);
+        let (_, aead) = self.send_aead(to)?;
+        aead.seal_into(
+            header.nonce(),
+            &head,
+            &framed[HEADER_BYTES..],
+            &mut out[HEADER_BYTES..],
+        );
+        Some(out)
     }
 
     /// Queues a hello to `to` bound to its epoch `theirs` (0: unknown), unless one went less
@@ -845,6 +878,42 @@ mod tests {
             let o = a.open(t(1), 2, &mut back).unwrap();
             assert_eq!(body(&back, o), b"reply");
         }
+    }
+
+    #[test]
+    fn a_copy_sealed_for_another_peer_opens_there_and_leaves_the_plaintext() {
+        for mode in [LinkMode::Sealed, LinkMode::Authenticated, LinkMode::Off] {
+            let net = Net::new(3);
+            let mut a = net.links(mode, 1, 10 << 32);
+            let mut b = net.links(mode, 2, 20 << 32);
+            let mut c = net.links(mode, 3, 30 << 32);
+            // A first datagram to each asks for its epoch.
+            a.seal(t(0), 2, b"early".to_vec());
+            introduce(&mut a, &mut b, t(0));
+            a.seal(t(0), 3, b"early".to_vec());
+            introduce(&mut a, &mut c, t(0));
+            let room = a.room();
+            let mut framed = vec![0xee; room.head];
+            framed.extend_from_slice(b"the visit's messages");
+            let plain = framed.clone();
+            let mut to_c = a.seal_framed_copy(t(1), 3, &framed).unwrap();
+            assert_eq!(framed, plain, "the plaintext is left for the next peer");
+            let mut to_b = a.seal_framed(t(1), 2, framed).unwrap();
+            for (peer, d) in [(&mut b, &mut to_b), (&mut c, &mut to_c)] {
+                let o = peer.open(t(1), 1, d).unwrap();
+                assert_eq!(body(d, o), b"the visit's messages");
+            }
+            // Each copy is its peer's alone.
+            let mut again = a.seal_framed_copy(t(1), 3, &plain).unwrap();
+            if mode != LinkMode::Off {
+                assert!(b.open(t(1), 1, &mut again).is_err());
+            }
+        }
+        // Before the peer's epoch is known there is nothing to seal, and a hello asks for it.
+        let net = Net::new(2);
+        let mut a = net.links(LinkMode::Sealed, 1, 10 << 32);
+        assert!(a.seal_framed_copy(t(0), 2, &[0; 64]).is_none());
+        assert!(a.poll_hello().is_some());
     }
 
     #[test]

@@ -73,13 +73,6 @@ pub const MAX_UNREAD_BYTES: usize = 64 << 20;
 pub const CHUNK_BYTES: usize = 64 << 10;
 /// Room of a fresh buffer for a session that filled one: a chunk and a frame of up to 16 KiB.
 const CHUNK_ROOM: usize = CHUNK_BYTES + (16 << 10);
-/// A copy of a datagram, with room for `tail` more bytes (the link's tag).
-fn copy_with_room(d: &[u8], tail: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(d.len() + tail);
-    v.extend_from_slice(d);
-    v
-}
-
 /// Bytes the frame begun in `input` still lacks: up to its length's 4 bytes, then up to its end
 /// (a length past the request limit lacks nothing: reading it gives the error).
 fn missing(input: &[u8]) -> usize {
@@ -1392,33 +1385,33 @@ impl Node {
                     continue;
                 }
             };
-            let copies: Vec<Vec<Vec<u8>>> = others
-                .iter()
-                .map(|_| {
-                    datagrams
-                        .iter()
-                        .map(|d| copy_with_room(d, room.tail))
-                        .collect()
-                })
-                .collect();
-            self.seal_and_emit(peer as DaemonId, datagrams);
-            for (to, copy) in others.into_iter().zip(copies) {
-                self.seal_and_emit(to, copy);
+            // The further peers' copies are sealed from the plaintext before it is sealed for
+            // `peer` where it lies; `peer` still gets its datagrams first.
+            let mut sealed: Vec<Vec<Vec<u8>>> = vec![Vec::new(); others.len() + 1];
+            let now = self.now;
+            for d in datagrams {
+                for (k, &to) in others.iter().enumerate() {
+                    let copy = self.links.seal_framed_copy(now, to, &d);
+                    sealed[k + 1].extend(self.sealed_or_waiting(copy));
+                }
+                let d = self.links.seal_framed(now, peer as DaemonId, d);
+                sealed[0].extend(self.sealed_or_waiting(d));
+            }
+            let to = std::iter::once(peer as DaemonId).chain(others);
+            for (to, datagrams) in to.zip(sealed) {
+                for d in datagrams {
+                    self.emit(to, d);
+                }
             }
         }
     }
 
-    /// Seals each datagram for `to`'s link and queues it (one the link cannot seal yet waits for
-    /// its hello, counted).
-    fn seal_and_emit(&mut self, to: DaemonId, datagrams: Vec<Vec<u8>>) {
-        for d in datagrams {
-            match self.links.seal_framed(self.now, to, d) {
-                Some(d) => self.emit(to, d),
-                None => {
-                    self.metrics.link_waiting.fetch_add(1, Relaxed);
-                }
-            }
+    /// A datagram the link sealed; one it cannot seal yet (it waits for its hello) is counted.
+    fn sealed_or_waiting(&self, d: Option<Vec<u8>>) -> Option<Vec<u8>> {
+        if d.is_none() {
+            self.metrics.link_waiting.fetch_add(1, Relaxed);
         }
+        d
     }
 
     fn emit_hellos(&mut self) {
