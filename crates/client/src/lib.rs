@@ -228,7 +228,8 @@ pub struct Receiver {
     /// The bytes of the messages among them.
     waiting_bytes: Arc<AtomicUsize>,
     /// The rest of the last batch handed over.
-    ready: std::collections::VecDeque<Item>,
+    /// Taken from as it is: moving the events into a queue first was a copy of each.
+    ready: std::vec::IntoIter<Item>,
     reader: tokio::task::JoinHandle<()>,
     shared: Arc<Shared>,
 }
@@ -652,12 +653,12 @@ impl Sender {
 impl Receiver {
     /// An event if one has arrived, without waiting.
     pub fn try_receive(&mut self) -> Option<Result<ClientEvent, ClientError>> {
-        if self.ready.is_empty() {
+        if self.ready.as_slice().is_empty() {
             if let Ok(batch) = self.rx.try_recv() {
-                self.ready.extend(batch);
+                self.ready = batch.into_iter();
             }
         }
-        let item = self.ready.pop_front()?;
+        let item = self.ready.next()?;
         self.taken(&item);
         Some(item)
     }
@@ -669,12 +670,12 @@ impl Receiver {
 
     pub async fn receive(&mut self) -> Result<ClientEvent, ClientError> {
         loop {
-            if let Some(item) = self.ready.pop_front() {
+            if let Some(item) = self.ready.next() {
                 self.taken(&item);
                 return item;
             }
             match self.rx.recv().await {
-                Some(batch) => self.ready.extend(batch),
+                Some(batch) => self.ready = batch.into_iter(),
                 None => return Err(ClientError::Disconnected),
             }
         }
