@@ -1456,8 +1456,8 @@ impl Node {
     }
 
     fn client_events(&mut self) {
-        // Counted here and added to the shared metric once: an atomic add per delivery was a
-        // good part of the delivery's own time at full load.
+        // Counted here and added to the shared metric once per batch of events, not by an
+        // atomic add per delivery.
         let mut delivered = 0;
         while let Some(ev) = self.daemon.poll_event() {
             let spread =
