@@ -50,7 +50,8 @@ pub const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Splits replies off the daemon's byte stream. A message's payload is a view of the buffer it
 /// was read into (see [`ClientEvent::Message`]).
-#[derive(Default, Debug)]
+/// Its `Debug` gives sizes only: what it read may hold a group's key (`ViewKey`) or a message.
+#[derive(Default)]
 pub struct ReplyDecoder {
     buf: BytesMut,
     /// Whole frames split off `buf` at once, decoded from `at` on: the frames of one read share
@@ -112,6 +113,15 @@ impl ReplyDecoder {
             }
             Err(reply) => Ok(Some(reply)),
         }
+    }
+}
+
+impl std::fmt::Debug for ReplyDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplyDecoder")
+            .field("unread", &self.buf.len())
+            .field("undecoded", &(self.frames.len() - self.at))
+            .finish()
     }
 }
 
@@ -596,6 +606,34 @@ mod tests {
             assert_eq!(d.next_reply().unwrap().as_ref(), Some(&replies[1]));
             assert!(d.next_reply().is_err());
         }
+    }
+
+    #[test]
+    fn a_decoders_debug_shows_sizes_not_what_it_read() {
+        let mut d = ReplyDecoder::default();
+        let secret = frame(&message(b"k3y-bytes-of-a-group".to_vec()).encode());
+        d.buffer().extend_from_slice(&secret);
+        d.buffer().extend_from_slice(&secret[..10]);
+        assert_eq!(
+            format!("{d:?}"),
+            format!(
+                "ReplyDecoder {{ unread: {}, undecoded: 0 }}",
+                secret.len() + 10
+            )
+        );
+        assert!(d.next_reply().unwrap().is_some());
+        assert_eq!(
+            format!("{d:?}"),
+            "ReplyDecoder { unread: 10, undecoded: 0 }"
+        );
+        // Nor does the session's, which holds one.
+        let mut s = SessionCore::new(4);
+        s.buffer().extend_from_slice(&secret);
+        let shown = format!("{s:?}");
+        assert!(
+            shown.contains("ReplyDecoder") && !shown.contains("k3y"),
+            "{shown}"
+        );
     }
 
     /// A run of `count` acknowledgements in group `g`.

@@ -217,7 +217,7 @@ mod tests {
     }
 
     #[test]
-    fn sealing_into_another_buffer_matches_seal_and_leaves_the_plaintext() {
+    fn sealing_into_another_buffer_matches_seal() {
         for alg in [AeadAlg::Aes256Gcm, AeadAlg::ChaCha20Poly1305] {
             let a = Aead::new(alg, &[5; 32]);
             // Longer than a few blocks, and not a whole number of them.
@@ -225,7 +225,7 @@ mod tests {
             let mut out = vec![0u8; plaintext.len() + TAG_BYTES];
             a.seal_into([6; 12], b"aad", &plaintext, &mut out);
             assert_eq!(out, a.seal([6; 12], b"aad", &plaintext));
-            assert_eq!(plaintext[999], (999u32 * 7) as u8);
+            assert_eq!(a.open([6; 12], b"aad", &out).unwrap(), plaintext);
             let mut empty = [0u8; TAG_BYTES];
             a.seal_into([6; 12], b"aad", &[], &mut empty);
             assert_eq!(empty[..], a.tag([6; 12], b"aad")[..]);

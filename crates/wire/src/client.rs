@@ -810,15 +810,9 @@ impl Reply {
         Reply::read(Reader::new(buf), lists)
     }
 
-    /// [`Reply::decode_sharing`], with a message's payload a view of `buf`, not a copy (the
-    /// client library decodes what it reads this way).
-    pub fn decode_shared(buf: &Bytes, lists: &mut NameLists) -> Result<Reply, DecodeError> {
-        Reply::read(Reader::shared(buf), lists)
-    }
-
-    /// [`Reply::decode_shared`] of `buf`, a part of `all`: a message's payload is a view of
-    /// `all` (the client library decodes the frames one read brought this way, all of them
-    /// views of one buffer).
+    /// [`Reply::decode_sharing`] of `buf`, a part of `all`, with a message's payload a view of
+    /// `all`, not a copy (the client library decodes the frames one read brought this way, all
+    /// of them views of one buffer). A `buf` outside `all` is decoded with copies.
     pub fn decode_within(
         all: &Bytes,
         buf: &[u8],
@@ -1368,12 +1362,19 @@ mod tests {
         }
 
         #[test]
-        fn shared_reply_decoding_decodes_alike_and_copies_no_payload(p in reply()) {
-            let bytes = Bytes::from(p.encode());
-            let q = Reply::decode_shared(&bytes, &mut NameLists::default()).unwrap();
+        fn shared_reply_decoding_decodes_alike_and_copies_no_payload(
+            p in reply(),
+            before in prop::collection::vec(any::<u8>(), 0..40),
+            after in prop::collection::vec(any::<u8>(), 0..40),
+        ) {
+            // The reply among other bytes, as one frame among those of a read.
+            let encoded = p.encode();
+            let all = Bytes::from([&before[..], &encoded[..], &after[..]].concat());
+            let buf = &all[before.len()..before.len() + encoded.len()];
+            let q = Reply::decode_within(&all, buf, &mut NameLists::default()).unwrap();
             if let Reply::Event(ClientEvent::Message { payload, .. } | ClientEvent::Sent { payload, .. }) = &q {
                 if !payload.is_empty() {
-                    prop_assert!(bytes.as_ptr_range().contains(&payload.as_ptr()));
+                    prop_assert!(buf.as_ptr_range().contains(&payload.as_ptr()));
                 }
             }
             prop_assert_eq!(q, p);
@@ -1382,7 +1383,8 @@ mod tests {
         #[test]
         fn garbage_replies_never_panic(junk in prop::collection::vec(any::<u8>(), 0..300)) {
             let _ = Reply::decode(&junk);
-            let _ = Reply::decode_shared(&Bytes::from(junk), &mut NameLists::default());
+            let all = Bytes::from(junk);
+            let _ = Reply::decode_within(&all, &all, &mut NameLists::default());
         }
 
         #[test]
