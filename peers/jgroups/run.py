@@ -31,8 +31,12 @@ def fetch_jar() -> Path:
     if not jar.exists():
         TARGET.mkdir(exist_ok=True)
         part = jar.with_suffix(".part")
-        with urllib.request.urlopen(URL, timeout=60) as r, open(part, "wb") as f:
-            f.write(r.read())
+        try:
+            with urllib.request.urlopen(URL, timeout=60) as r, open(part, "wb") as f:
+                f.write(r.read())
+        except OSError as e:
+            part.unlink(missing_ok=True)
+            sys.exit(f"fetching {URL}: {e}")
         part.rename(jar)
     digest = hashlib.sha256(jar.read_bytes()).hexdigest()
     if digest != SHA256:
@@ -91,17 +95,22 @@ def one_run(args, jar: Path, classes: Path) -> dict:
         if i == 0:
             time.sleep(2)
     rows = []
-    deadline = args.seconds + 120
-    for p in procs:
+    deadline = time.monotonic() + args.seconds + 120
+
+    def fail(why: str):
+        # The others would wait for the missing member for ever.
+        for q in procs:
+            q.kill()
+        sys.exit(why)
+
+    for i, p in enumerate(procs):
         try:
-            out, err = p.communicate(timeout=deadline)
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            sys.exit("a member did not finish in time")
+            fail(f"member m{i} did not finish in time")
         line = next((l for l in out.splitlines() if l.startswith("{")), None)
         if p.returncode != 0 or line is None:
-            sys.exit(f"a member failed ({p.returncode}): {err.strip()[-2000:]}")
+            fail(f"member m{i} failed ({p.returncode}): {err.strip()[-2000:]}")
         rows.append(json.loads(line))
     sent = sum(r["sent"] for r in rows)
     return {
