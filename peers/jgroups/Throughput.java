@@ -1,7 +1,10 @@
 // One member of a JGroups throughput run: joins the group, waits until every member is in the
 // view, sends 1 KiB messages as fast as the stack takes them for the given time (if a sender),
 // then one end marker, and counts the messages delivered until every sender's marker has come.
-// Prints one JSON line: the member's rate over the whole run and over its second half.
+// Prints one JSON line: the member's rate over the whole run and over its second half. With
+// --rate, senders pace their messages instead (taking turns, as Conclave's `bench latency`
+// does), each stamped with the monotonic clock, which every process of the machine shares, and
+// every member notes each delivery's delay.
 //
 // The stack is JGroups' tcp.xml with SEQUENCER for total order (jgroups-sequencer.xml), so that
 // it is compared with Conclave's agreed delivery: every member delivers every message in one
@@ -18,6 +21,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.locks.LockSupport;
 import java.util.concurrent.CountDownLatch;
 
 public final class Throughput implements Receiver {
@@ -35,6 +39,10 @@ public final class Throughput implements Receiver {
     private long lastNs;
     // (delivered, time) every SAMPLE_EVERY deliveries, for the second half's rate.
     private final List<long[]> samples = new ArrayList<>();
+    // Delays of stamped messages (--rate), in nanoseconds.
+    private long[] delays = new long[1024];
+    private int delayCount;
+    private boolean stamped;
 
     private Throughput(int members, int senders) {
         this.members = members;
@@ -64,6 +72,12 @@ public final class Throughput implements Receiver {
             if (delivered % SAMPLE_EVERY == 0) {
                 samples.add(new long[] {delivered, now});
             }
+            if (stamped) {
+                if (delayCount == delays.length) {
+                    delays = java.util.Arrays.copyOf(delays, delays.length * 2);
+                }
+                delays[delayCount++] = now - ByteBuffer.wrap(a, msg.getOffset() + 1, 8).getLong();
+            }
         } else if (kind == END) {
             ends++;
             if (ends == senders) {
@@ -85,10 +99,21 @@ public final class Throughput implements Receiver {
         return String.format(
                 "{\"peer\":\"jgroups\",\"member\":\"%s\",\"sender\":%b,\"sent\":%d,\"size\":%d,"
                         + "\"senders\":%d,\"delivered\":%d,\"seconds\":%.3f,\"msgs_per_s\":%.0f,"
-                        + "\"second_half_msgs_per_s\":%.0f,\"rss_peak_mib\":%.1f}",
+                        + "\"second_half_msgs_per_s\":%.0f,\"rss_peak_mib\":%.1f,\"delays_us\":%s}",
                 name, sending, sent, size, senders, delivered, whole,
                 whole > 0 ? delivered / whole : 0.0,
-                half > 0 ? (delivered - atMid[0]) / half : 0.0, rssPeakMib());
+                half > 0 ? (delivered - atMid[0]) / half : 0.0, rssPeakMib(), delaysJson());
+    }
+
+    private String delaysJson() {
+        StringBuilder b = new StringBuilder("[");
+        for (int i = 0; i < delayCount; i++) {
+            if (i > 0) {
+                b.append(',');
+            }
+            b.append(delays[i] / 1000);
+        }
+        return b.append(']').toString();
     }
 
     private static double rssPeakMib() {
@@ -112,6 +137,8 @@ public final class Throughput implements Receiver {
         boolean sending = false;
         int size = 1024;
         double seconds = 15;
+        double rate = 0;
+        double phase = 0;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--config" -> config = args[++i];
@@ -121,6 +148,8 @@ public final class Throughput implements Receiver {
                 case "--send" -> sending = true;
                 case "--size" -> size = Integer.parseInt(args[++i]);
                 case "--seconds" -> seconds = Double.parseDouble(args[++i]);
+                case "--rate" -> rate = Double.parseDouble(args[++i]);
+                case "--phase" -> phase = Double.parseDouble(args[++i]);
                 default -> throw new IllegalArgumentException("unknown argument " + args[i]);
             }
         }
@@ -128,6 +157,7 @@ public final class Throughput implements Receiver {
             throw new IllegalArgumentException("--size must be at least 9 bytes");
         }
         Throughput t = new Throughput(members, senders);
+        t.stamped = rate > 0;
         try (JChannel ch = new JChannel(config)) {
             ch.setName(name);
             ch.setReceiver(t);
@@ -137,12 +167,23 @@ public final class Throughput implements Receiver {
             Thread.sleep(1000);
             long sent = 0;
             if (sending) {
-                long deadline = System.nanoTime() + (long) (seconds * 1e9);
+                long start = System.nanoTime();
+                long deadline = start + (long) (seconds * 1e9);
+                // This sender's share of the rate, starting `phase` of an interval late.
+                long interval = rate > 0 ? (long) (1e9 * senders / rate) : 0;
+                long next = start + (long) (phase * interval);
                 while (System.nanoTime() < deadline) {
+                    if (interval > 0) {
+                        long wait;
+                        while ((wait = next - System.nanoTime()) > 0) {
+                            LockSupport.parkNanos(wait);
+                        }
+                        next += interval;
+                    }
                     // A fresh payload per message, as an application would send.
                     byte[] payload = new byte[size];
                     payload[0] = DATA;
-                    ByteBuffer.wrap(payload, 1, 8).putLong(sent);
+                    ByteBuffer.wrap(payload, 1, 8).putLong(interval > 0 ? System.nanoTime() : sent);
                     ch.send(new BytesMessage(null, payload));
                     sent++;
                 }

@@ -2,9 +2,11 @@
 """Runs JGroups' total-order throughput beside Conclave's: three member JVMs on loopback (TCP +
 SEQUENCER), 1 KiB messages, every member counting what it delivers. Prints one JSON line per
 run: the slowest member's rate over the whole run and over its second half (once the JIT has
-warmed up), and the JVMs' peak memory.
+warmed up), and the JVMs' peak memory. With --rate, the senders pace their messages (taking
+turns) and the line gives the delays from send to delivery, every member's pooled.
 
     python3 peers/jgroups/run.py --senders 3 --seconds 15 [--rounds 3]
+    python3 peers/jgroups/run.py --senders 3 --rate 1000 --seconds 15
 
 The first run fetches JGroups from Maven Central into peers/jgroups/target and checks its
 SHA-256; `java` and `javac` come from PATH (or --java-home)."""
@@ -69,6 +71,7 @@ def one_run(args, jar: Path, classes: Path) -> dict:
         cmd = [
             tool(args.java_home, "java"),
             "-Djava.net.preferIPv4Stack=true",
+            f"-Dtcp-nodelay={'true' if args.nodelay else 'false'}",
             f"-Djgroups.tcp.bind_port={args.port + i}",
             f"-Djgroups.tcpping.initial_hosts={hosts}",
             "-cp",
@@ -91,6 +94,8 @@ def one_run(args, jar: Path, classes: Path) -> dict:
         # (JGroups' best case, its messages need no forwarding).
         if i < args.senders:
             cmd.append("--send")
+            if args.rate:
+                cmd += ["--rate", str(args.rate), "--phase", str(i / args.senders)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         if i == 0:
             time.sleep(2)
@@ -113,10 +118,10 @@ def one_run(args, jar: Path, classes: Path) -> dict:
             fail(f"member m{i} failed ({p.returncode}): {err.strip()[-2000:]}")
         rows.append(json.loads(line))
     sent = sum(r["sent"] for r in rows)
-    return {
+    row = {
         "peer": "jgroups",
         "version": VERSION,
-        "stack": "tcp+sequencer",
+        "stack": "tcp+sequencer" + (", nodelay" if args.nodelay else ""),
         "members": args.members,
         "senders": args.senders,
         "size": args.size,
@@ -127,6 +132,15 @@ def one_run(args, jar: Path, classes: Path) -> dict:
         "second_half_msgs_per_s_min": min(r["second_half_msgs_per_s"] for r in rows),
         "rss_peak_mib_total": round(sum(r["rss_peak_mib"] for r in rows), 1),
     }
+    if args.rate:
+        delays = sorted(d for r in rows for d in r["delays_us"])
+        row["rate"] = args.rate
+        row["deliveries"] = len(delays)
+        if delays:
+            row["p50_us"] = delays[len(delays) // 2]
+            row["p99_us"] = delays[min(len(delays) - 1, len(delays) * 99 // 100)]
+            row["max_us"] = delays[-1]
+    return row
 
 
 def main() -> None:
@@ -136,11 +150,19 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--seconds", type=float, default=15)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rate", type=float, default=0, help="messages a second over all senders")
+    ap.add_argument(
+        "--nodelay",
+        action="store_true",
+        help="TCP_NODELAY on JGroups' connections (its tcp.xml leaves Nagle's algorithm on)",
+    )
     ap.add_argument("--port", type=int, default=7800)
     ap.add_argument("--java-home", help="a JDK other than the one on PATH")
     args = ap.parse_args()
     if not 1 <= args.senders <= args.members:
         sys.exit("--senders must be between 1 and --members")
+    if args.rate < 0:
+        sys.exit("--rate must not be negative")
     if args.size < 9:
         sys.exit("--size must be at least 9 bytes")
     jar = fetch_jar()
