@@ -92,10 +92,13 @@ def one_run(args, jar: Path, classes: Path) -> dict:
         ]
         # The first member is the coordinator, so the sequencer: with one sender, it sends
         # (JGroups' best case, its messages need no forwarding).
+        # Every member reads the stamps; the senders take turns.
+        if args.rate:
+            cmd += ["--rate", str(args.rate)]
         if i < args.senders:
             cmd.append("--send")
             if args.rate:
-                cmd += ["--rate", str(args.rate), "--phase", str(i / args.senders)]
+                cmd += ["--phase", str(i / args.senders)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         if i == 0:
             time.sleep(2)
