@@ -1,6 +1,7 @@
 // One member of a JGroups throughput run: joins the group, waits until every member is in the
-// view, sends 1 KiB messages as fast as the stack takes them for the given time (if a sender),
-// then one end marker, and counts the messages delivered until every sender's marker has come.
+// view, sends messages (1 KiB by default) as fast as the stack takes them for the given time
+// (if a sender), then one end marker, and counts the messages delivered until every sender's
+// marker has come.
 // Prints one JSON line: the member's rate over the whole run and over its second half. With
 // --rate, senders pace their messages instead (taking turns, as Conclave's `bench latency`
 // does), each stamped with the monotonic clock, which every process of the machine shares, and
@@ -20,9 +21,10 @@ import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
-import java.util.concurrent.locks.LockSupport;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.locks.LockSupport;
 
 public final class Throughput implements Receiver {
     private static final int SAMPLE_EVERY = 4096;
@@ -74,7 +76,7 @@ public final class Throughput implements Receiver {
             }
             if (stamped) {
                 if (delayCount == delays.length) {
-                    delays = java.util.Arrays.copyOf(delays, delays.length * 2);
+                    delays = Arrays.copyOf(delays, delays.length * 2);
                 }
                 delays[delayCount++] = now - ByteBuffer.wrap(a, msg.getOffset() + 1, 8).getLong();
             }
@@ -174,6 +176,9 @@ public final class Throughput implements Receiver {
                 long next = start + (long) (phase * interval);
                 while (System.nanoTime() < deadline) {
                     if (interval > 0) {
+                        if (next >= deadline) {
+                            break;
+                        }
                         long wait;
                         while ((wait = next - System.nanoTime()) > 0) {
                             LockSupport.parkNanos(wait);

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -57,16 +58,42 @@ def compile_member(jar: Path, java_home: str | None) -> Path:
     built = classes / "Throughput.class"
     if not built.exists() or built.stat().st_mtime < source.stat().st_mtime:
         classes.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [tool(java_home, "javac"), "--release", "17", "-d", str(classes), "-cp", str(jar), str(source)],
-            check=True,
-        )
+        javac = tool(java_home, "javac")
+        try:
+            subprocess.run(
+                [javac, "--release", "17", "-d", str(classes), "-cp", str(jar), str(source)],
+                check=True,
+            )
+        except (OSError, subprocess.CalledProcessError) as e:
+            sys.exit(f"compiling the member with {javac}: {e}")
     return classes
 
 
+def percentile(sorted_values: list, p: float) -> int:
+    """The same rule as `conclave bench latency`'s: the value at the rounded rank."""
+    return sorted_values[round((len(sorted_values) - 1) * p)]
+
+
 def one_run(args, jar: Path, classes: Path) -> dict:
+    # Each member writes to files, not pipes: a pipe read only after another member has ended
+    # could fill and stall a JVM (its delays, or JGroups' own warnings) and with it the group.
+    logs = tempfile.TemporaryDirectory(prefix="conclave-jgroups-")
+    try:
+        return members_run(args, jar, classes, Path(logs.name))
+    finally:
+        logs.cleanup()
+
+
+def members_run(args, jar: Path, classes: Path, logs: Path) -> dict:
     hosts = ",".join(f"127.0.0.1[{args.port + i}]" for i in range(args.members))
     procs = []
+
+    def fail(why: str):
+        # The others would wait for the missing member for ever.
+        for q in procs:
+            q.kill()
+        sys.exit(why)
+
     for i in range(args.members):
         cmd = [
             tool(args.java_home, "java"),
@@ -90,32 +117,32 @@ def one_run(args, jar: Path, classes: Path) -> dict:
             "--seconds",
             str(args.seconds),
         ]
-        # The first member is the coordinator, so the sequencer: with one sender, it sends
-        # (JGroups' best case, its messages need no forwarding).
         # Every member reads the stamps; the senders take turns.
         if args.rate:
             cmd += ["--rate", str(args.rate)]
+        # The first member is the coordinator, so the sequencer: with one sender, it sends
+        # (JGroups' best case, its messages need no forwarding).
         if i < args.senders:
             cmd.append("--send")
             if args.rate:
                 cmd += ["--phase", str(i / args.senders)]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        with open(logs / f"m{i}.out", "w") as out, open(logs / f"m{i}.err", "w") as err:
+            try:
+                procs.append(subprocess.Popen(cmd, stdout=out, stderr=err))
+            except OSError as e:
+                fail(f"starting member m{i} with {cmd[0]}: {e}")
         if i == 0:
             time.sleep(2)
     rows = []
     deadline = time.monotonic() + args.seconds + 120
 
-    def fail(why: str):
-        # The others would wait for the missing member for ever.
-        for q in procs:
-            q.kill()
-        sys.exit(why)
-
     for i, p in enumerate(procs):
         try:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             fail(f"member m{i} did not finish in time")
+        out = (logs / f"m{i}.out").read_text()
+        err = (logs / f"m{i}.err").read_text()
         line = next((l for l in out.splitlines() if l.startswith("{")), None)
         if p.returncode != 0 or line is None:
             fail(f"member m{i} failed ({p.returncode}): {err.strip()[-2000:]}")
@@ -140,8 +167,8 @@ def one_run(args, jar: Path, classes: Path) -> dict:
         row["rate"] = args.rate
         row["deliveries"] = len(delays)
         if delays:
-            row["p50_us"] = delays[len(delays) // 2]
-            row["p99_us"] = delays[min(len(delays) - 1, len(delays) * 99 // 100)]
+            row["p50_us"] = percentile(delays, 0.5)
+            row["p99_us"] = percentile(delays, 0.99)
             row["max_us"] = delays[-1]
     return row
 
