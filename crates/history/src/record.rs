@@ -178,32 +178,51 @@ pub enum ReadError {
         line: usize,
         source: serde_json::Error,
     },
-    #[error("line {line} is {len} bytes, over the limit of {MAX_LINE_BYTES}")]
+    /// `len`: the bytes of it read before it was refused (the rest is not read).
+    #[error("line {line} is over the limit of {MAX_LINE_BYTES} bytes")]
     TooLong { line: usize, len: usize },
     #[error("reading the history: {0}")]
     Io(#[from] std::io::Error),
 }
 
-/// Reads a history; blank lines are skipped.
-pub fn read(input: impl std::io::BufRead) -> Result<Vec<Record>, ReadError> {
+/// Reads a history; blank lines are skipped. A last line without its newline that ends before
+/// its record does is dropped: it is what a process killed in the middle of writing its history
+/// leaves (every line a writer finishes ends with a newline). Any other line that does not parse
+/// is an error.
+pub fn read(mut input: impl std::io::BufRead) -> Result<Vec<Record>, ReadError> {
+    use std::io::{BufRead, Read};
     let mut out = Vec::new();
-    for (i, line) in input.lines().enumerate() {
-        let line = line?;
+    let mut line = Vec::new();
+    for i in 1.. {
+        line.clear();
+        // One byte past the limit and its newline tells a line over the limit.
+        let n = (&mut input)
+            .take(MAX_LINE_BYTES as u64 + 2)
+            .read_until(b'\n', &mut line)?;
+        if n == 0 {
+            break;
+        }
+        let ended = line.last() == Some(&b'\n');
+        if ended {
+            line.pop();
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+        }
         if line.len() > MAX_LINE_BYTES {
             return Err(ReadError::TooLong {
-                line: i + 1,
+                line: i,
                 len: line.len(),
             });
         }
-        if line.trim().is_empty() {
+        if line.trim_ascii().is_empty() {
             continue;
         }
-        out.push(
-            serde_json::from_str(&line).map_err(|source| ReadError::Json {
-                line: i + 1,
-                source,
-            })?,
-        );
+        match serde_json::from_slice(&line) {
+            Ok(r) => out.push(r),
+            Err(e) if !ended && e.is_eof() => break,
+            Err(source) => return Err(ReadError::Json { line: i, source }),
+        }
     }
     Ok(out)
 }
@@ -263,5 +282,51 @@ mod tests {
         write(&recs, &mut out).unwrap();
         assert_eq!(read(&out[..]).unwrap(), recs);
         assert!(read(&b"{\"t\":1,\"ev\":\"nope\"}"[..]).is_err());
+    }
+
+    #[test]
+    fn a_last_line_cut_short_is_dropped_and_nothing_else() {
+        let whole =
+            "{\"t\":10,\"p\":\"c1\",\"inc\":0,\"ev\":\"join\",\"group\":\"g\",\"vs\":true}\n";
+        let next = "{\"t\":11,\"p\":\"c1\",\"inc\":0,\"ev\":\"leave\",\"group\":\"g\"}";
+        let one = read(whole.as_bytes()).unwrap();
+        assert_eq!(one.len(), 1);
+        // Cut anywhere, the last line is dropped.
+        for last in [next, whole.trim_end()] {
+            for cut in 1..last.len() {
+                let text = format!("{whole}{}", &last[..cut]);
+                assert_eq!(read(text.as_bytes()).unwrap(), one, "{last} cut at {cut}");
+            }
+        }
+        // Whole but for its newline, it is read.
+        assert_eq!(read(format!("{whole}{next}").as_bytes()).unwrap().len(), 2);
+        // A cut line followed by more is no cut last line, nor is a short line with its newline.
+        let glued = format!("{whole}{}{whole}", &next[..20]);
+        assert!(matches!(
+            read(glued.as_bytes()),
+            Err(ReadError::Json { line: 2, .. })
+        ));
+        let ended = format!("{whole}{}\n", &next[..20]);
+        assert!(matches!(
+            read(ended.as_bytes()),
+            Err(ReadError::Json { line: 2, .. })
+        ));
+        // A last line that is whole and wrong is an error, newline or not.
+        assert!(read(format!("{whole}{{\"t\":1,\"ev\":\"nope\"}}").as_bytes()).is_err());
+        // Windows line ends and blank lines are fine.
+        assert_eq!(
+            read(format!("\r\n{}", whole.replace('\n', "\r\n")).as_bytes()).unwrap(),
+            one
+        );
+    }
+
+    #[test]
+    fn a_line_over_the_limit_is_refused_without_reading_it_all() {
+        let long = format!("{{\"t\":1,\"p\":\"{}\"", "x".repeat(MAX_LINE_BYTES));
+        let text = format!("{long}\n");
+        assert!(matches!(
+            read(text.as_bytes()),
+            Err(ReadError::TooLong { line: 1, .. })
+        ));
     }
 }
