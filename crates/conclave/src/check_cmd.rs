@@ -7,8 +7,11 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
-    /// History to read, JSON lines ("-" for standard input).
-    pub file: PathBuf,
+    /// Histories to read, JSON lines ("-" for standard input), checked as one: each daemon's
+    /// file may be named on its own (a last line a kill cut short is dropped per file, where
+    /// `cat` would glue it to the next file's first).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
     /// Most views a process may install for one group after the network settles (L3).
     #[arg(long, default_value_t = Config::default().max_views_after_stable)]
     pub max_views_after_stable: usize,
@@ -16,14 +19,19 @@ pub struct CheckArgs {
 
 /// Prints one JSON line per violation and a summary; fails if anything is violated.
 pub fn run(args: CheckArgs) -> Result<()> {
-    let records = if args.file.as_os_str() == "-" {
-        conclave_history::record::read(std::io::stdin().lock())
-    } else {
-        let f = std::fs::File::open(&args.file)
-            .with_context(|| format!("opening {}", args.file.display()))?;
-        conclave_history::record::read(std::io::BufReader::new(f))
+    let mut records = Vec::new();
+    for file in &args.files {
+        records.extend(
+            if file.as_os_str() == "-" {
+                conclave_history::record::read(std::io::stdin().lock())
+            } else {
+                let f = std::fs::File::open(file)
+                    .with_context(|| format!("opening {}", file.display()))?;
+                conclave_history::record::read(std::io::BufReader::new(f))
+            }
+            .with_context(|| format!("reading {}", file.display()))?,
+        );
     }
-    .with_context(|| format!("reading {}", args.file.display()))?;
     let cfg = Config {
         max_views_after_stable: args.max_views_after_stable,
     };

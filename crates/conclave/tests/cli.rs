@@ -269,11 +269,32 @@ fn check_reports_violations_as_json_lines_and_fails() {
     );
     let (ok, out, _) = conclave(&["check", "-"], Some(&bad));
     assert!(!ok);
+    let bad_summary: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     let first: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
     assert_eq!(first["property"], "I2");
     assert_eq!(first["excerpt"].as_array().unwrap().len(), 2);
     let (ok, _, err) = conclave(&["check", "-"], Some("{not json}\n"));
     assert!(!ok && err.contains("line 1"), "{err}");
+
+    // Several files are one history: the duplicate is found across them, and a first file
+    // whose last line a kill cut short is read without it (not glued to the next file's first).
+    let dir = std::env::temp_dir().join(format!("conclave-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (dir.join("d1.jsonl"), dir.join("d2.jsonl"));
+    std::fs::write(&a, format!("{good}{{\"t\":9,\"p\":\"c1\",\"ev\":\"le")).unwrap();
+    std::fs::write(&b, &bad[good.len()..]).unwrap();
+    let paths = [a.to_str().unwrap(), b.to_str().unwrap()];
+    let (ok, out, err) = conclave(&["check", paths[0], paths[1]], None);
+    assert!(!ok, "{err}");
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last, bad_summary);
+    assert!(out.lines().next().unwrap().contains("\"I2\""), "{out}");
+    let (ok, out, err) = conclave(&["check", paths[0]], None);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"records\":4"), "{out}");
+    let (ok, _, err) = conclave(&["check"], None);
+    assert!(!ok && err.contains("required"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

@@ -322,11 +322,23 @@ mod tests {
 
     #[test]
     fn a_line_over_the_limit_is_refused_without_reading_it_all() {
-        let long = format!("{{\"t\":1,\"p\":\"{}\"", "x".repeat(MAX_LINE_BYTES));
-        let text = format!("{long}\n");
-        assert!(matches!(
-            read(text.as_bytes()),
-            Err(ReadError::TooLong { line: 1, .. })
-        ));
+        /// What comes after the line's first 1 MiB and 64 KiB: reading it is an error.
+        struct Beyond;
+        impl std::io::Read for Beyond {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::other("read past the limit"))
+            }
+        }
+        use std::io::Read;
+        let head = format!(
+            "{{\"t\":1,\"p\":\"{}",
+            "x".repeat(MAX_LINE_BYTES + (64 << 10))
+        );
+        let input = std::io::BufReader::new(head.as_bytes().chain(Beyond));
+        let got = read(input);
+        assert!(
+            matches!(got, Err(ReadError::TooLong { line: 1, .. })),
+            "{got:?}"
+        );
     }
 }
